@@ -1,0 +1,183 @@
+"""CodistillModel: identical to plain training without teachers; the distill term really acts."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from tf_codistill.model import CodistillModel, clone_architecture
+
+
+def _data(n=256, batch=32, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, 8)).astype("float32")
+  y = (x[:, :1] + 0.3 * rng.normal(size=(n, 1)) > 0).astype("float32")
+  return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+
+
+def _functional(seed=1):
+  inputs = keras.Input((8,))
+  h = keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(1e-3),
+                         kernel_initializer=keras.initializers.GlorotUniform(seed))(inputs)
+  out = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed + 1))(h)
+  return keras.Model(inputs, out)
+
+
+def _sequential(seed=1):
+  return keras.Sequential([
+      keras.Input((8,)),
+      keras.layers.Dense(16, activation="relu",
+                         kernel_initializer=keras.initializers.GlorotUniform(seed)),
+      keras.layers.Dense(1)])
+
+
+class _Subclassed(keras.Model):
+
+  def __init__(self):
+    super().__init__()
+    self.hidden = keras.layers.Dense(16, activation="relu")
+    self.out = keras.layers.Dense(1)
+
+  def call(self, x):
+    return self.out(self.hidden(x))
+
+
+def _compile(model):
+  model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+
+
+@pytest.mark.parametrize("make", [_functional, _sequential, _Subclassed])
+def test_without_teachers_training_equals_plain_fit(make):
+  plain = make()
+  plain(tf.zeros([1, 8]))
+  student = make()
+  student(tf.zeros([1, 8]))
+  student.set_weights(plain.get_weights())
+  _compile(plain)
+  history_plain = plain.fit(_data(), epochs=2, verbose=0)
+  wrapped = CodistillModel(student, alpha=1.0)
+  _compile(wrapped)
+  history_wrapped = wrapped.fit(_data(), epochs=2, verbose=0)
+  np.testing.assert_allclose(history_wrapped.history["loss"], history_plain.history["loss"],
+                             rtol=1e-6)
+  for a, b in zip(student.get_weights(), plain.get_weights()):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  assert history_wrapped.history["distill_loss"] == [0.0, 0.0]
+
+
+def test_unloaded_teacher_and_burn_in_leave_training_unchanged():
+  plain, student = _functional(), _functional()
+  student.set_weights(plain.get_weights())
+  _compile(plain)
+  plain.fit(_data(), epochs=1, verbose=0)
+  wrapped = CodistillModel(student, 1, alpha=1.0, burn_in_steps=1000)
+  _compile(wrapped)
+  wrapped(tf.zeros([1, 8]))
+  # A loaded teacher, but burn-in is not over: alpha_eff must stay 0.
+  wrapped.set_teacher_weights(0, [w * 3 for w in student.get_weights()], step=5)
+  history = wrapped.fit(_data(), epochs=1, verbose=0)
+  for a, b in zip(student.get_weights(), plain.get_weights()):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  assert history.history["alpha"] == [0.0]
+
+
+def _one_step_grads(alpha, teacher_weights):
+  student = _functional()
+  model = CodistillModel(student, 1, alpha=alpha)
+  _compile(model)
+  model(tf.zeros([1, 8]))
+  before = [w.copy() for w in student.get_weights()]
+  if teacher_weights is not None:
+    model.set_teacher_weights(0, teacher_weights(student), step=0)
+  model.fit(_data().take(1), epochs=1, verbose=0)
+  return [a - b for a, b in zip(student.get_weights(), before)], model
+
+
+def test_distill_term_changes_the_update_when_a_teacher_is_loaded():
+  flipped = lambda s: [w if i < 2 else -w * 5 - 1 for i, w in enumerate(s.get_weights())]
+  no_teacher, _ = _one_step_grads(1.0, None)
+  with_teacher, model = _one_step_grads(1.0, flipped)
+  zero_alpha, _ = _one_step_grads(0.0, flipped)
+  assert not np.allclose(no_teacher[-1], with_teacher[-1])
+  for a, b in zip(no_teacher, zero_alpha):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  assert model.distill_loss_tracker.result().numpy() > 0
+
+
+def test_teacher_swap_does_not_retrace_and_staleness_is_reported():
+  student = _functional()
+  model = CodistillModel(student, 1, alpha=0.5)
+  _compile(model)
+  model(tf.zeros([1, 8]))
+  history = model.fit(_data(), epochs=1, verbose=0)  # 8 steps, no teacher yet
+  assert history.history["teacher_staleness"] == [-1.0]
+  train_function = model.train_function
+  traces = train_function.experimental_get_tracing_count()
+  model.set_teacher_weights(0, student.get_weights(), step=3)
+  history = model.fit(_data(), epochs=1, verbose=0)  # steps 9..16
+  assert model.train_function is train_function
+  assert train_function.experimental_get_tracing_count() == traces
+  assert history.history["teacher_staleness"] == [16.0 - 3.0]
+  assert history.history["alpha"] == [0.5]
+
+
+def test_mean_over_two_teachers_uses_only_loaded_ones():
+  student = _functional()
+  model = CodistillModel(student, 2)
+  model(tf.zeros([1, 8]))
+  x = tf.random.normal([4, 8])
+  model.set_teacher_weights(0, student.get_weights(), step=1)
+  np.testing.assert_allclose(model.teacher_target(x).numpy(), tf.sigmoid(student(x)).numpy(),
+                             rtol=1e-6)
+  other = [w * 2 for w in student.get_weights()]
+  model.set_teacher_weights(1, other, step=1)
+  second = model.teacher_slots[1][model.active_slot[1].numpy()]
+  np.testing.assert_allclose(second.get_weights()[0], other[0])
+  expected = (tf.sigmoid(student(x)) + tf.sigmoid(second(x))) / 2
+  np.testing.assert_allclose(model.teacher_target(x).numpy(), expected.numpy(), rtol=1e-6)
+
+
+class _NeedsArgs(keras.Model):
+
+  def __init__(self, width):
+    super().__init__()
+    self.dense = keras.layers.Dense(width)
+
+  def call(self, x):
+    return self.dense(x)
+
+
+def test_clone_of_a_subclassed_model_has_its_own_variables():
+  original = _NeedsArgs(3)
+  original(tf.zeros([1, 2]))
+  clone = clone_architecture(original)
+  clone(tf.zeros([1, 2]))
+  assert clone is not original and len(clone.weights) == 2
+  assert all(a is not b for a, b in zip(clone.weights, original.weights))
+
+
+def test_bad_arguments_are_refused():
+  with pytest.raises(ValueError, match="temperature"):
+    CodistillModel(_functional(), temperature=0.0)
+  with pytest.raises(ValueError, match="teacher_weights has 1 entries for 0 teachers"):
+    CodistillModel(_functional(), teacher_weights=[1.0])
+
+
+def test_double_buffer_flips_and_never_touches_the_active_copy():
+  student = _functional()
+  model = CodistillModel(student, 1)
+  model(tf.zeros([1, 8]))
+  first = [w + 1 for w in student.get_weights()]
+  model.set_teacher_weights(0, first, step=10)
+  active = model.teacher_slots[0][model.active_slot[0].numpy()]
+  inactive = model.inactive_teacher(0)
+  assert active is not inactive
+  inactive.set_weights([w * 0 for w in first])  # what a background restore would do
+  np.testing.assert_allclose(active.get_weights()[0], first[0])
+  x = tf.random.normal([2, 8])
+  np.testing.assert_allclose(model.teacher_target(x).numpy(), tf.sigmoid(active(x)).numpy(),
+                             rtol=1e-6)
+  model.activate_teacher(0, step=20)
+  assert model.teacher_slots[0][model.active_slot[0].numpy()] is inactive
+  assert model.teacher_steps.numpy().tolist() == [20]

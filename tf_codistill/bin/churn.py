@@ -1,0 +1,51 @@
+"""tf-codistill-churn: prediction churn between two or more SavedModels on a dataset."""
+
+import json
+
+import numpy as np
+from absl import app
+from absl import flags
+
+from data_pipelines import criteo
+from tf_codistill import metrics
+from tf_codistill.bin import common
+
+common.define_gin_flags()
+flags.DEFINE_multi_string("saved_model", [], "SavedModel dirs (exports or exchange versions); >= 2.")
+flags.DEFINE_string("data", None, "File pattern of the evaluation data.", required=True)
+flags.DEFINE_enum("output", "sigmoid", ["sigmoid", "softmax"], "How logits become probabilities.")
+flags.DEFINE_integer("batch_size", 4096, "Batch size for prediction.")
+flags.DEFINE_string("json_out", None, "Optional path for the results as JSON.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if len(FLAGS.saved_model) < 2:
+    raise app.UsageError("give at least two --saved_model paths")
+  common.parse_gin_or_exit(FLAGS.gin_file, FLAGS.gin_bindings)
+  dataset = criteo.make_dataset(FLAGS.data, FLAGS.batch_size)
+  preds = [metrics.predict_probabilities(p, dataset, FLAGS.output) for p in FLAGS.saved_model]
+  pairs = metrics.pairwise_churn(preds, FLAGS.output)
+  print(f"{'model a':>8} {'model b':>8} {'mean |pa-pb|':>13} {'disagreement':>13}")
+  for pair in pairs:
+    print(f"{pair['a']:>8} {pair['b']:>8} {pair['mean_abs_diff']:>13.5f} "
+          f"{pair['disagreement']:>13.5f}")
+  summary = {"models": FLAGS.saved_model, "pairs": pairs,
+             "mean_abs_diff": float(np.mean([p["mean_abs_diff"] for p in pairs])),
+             "disagreement": float(np.mean([p["disagreement"] for p in pairs])),
+             "examples": int(preds[0].shape[0])}
+  print(f"mean over pairs: mean |pa-pb| = {summary['mean_abs_diff']:.5f}, "
+        f"disagreement = {summary['disagreement']:.5f} on {summary['examples']} examples")
+  if FLAGS.json_out:
+    with open(FLAGS.json_out, "w") as f:
+      json.dump(summary, f, indent=2)
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,27 @@
+"""tf-codistill-demo: the README's main command; a small 2-way codistillation job and a baseline."""
+
+from absl import app
+from absl import flags
+
+from tf_codistill import demo
+
+flags.DEFINE_string("work_dir", "demo_run", "Where the demo writes data, models and logs.")
+flags.DEFINE_integer("train_rows", 400_000, "Generated training rows.")
+flags.DEFINE_integer("eval_rows", 50_000, "Generated validation rows.")
+flags.DEFINE_integer("steps", 2000, "Training steps per model.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  demo.run_demo(FLAGS.work_dir, train_rows=FLAGS.train_rows, eval_rows=FLAGS.eval_rows,
+                steps=FLAGS.steps)
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,226 @@
+"""The exchange directory: groups publish SavedModels of their model; peers find complete ones.
+
+Layout (a public interface; see docs/exchange.md)::
+
+    exchange_dir/
+      group_<i>/
+        step_<n>/               one SavedModel per published step (saved_model.pb, variables/)
+          COMPLETE              JSON marker written last: group, step, time, file sizes
+        .tmp-step_<n>-<uuid>/   a version being written; never read
+
+A version is written under a temporary name, renamed to ``step_<n>`` and only then gets its
+``COMPLETE`` marker (itself written to a temporary name and renamed), so on filesystems whose
+directory rename is not atomic (object stores) a reader still never sees a marker before the files.
+Readers accept a version only if the marker exists and every file it lists has the listed size.
+All I/O goes through ``tf.io.gfile``, so local paths, ``gs://`` and ``s3://`` work alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+import uuid
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+import tf_keras as keras
+from absl import logging
+from tensorflow.core.protobuf import saved_model_pb2
+
+MARKER = "COMPLETE"
+SIGNATURE_KEY = "serving_default"
+OUTPUT_KEY = "logits"
+_VERSION_RE = re.compile(r"^step_(\d+)$")
+_TMP_PREFIX = ".tmp-"
+
+
+class InvalidVersionError(Exception):
+  """A published version that must not be loaded (partial, corrupt, or mismatched)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Version:
+  """One complete published model of one group."""
+  group: int
+  step: int
+  path: str
+
+
+def group_dir(exchange_dir: str, group: int) -> str:
+  return os.path.join(exchange_dir, f"group_{group}")
+
+
+def version_dir(exchange_dir: str, group: int, step: int) -> str:
+  return os.path.join(group_dir(exchange_dir, group), f"step_{step}")
+
+
+def _list_files(root: str) -> Dict[str, int]:
+  sizes = {}
+  for dirpath, _, filenames in tf.io.gfile.walk(root):
+    for name in filenames:
+      path = os.path.join(dirpath, name)
+      sizes[os.path.relpath(path, root)] = tf.io.gfile.stat(path).length
+  return sizes
+
+
+def _write_atomically(path: str, data: str) -> None:
+  tmp = f"{path}{_TMP_PREFIX}{uuid.uuid4().hex}"
+  with tf.io.gfile.GFile(tmp, "w") as f:
+    f.write(data)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def serving_function(model: keras.Model, input_spec) -> tf.types.experimental.ConcreteFunction:
+  """The ``serving_default`` signature: batched ``input_spec`` -> ``{'logits': model(x)}``."""
+
+  @tf.function(input_signature=[named_input_spec(input_spec)])
+  def serve(inputs):
+    return {OUTPUT_KEY: model(inputs, training=False)}
+
+  return serve.get_concrete_function()
+
+
+def save_model(model: keras.Model, path: str, input_spec) -> None:
+  """Writes ``model`` as a SavedModel with a serving signature, atomically (temp dir + rename)."""
+  parent = os.path.dirname(path.rstrip("/"))
+  tf.io.gfile.makedirs(parent)
+  tmp = os.path.join(parent, f"{_TMP_PREFIX}{os.path.basename(path)}-{uuid.uuid4().hex}")
+  model.save(tmp, save_format="tf", include_optimizer=False, save_traces=False,
+             signatures={SIGNATURE_KEY: serving_function(model, input_spec)})
+  if tf.io.gfile.exists(path):
+    tf.io.gfile.rmtree(path)
+  tf.io.gfile.rename(tmp, path)
+
+
+def publish(model: keras.Model, exchange_dir: str, group: int, step: int, input_spec, *,
+            keep_last: int = 2) -> str:
+  """Publishes ``model`` as ``group_<group>/step_<step>`` and garbage-collects old versions."""
+  if keep_last < 1:
+    raise ValueError(f"keep_last={keep_last} must be >= 1")
+  final = version_dir(exchange_dir, group, step)
+  save_model(model, final, input_spec)
+  marker = {"group": group, "step": int(step), "time": time.time(), "files": _list_files(final)}
+  _write_atomically(os.path.join(final, MARKER), json.dumps(marker, sort_keys=True))
+  collect_garbage(exchange_dir, group, keep_last)
+  return final
+
+
+def collect_garbage(exchange_dir: str, group: int, keep_last: int) -> None:
+  """Deletes all but the newest ``keep_last`` complete versions and leftover temporary dirs.
+
+  Only the group's own (single) publisher calls this, so any temporary dir found is a leftover
+  of an interrupted publish.
+  """
+  root = group_dir(exchange_dir, group)
+  complete = list_versions(exchange_dir, group)
+  keep = {v.path for v in complete[:keep_last]}
+  for name in tf.io.gfile.listdir(root):
+    name = name.rstrip("/")
+    path = os.path.join(root, name)
+    stale_tmp = name.startswith(_TMP_PREFIX)
+    old_version = _VERSION_RE.match(name) and path not in keep and any(
+        v.path == path for v in complete)
+    if stale_tmp or old_version:
+      try:
+        tf.io.gfile.rmtree(path)
+      except tf.errors.OpError as e:  # Another cleaner got there first; harmless.
+        logging.warning("exchange: could not delete %s: %s", path, e)
+
+
+def list_versions(exchange_dir: str, group: int) -> List[Version]:
+  """Published versions of ``group`` that carry a completeness marker, newest first."""
+  root = group_dir(exchange_dir, group)
+  if not tf.io.gfile.isdir(root):
+    return []
+  versions = []
+  for name in tf.io.gfile.listdir(root):
+    match = _VERSION_RE.match(name.rstrip("/"))
+    path = os.path.join(root, name.rstrip("/"))
+    if match and tf.io.gfile.exists(os.path.join(path, MARKER)):
+      versions.append(Version(group, int(match.group(1)), path))
+  return sorted(versions, key=lambda v: v.step, reverse=True)
+
+
+def verify(version: Version) -> dict:
+  """Checks the marker and that every listed file exists with its size; returns the marker."""
+  marker_path = os.path.join(version.path, MARKER)
+  try:
+    with tf.io.gfile.GFile(marker_path, "r") as f:
+      marker = json.loads(f.read())
+    files = marker["files"]
+  except (tf.errors.OpError, ValueError, KeyError, TypeError) as e:
+    raise InvalidVersionError(f"{marker_path}: unreadable completeness marker ({e})") from e
+  if marker.get("step") != version.step:
+    raise InvalidVersionError(f"{marker_path}: marker says step {marker.get('step')}, "
+                              f"directory says {version.step}")
+  for rel, size in files.items():
+    path = os.path.join(version.path, rel)
+    try:
+      actual = tf.io.gfile.stat(path).length
+    except tf.errors.NotFoundError as e:
+      raise InvalidVersionError(f"{path}: listed in the marker but missing") from e
+    if actual != size:
+      raise InvalidVersionError(f"{path}: size {actual} != {size} in the marker (corrupt)")
+  return marker
+
+
+def read_signature(path: str) -> Dict[str, Dict[str, tf.TensorSpec]]:
+  """Reads the serving signature's input/output specs from saved_model.pb without loading it."""
+  pb_path = os.path.join(path, "saved_model.pb")
+  proto = saved_model_pb2.SavedModel()
+  try:
+    with tf.io.gfile.GFile(pb_path, "rb") as f:
+      proto.ParseFromString(f.read())
+    signature = proto.meta_graphs[0].signature_def[SIGNATURE_KEY]
+  except Exception as e:  # Any parse failure means the file is not a usable SavedModel.
+    raise InvalidVersionError(f"{pb_path}: no readable '{SIGNATURE_KEY}' signature ({e})") from e
+
+  def specs(infos) -> Dict[str, tf.TensorSpec]:
+    return {
+        name: tf.TensorSpec([None if d.size < 0 else d.size for d in info.tensor_shape.dim],
+                            tf.dtypes.as_dtype(info.dtype), name)
+        for name, info in infos.items()
+    }
+
+  return {"inputs": specs(signature.inputs), "outputs": specs(signature.outputs)}
+
+
+def named_input_spec(input_spec):
+  """Batched input spec with names set (a TensorSpec, or a dict of them named by their keys)."""
+  if isinstance(input_spec, tf.TensorSpec):
+    return tf.TensorSpec([None] + input_spec.shape.as_list()[1:], input_spec.dtype, "inputs")
+  if isinstance(input_spec, dict) and all(isinstance(s, tf.TensorSpec) for s in input_spec.values()):
+    return {k: tf.TensorSpec([None] + s.shape.as_list()[1:], s.dtype, k)
+            for k, s in input_spec.items()}
+  raise TypeError(f"model inputs must be a tf.TensorSpec or a dict of them, got {input_spec!r}")
+
+
+def expected_signature(input_spec, output_shape) -> Dict[str, Dict[str, tf.TensorSpec]]:
+  """The signature a compatible peer must have, from the student's input spec and output shape."""
+  named = named_input_spec(input_spec)
+  inputs = {s.name: s for s in tf.nest.flatten(named)}
+  outputs = {OUTPUT_KEY: tf.TensorSpec([None] + list(output_shape)[1:], tf.float32, OUTPUT_KEY)}
+  return {"inputs": inputs, "outputs": outputs}
+
+
+def check_signature(path: str, expected: Dict[str, Dict[str, tf.TensorSpec]]) -> None:
+  """Raises InvalidVersionError unless the SavedModel's signature matches ``expected``."""
+  actual = read_signature(path)
+  for part in ("inputs", "outputs"):
+    want, got = expected[part], actual[part]
+    if set(want) != set(got):
+      raise InvalidVersionError(f"{path}: signature {part} {sorted(got)} != expected {sorted(want)}")
+    for name, spec in want.items():
+      other = got[name]
+      if spec.dtype != other.dtype or spec.shape.as_list() != other.shape.as_list():
+        raise InvalidVersionError(
+            f"{path}: signature {part[:-1]} '{name}' is {other.dtype.name}{other.shape} but the "
+            f"student expects {spec.dtype.name}{spec.shape}")
+
+
+def newest_step(exchange_dir: str, group: int) -> Optional[int]:
+  versions = list_versions(exchange_dir, group)
+  return versions[0].step if versions else None

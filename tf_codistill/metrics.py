@@ -1,0 +1,53 @@
+"""Prediction churn between models: how much two retrains of the same model disagree."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Dict, List, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tf_codistill import exchange
+from tf_codistill import losses
+
+
+def churn(probs_a: np.ndarray, probs_b: np.ndarray, output: str = "sigmoid") -> Dict[str, float]:
+  """Mean absolute difference of predicted probabilities and fraction of differing predictions.
+
+  For ``sigmoid`` the predicted class is ``p > 0.5`` per output; for ``softmax`` it is the argmax
+  over the last axis (and the absolute difference is averaged over classes too).
+  """
+  a, b = np.asarray(probs_a, np.float64), np.asarray(probs_b, np.float64)
+  if a.shape != b.shape:
+    raise ValueError(f"prediction shapes differ: {a.shape} vs {b.shape}")
+  if output == "sigmoid":
+    disagree = (a > 0.5) != (b > 0.5)
+  elif output == "softmax":
+    disagree = np.argmax(a, axis=-1) != np.argmax(b, axis=-1)
+  else:
+    raise ValueError(f"output={output!r} is not one of {losses.OUTPUTS}")
+  return {"mean_abs_diff": float(np.mean(np.abs(a - b))),
+          "disagreement": float(np.mean(disagree))}
+
+
+def predict_probabilities(saved_model_path: str, dataset: tf.data.Dataset,
+                          output: str = "sigmoid") -> np.ndarray:
+  """Runs a published/exported SavedModel's serving signature over ``dataset`` (features, ...)."""
+  serve = tf.saved_model.load(saved_model_path).signatures[exchange.SIGNATURE_KEY]
+  batches = []
+  for element in dataset:
+    features = element[0] if isinstance(element, tuple) else element
+    kwargs = features if isinstance(features, dict) else {"inputs": features}
+    logits = serve(**kwargs)[exchange.OUTPUT_KEY]
+    batches.append(losses.probabilities(logits, output).numpy())
+  if not batches:
+    raise ValueError("the churn dataset is empty")
+  return np.concatenate(batches, axis=0)
+
+
+def pairwise_churn(predictions: Sequence[np.ndarray], output: str = "sigmoid"
+                   ) -> List[Dict[str, float]]:
+  """Churn for every pair (i < j) of models, each entry tagged with the pair's indices."""
+  return [{"a": i, "b": j, **churn(predictions[i], predictions[j], output)}
+          for i, j in itertools.combinations(range(len(predictions)), 2)]

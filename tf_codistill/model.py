@@ -1,0 +1,187 @@
+"""CodistillModel: a tf_keras Model that trains any wrapped model with a codistillation term.
+
+``loss = task_loss + alpha_eff * D(student(x), mean over loaded teachers of teacher_j(x))`` where
+``alpha_eff = alpha`` after ``burn_in_steps`` optimizer steps and when at least one teacher is
+loaded, else 0. With no teacher loaded the step is exactly the wrapped model's own step.
+
+Each peer's teacher is double-buffered: two copies of the student's architecture with
+non-trainable variables and an ``active_slot`` variable choosing the one the train step runs
+(``tf.switch_case``). A refresh restores the new values into the *inactive* copy (off the training
+thread, see teachers.py) and then flips ``active_slot``: training never waits for the copy, never
+sees a half-written teacher, and the compiled train step is never retraced.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+from tf_codistill import losses
+
+
+def clone_architecture(model: keras.Model) -> keras.Model:
+  """A fresh, unbuilt-weights copy of a Sequential or functional model (for teachers)."""
+  try:
+    return keras.models.clone_model(model)
+  except ValueError as e:
+    raise ValueError(
+        f"cannot clone {type(model).__name__} automatically ({e}); pass a teacher_factory that "
+        "builds the same architecture (needed for subclassed models)") from e
+
+
+class CodistillModel(keras.Model):
+  """Wraps a student model; trains it on task loss plus distillation toward stale peer teachers."""
+
+  def __init__(self, student: keras.Model, num_teachers: int = 0, *,
+               teacher_factory: Optional[Callable[[], keras.Model]] = None,
+               alpha: float = 1.0, burn_in_steps: int = 0, output: str = "sigmoid",
+               distill_kind: str = "xent", temperature: float = 1.0,
+               teacher_weights: Optional[Sequence[float]] = None, **kwargs):
+    super().__init__(**kwargs)
+    if temperature <= 0:
+      raise ValueError(f"temperature={temperature} must be > 0")
+    if burn_in_steps < 0:
+      raise ValueError(f"burn_in_steps={burn_in_steps} must be >= 0")
+    if num_teachers < 0:
+      raise ValueError(f"num_teachers={num_teachers} must be >= 0")
+    losses._check("output", output, losses.OUTPUTS)
+    losses._check("distill_kind", distill_kind, losses.DISTILL_KINDS)
+    self.student = student
+    make = teacher_factory or (lambda: clone_architecture(student))
+    self.teacher_slots = [[make(), make()] for _ in range(num_teachers)]
+    for teacher in self.all_teachers():
+      teacher.trainable = False
+    self._teachers_built = False
+    self.output_kind = output
+    self.distill_kind = distill_kind
+    self.temperature = float(temperature)
+    self.burn_in_steps = int(burn_in_steps)
+    if teacher_weights is None:
+      teacher_weights = [1.0] * num_teachers
+    if len(teacher_weights) != num_teachers:
+      raise ValueError(
+          f"teacher_weights has {len(teacher_weights)} entries for {num_teachers} teachers")
+    # State that changes during training lives in variables so the traced step never retraces.
+    self.alpha = tf.Variable(float(alpha), trainable=False, dtype=tf.float32, name="alpha")
+    self.teacher_steps = tf.Variable(tf.fill([num_teachers], tf.constant(-1, tf.int64)),
+                                     trainable=False, name="teacher_steps")
+    self.active_slot = tf.Variable(tf.zeros([num_teachers], tf.int32), trainable=False,
+                                   name="active_slot")
+    self._teacher_weights = tf.constant(teacher_weights, tf.float32, shape=[num_teachers])
+    self.loss_tracker = keras.metrics.Mean(name="loss")
+    self.task_loss_tracker = keras.metrics.Mean(name="task_loss")
+    self.distill_loss_tracker = keras.metrics.Mean(name="distill_loss")
+
+  @property
+  def num_teachers(self) -> int:
+    return len(self.teacher_slots)
+
+  def all_teachers(self) -> List[keras.Model]:
+    return [t for slots in self.teacher_slots for t in slots]
+
+  @property
+  def metrics(self):
+    trackers = [self.loss_tracker, self.task_loss_tracker, self.distill_loss_tracker]
+    return trackers + (self.compiled_metrics.metrics if self.compiled_metrics else [])
+
+  def call(self, inputs, training=None):
+    if not self._teachers_built:
+      # Create every teacher's variables with the student's, so refreshes can restore into them.
+      for teacher in self.all_teachers():
+        teacher(inputs, training=False)
+      self._teachers_built = True
+    return self.student(inputs, training=training)
+
+  def inactive_teacher(self, index: int) -> keras.Model:
+    """The copy of teacher ``index`` that the train step does not use: safe to overwrite."""
+    return self.teacher_slots[index][1 - int(self.active_slot[index].numpy())]
+
+  def activate_teacher(self, index: int, step: int) -> None:
+    """Makes the inactive copy of teacher ``index`` (published at peer step ``step``) the used one."""
+    self.active_slot[index].assign(1 - self.active_slot[index])
+    self.teacher_steps[index].assign(step)
+
+  def set_teacher_weights(self, index: int, weights: Sequence[np.ndarray], step: int) -> None:
+    """Loads values into teacher ``index``'s inactive copy and activates it."""
+    variables = self.inactive_teacher(index).weights
+    if len(variables) != len(weights):
+      raise ValueError(f"teacher {index} has {len(variables)} variables, got {len(weights)} values")
+    for var, value in zip(variables, weights):
+      var.assign(value)
+    self.activate_teacher(index, step)
+
+  def _active_weights(self) -> tf.Tensor:
+    loaded = tf.cast(self.teacher_steps >= 0, tf.float32)
+    return self._teacher_weights * loaded
+
+  def _effective_alpha(self) -> tf.Tensor:
+    if not self.teacher_slots:
+      return tf.constant(0.0)
+    past_burn_in = tf.cast(self.optimizer.iterations >= self.burn_in_steps, tf.float32)
+    any_teacher = tf.cast(tf.reduce_sum(self._active_weights()) > 0, tf.float32)
+    return self.alpha * past_burn_in * any_teacher
+
+  def teacher_target(self, x) -> tf.Tensor:
+    """Averaged teacher probabilities (or logits for MSE) over the loaded peers."""
+    teacher_logits = tf.stack([
+        tf.switch_case(self.active_slot[j], [lambda t=t: t(x, training=False) for t in slots])
+        for j, slots in enumerate(self.teacher_slots)])
+    return losses.average_teacher_target(
+        teacher_logits, self._active_weights(), output=self.output_kind,
+        kind=self.distill_kind, temperature=self.temperature)
+
+  def _distill_term(self, x, logits, alpha_eff) -> tf.Tensor:
+    if not self.teacher_slots:
+      return tf.constant(0.0, logits.dtype)
+
+    def distill():
+      target = self.teacher_target(x)
+      return losses.distillation_loss(logits, target, output=self.output_kind,
+                                      kind=self.distill_kind, temperature=self.temperature)
+
+    # Skip the teacher forward pass entirely while the term is switched off.
+    return tf.cond(alpha_eff > 0, distill, lambda: tf.constant(0.0, logits.dtype))
+
+  def teacher_staleness(self) -> tf.Tensor:
+    """Mean over loaded teachers of (own step - the peer step the teacher was published at)."""
+    steps = tf.cast(self.teacher_steps, tf.float32)
+    loaded = tf.cast(self.teacher_steps >= 0, tf.float32)
+    count = tf.reduce_sum(loaded)
+    own = tf.cast(self.optimizer.iterations, tf.float32)
+    mean_age = tf.reduce_sum((own - steps) * loaded) / tf.maximum(count, 1.0)
+    return tf.where(count > 0, mean_age, -1.0)
+
+  def train_step(self, data):
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    alpha_eff = self._effective_alpha()
+    with tf.GradientTape() as tape:
+      logits = self.student(x, training=True)
+      task_loss = self.compiled_loss(y, logits, sample_weight,
+                                     regularization_losses=self.student.losses)
+      distill_loss = self._distill_term(x, logits, alpha_eff)
+      loss = task_loss + tf.cast(alpha_eff, task_loss.dtype) * distill_loss
+    self.optimizer.minimize(loss, self.student.trainable_variables, tape=tape)
+    return self._update_metrics(y, logits, sample_weight, loss, task_loss, distill_loss, alpha_eff)
+
+  def test_step(self, data):
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    logits = self.student(x, training=False)
+    task_loss = self.compiled_loss(y, logits, sample_weight,
+                                   regularization_losses=self.student.losses)
+    zero = tf.constant(0.0)
+    return self._update_metrics(y, logits, sample_weight, task_loss, task_loss, zero, zero)
+
+  def _update_metrics(self, y, logits, sample_weight, loss, task_loss, distill_loss, alpha_eff):
+    # Weighted by batch size, as Keras' own loss metric is, so epoch means match plain `fit`.
+    batch = tf.cast(tf.shape(tf.nest.flatten(logits)[0])[0], tf.float32)
+    self.loss_tracker.update_state(loss, sample_weight=batch)
+    self.task_loss_tracker.update_state(task_loss, sample_weight=batch)
+    self.distill_loss_tracker.update_state(distill_loss, sample_weight=batch)
+    self.compiled_metrics.update_state(y, logits, sample_weight)
+    results = {m.name: m.result() for m in self.metrics}
+    results["alpha"] = tf.cast(alpha_eff, tf.float32)
+    results["teacher_staleness"] = self.teacher_staleness()
+    return results

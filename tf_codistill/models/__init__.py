@@ -1,0 +1,1 @@
+"""Model architectures (tf_keras), each built by a gin-configurable function returning logits."""

@@ -1,0 +1,174 @@
+"""The teacher pool: finds peers' newest complete versions and loads them off the training thread.
+
+A background thread polls the exchange directory. For each peer with a version newer than the one
+in use it verifies the completeness marker and file sizes, checks the serving signature against
+the student's, restores the SavedModel's variables into the *inactive* copy of that peer's
+double-buffered teacher (``load_weights`` + ``assert_existing_objects_matched``, so a
+half-restored model is an error) and rejects non-finite values. The training thread then only
+flips the peer's ``active_slot`` between two steps (``TeacherRefresh.on_train_batch_begin``):
+no I/O, no copy, no retrace on the training thread. Anything wrong with a version is logged with
+its path and the previous teacher (or none) stays in use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+
+import tensorflow as tf
+import tf_keras as keras
+from absl import logging
+
+from tf_codistill import exchange
+
+if TYPE_CHECKING:
+  from tf_codistill.model import CodistillModel
+
+
+@dataclasses.dataclass
+class TeacherUpdate:
+  """A peer version restored into teacher ``index``'s inactive copy, ready to be activated."""
+  index: int
+  peer: int
+  step: int
+  path: str
+  load_seconds: float
+
+
+class TeacherPool:
+  """Loads the newest complete version of each peer group in a background thread."""
+
+  def __init__(self, exchange_dir: str, peers: Sequence[int], model: "CodistillModel",
+               input_spec, output_shape, *, poll_interval_s: float = 2.0):
+    if len(peers) != model.num_teachers:
+      raise ValueError(f"{len(peers)} peers for a model with {model.num_teachers} teachers")
+    self.exchange_dir = exchange_dir
+    self.peers = list(peers)
+    self.poll_interval_s = float(poll_interval_s)
+    self._model = model
+    self._expected = exchange.expected_signature(input_spec, output_shape)
+    self._lock = threading.Lock()
+    self._pending: Dict[int, TeacherUpdate] = {}
+    self._newest_seen: Dict[int, int] = {i: -1 for i in range(len(self.peers))}
+    self._rejected: set = set()
+    self._stop = threading.Event()
+    self._thread: Optional[threading.Thread] = None
+    self.loads = 0
+    self.rejections = 0
+
+  def start(self) -> None:
+    if self._thread is None:
+      self._thread = threading.Thread(target=self._run, name="teacher-pool", daemon=True)
+      self._thread.start()
+
+  def stop(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+
+  def take_updates(self) -> List[TeacherUpdate]:
+    """Returns (and forgets) the updates loaded since the last call; cheap, never blocks on I/O."""
+    with self._lock:
+      updates = list(self._pending.values())
+      self._pending.clear()
+    return updates
+
+  def poll_once(self) -> int:
+    """Checks every peer once; returns how many new teacher versions were loaded."""
+    loaded = 0
+    for index, peer in enumerate(self.peers):
+      with self._lock:
+        if index in self._pending:  # Its inactive copy holds the pending version: keep it.
+          continue
+      update = self._load_newest(index, peer)
+      if update is not None:
+        with self._lock:
+          self._pending[index] = update
+        loaded += 1
+    return loaded
+
+  def _run(self) -> None:
+    while not self._stop.is_set():
+      try:
+        self.poll_once()
+      except Exception:  # A bug here must not kill training; it is logged loudly instead.
+        logging.exception("teacher pool: unexpected error while polling %s", self.exchange_dir)
+      self._stop.wait(self.poll_interval_s)
+
+  def _load_newest(self, index: int, peer: int) -> Optional[TeacherUpdate]:
+    for version in exchange.list_versions(self.exchange_dir, peer):
+      if version.step <= self._newest_seen[index]:
+        return None
+      if version.path in self._rejected:
+        continue
+      try:
+        update = self._load(index, version)
+      except exchange.InvalidVersionError as e:
+        self._reject(version, str(e))
+        continue
+      except (tf.errors.OpError, ValueError, AssertionError) as e:
+        self._reject(version, f"{version.path}: cannot restore variables ({e})")
+        continue
+      self._newest_seen[index] = version.step
+      self.loads += 1
+      return update
+    return None
+
+  def _reject(self, version: exchange.Version, reason: str) -> None:
+    self._rejected.add(version.path)
+    self.rejections += 1
+    logging.warning("teacher pool: ignoring peer group %d step %d, keeping the previous teacher: %s",
+                    version.group, version.step, reason)
+
+  def _load(self, index: int, version: exchange.Version) -> TeacherUpdate:
+    start = time.monotonic()
+    exchange.verify(version)
+    exchange.check_signature(version.path, self._expected)
+    target = self._model.inactive_teacher(index)
+    prefix = tf.io.gfile.join(version.path, "variables", "variables")
+    status = target.load_weights(prefix)
+    status.assert_existing_objects_matched()
+    for var in target.weights:
+      if var.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(var))):
+        raise exchange.InvalidVersionError(f"{version.path}: variable {var.name} has NaN/Inf")
+    return TeacherUpdate(index, version.group, version.step, version.path,
+                         time.monotonic() - start)
+
+
+class TeacherRefresh(keras.callbacks.Callback):
+  """Swaps newly loaded teachers into a CodistillModel between training steps."""
+
+  def __init__(self, pool: TeacherPool, summary_writer: Optional[tf.summary.SummaryWriter] = None):
+    super().__init__()
+    self.pool = pool
+    self.summary_writer = summary_writer
+    self.swaps = 0
+    self.swap_seconds: List[float] = []
+
+  def on_train_begin(self, logs=None):
+    self.pool.start()
+
+  def on_train_end(self, logs=None):
+    self.pool.stop()
+
+  def on_train_batch_begin(self, batch, logs=None):
+    updates = self.pool.take_updates()
+    if not updates:
+      return
+    step = int(self.model.optimizer.iterations.numpy())
+    for update in updates:
+      start = time.monotonic()
+      self.model.activate_teacher(update.index, update.step)
+      swap = time.monotonic() - start
+      self.swaps += 1
+      self.swap_seconds.append(swap)
+      logging.info("teacher: loaded peer group %d step %d from %s at step %d "
+                   "(load %.3fs off-thread, swap %.3fs)", update.peer, update.step, update.path,
+                   step, update.load_seconds, swap)
+      if self.summary_writer is not None:
+        with self.summary_writer.as_default(step=step):
+          tf.summary.scalar(f"teacher/group_{update.peer}_step", update.step)
+          tf.summary.scalar(f"teacher/group_{update.peer}_load_seconds", update.load_seconds)

@@ -68,14 +68,22 @@ class ExchangePublisher(keras.callbacks.Callback):
     self.input_spec = input_spec
     self.keep_last = keep_last
     self.last_published = -1
+    self.failures = 0
     self.publish_seconds: List[float] = []
 
   def _publish(self, step: int) -> None:
     start = time.monotonic()
-    path = exchange.publish(self.model.student, self.exchange_dir, self.group, step,
-                            self.input_spec, keep_last=self.keep_last)
-    self.publish_seconds.append(time.monotonic() - start)
     self.last_published = step
+    try:
+      path = exchange.publish(self.model.student, self.exchange_dir, self.group, step,
+                              self.input_spec, keep_last=self.keep_last)
+    except (tf.errors.OpError, OSError) as e:
+      # Peers keep the previous version; training goes on and the next interval retries.
+      self.failures += 1
+      logging.error("exchange: publishing step %d to %s failed, previous version kept: %s",
+                    step, self.exchange_dir, e)
+      return
+    self.publish_seconds.append(time.monotonic() - start)
     logging.info("exchange: published step %d to %s (%.2fs)", step, path, self.publish_seconds[-1])
 
   def on_train_batch_end(self, batch, logs=None):
@@ -248,7 +256,10 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
     results.update(teacher_loads=refresh.swaps, teacher_rejections=refresh.pool.rejections,
                    teacher_steps=[int(s) for s in model.teacher_steps.numpy()],
                    final_teacher_staleness=float(model.teacher_staleness().numpy()),
-                   publishes=len(publisher.publish_seconds))
+                   publishes=len(publisher.publish_seconds),
+                   publish_failures=publisher.failures,
+                   publish_seconds_median=float(np.median(publisher.publish_seconds))
+                   if publisher.publish_seconds else None)
   with tf.io.gfile.GFile(os.path.join(model_dir, "results.json"), "w") as f:
     json.dump(results, f, indent=2, sort_keys=True)
   logging.info("group %d done: val_logloss=%.4f val_auc=%.4f steps=%d", group,

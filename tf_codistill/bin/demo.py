@@ -6,9 +6,9 @@ from absl import flags
 from tf_codistill import demo
 
 flags.DEFINE_string("work_dir", "demo_run", "Where the demo writes data, models and logs.")
-flags.DEFINE_integer("train_rows", 400_000, "Generated training rows.")
+flags.DEFINE_integer("train_rows", 1_600_000, "Generated training rows.")
 flags.DEFINE_integer("eval_rows", 50_000, "Generated validation rows.")
-flags.DEFINE_integer("steps", 2000, "Training steps per model.")
+flags.DEFINE_integer("steps", 1500, "Training steps per model.")
 FLAGS = flags.FLAGS
 
 

@@ -1,0 +1,51 @@
+"""Prediction churn on fixed predictions, and through real SavedModels."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from tf_codistill import exchange
+from tf_codistill import metrics
+
+
+def test_churn_known_values_sigmoid():
+  a = np.array([[0.1], [0.6], [0.9], [0.4]])
+  b = np.array([[0.3], [0.4], [0.9], [0.45]])
+  result = metrics.churn(a, b)
+  assert result["mean_abs_diff"] == pytest.approx((0.2 + 0.2 + 0.0 + 0.05) / 4)
+  assert result["disagreement"] == pytest.approx(1 / 4)  # only 0.6 vs 0.4 crosses 0.5
+
+
+def test_churn_known_values_softmax():
+  a = np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]])
+  b = np.array([[0.3, 0.6, 0.1], [0.2, 0.0, 0.8]])
+  result = metrics.churn(a, b, output="softmax")
+  assert result["mean_abs_diff"] == pytest.approx((0.4 + 0.4 + 0 + 0.1 + 0.1 + 0) / 6)
+  assert result["disagreement"] == pytest.approx(0.5)
+
+
+def test_identical_predictions_have_zero_churn_and_shapes_must_match():
+  a = np.random.default_rng(0).uniform(size=(10, 1))
+  assert metrics.churn(a, a) == {"mean_abs_diff": 0.0, "disagreement": 0.0}
+  with pytest.raises(ValueError, match="shapes differ"):
+    metrics.churn(a, a[:5])
+
+
+def test_pairwise_churn_through_saved_models(tmp_path):
+  spec = tf.TensorSpec([None, 3], tf.float32)
+  paths = []
+  for seed in range(3):
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(
+        1, kernel_initializer=keras.initializers.GlorotUniform(seed))(inputs))
+    paths.append(exchange.publish(model, str(tmp_path), seed, 1, spec))
+  x = np.random.default_rng(1).normal(size=(50, 3)).astype("float32")
+  data = tf.data.Dataset.from_tensor_slices((x, np.zeros((50, 1), "float32"))).batch(16)
+  preds = [metrics.predict_probabilities(p, data) for p in paths]
+  assert preds[0].shape == (50, 1)
+  pairs = metrics.pairwise_churn(preds)
+  assert [(p["a"], p["b"]) for p in pairs] == [(0, 1), (0, 2), (1, 2)]
+  expected = np.mean(np.abs(preds[0] - preds[1]))
+  assert pairs[0]["mean_abs_diff"] == pytest.approx(expected)
+  assert pairs[0]["mean_abs_diff"] > 0

@@ -1,0 +1,170 @@
+"""Teacher pool: finds peers' newest complete versions, loads them off-thread, refuses bad ones."""
+
+import logging
+import os
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from tf_codistill import exchange
+from tf_codistill import teachers
+from tf_codistill.model import CodistillModel
+
+SPEC = tf.TensorSpec([None, 4], tf.float32)
+
+
+def _net(seed=0, outputs=1):
+  inputs = keras.Input((4,))
+  hidden = keras.layers.Dense(8, activation="relu",
+                              kernel_initializer=keras.initializers.GlorotUniform(seed))(inputs)
+  out = keras.layers.Dense(outputs,
+                           kernel_initializer=keras.initializers.GlorotUniform(seed + 1))(hidden)
+  return keras.Model(inputs, out)
+
+
+def _student_and_pool(exchange_dir, peers=(1,), poll_interval_s=0.05):
+  model = CodistillModel(_net(), len(peers))
+  model(tf.zeros([1, 4]))
+  pool = teachers.TeacherPool(str(exchange_dir), list(peers), model, SPEC, [None, 1],
+                              poll_interval_s=poll_interval_s)
+  return model, pool
+
+
+def _activate_all(model, pool):
+  for update in pool.take_updates():
+    model.activate_teacher(update.index, update.step)
+
+
+def _active(model, index=0):
+  return model.teacher_slots[index][int(model.active_slot[index].numpy())]
+
+
+def test_peer_without_versions_gives_no_teacher_then_its_publish_is_loaded(tmp_path):
+  model, pool = _student_and_pool(tmp_path)
+  assert pool.poll_once() == 0 and pool.take_updates() == []
+  peer = _net(seed=7)
+  exchange.publish(peer, str(tmp_path), 1, 50, SPEC)
+  assert pool.poll_once() == 1
+  _activate_all(model, pool)
+  assert model.teacher_steps.numpy().tolist() == [50]
+  for a, b in zip(_active(model).get_weights(), peer.get_weights()):
+    np.testing.assert_array_equal(a, b)
+  assert pool.poll_once() == 0  # nothing newer
+
+
+def test_newest_corrupt_version_is_skipped_with_a_warning_naming_it(tmp_path, caplog):
+  model, pool = _student_and_pool(tmp_path)
+  good = _net(seed=3)
+  exchange.publish(good, str(tmp_path), 1, 10, SPEC, keep_last=5)
+  bad = exchange.publish(_net(seed=4), str(tmp_path), 1, 20, SPEC, keep_last=5)
+  data = os.path.join(bad, "variables", "variables.data-00000-of-00001")
+  with open(data, "r+b") as f:
+    f.truncate(8)
+  with caplog.at_level(logging.WARNING):
+    assert pool.poll_once() == 1
+  assert bad in caplog.text and "keeping the previous teacher" in caplog.text
+  _activate_all(model, pool)
+  assert model.teacher_steps.numpy().tolist() == [10]
+  np.testing.assert_array_equal(_active(model).get_weights()[0], good.get_weights()[0])
+  assert pool.rejections == 1
+
+
+def test_same_size_garbage_in_variables_is_refused_and_previous_teacher_kept(tmp_path, caplog):
+  model, pool = _student_and_pool(tmp_path)
+  exchange.publish(_net(seed=3), str(tmp_path), 1, 10, SPEC, keep_last=5)
+  pool.poll_once()
+  _activate_all(model, pool)
+  kept = [w.copy() for w in _active(model).get_weights()]
+  bad = exchange.publish(_net(seed=4), str(tmp_path), 1, 20, SPEC, keep_last=5)
+  index = os.path.join(bad, "variables", "variables.index")
+  size = os.path.getsize(index)
+  with open(index, "wb") as f:  # Same size, so the marker check passes; restore must fail.
+    f.write(b"\0" * size)
+  with caplog.at_level(logging.WARNING):
+    assert pool.poll_once() == 0
+  assert bad in caplog.text
+  _activate_all(model, pool)
+  assert model.teacher_steps.numpy().tolist() == [10]
+  for a, b in zip(_active(model).get_weights(), kept):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_signature_mismatch_is_refused(tmp_path, caplog):
+  model, pool = _student_and_pool(tmp_path)
+  exchange.publish(_net(outputs=2), str(tmp_path), 1, 10, SPEC)
+  with caplog.at_level(logging.WARNING):
+    assert pool.poll_once() == 0
+  assert "signature output 'logits'" in caplog.text
+  assert model.teacher_steps.numpy().tolist() == [-1]
+
+
+def test_nan_teacher_is_refused(tmp_path, caplog):
+  model, pool = _student_and_pool(tmp_path)
+  peer = _net()
+  peer.set_weights([np.full_like(w, np.nan) for w in peer.get_weights()])
+  exchange.publish(peer, str(tmp_path), 1, 10, SPEC)
+  with caplog.at_level(logging.WARNING):
+    assert pool.poll_once() == 0
+  assert "NaN/Inf" in caplog.text
+
+
+def test_three_groups_average_over_both_peers(tmp_path):
+  model, pool = _student_and_pool(tmp_path, peers=(0, 2))
+  peers = {0: _net(seed=11), 2: _net(seed=12)}
+  for group, net in peers.items():
+    exchange.publish(net, str(tmp_path), group, 5, SPEC)
+  assert pool.poll_once() == 2
+  _activate_all(model, pool)
+  x = tf.random.normal([6, 4])
+  expected = (tf.sigmoid(peers[0](x)) + tf.sigmoid(peers[2](x))) / 2
+  np.testing.assert_allclose(model.teacher_target(x).numpy(), expected.numpy(), rtol=1e-5)
+
+
+class _PeerPublishes(keras.callbacks.Callback):
+  """Plays the peer: publishes a new version at one batch, then records when it is swapped in."""
+
+  def __init__(self, exchange_dir, peer, at_batch):
+    super().__init__()
+    self.exchange_dir, self.peer, self.at_batch = exchange_dir, peer, at_batch
+    self.published_at = None
+    self.steps_after_publish = []
+
+  def on_train_batch_end(self, batch, logs=None):
+    if batch == self.at_batch:
+      exchange.publish(self.peer, self.exchange_dir, 1, 200, SPEC)
+      self.published_at = batch
+    if self.published_at is not None:
+      self.steps_after_publish.append(
+          (batch, int(self.model.teacher_steps.numpy()[0]), float(logs["teacher_staleness"])))
+    time.sleep(0.01)
+
+
+def test_refresh_picks_up_newer_version_while_training_continues(tmp_path):
+  peer = _net(seed=21)
+  exchange.publish(peer, str(tmp_path), 1, 100, SPEC)
+  model, pool = _student_and_pool(tmp_path)
+  model.compile(optimizer="sgd", loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  refresh = teachers.TeacherRefresh(pool)
+  player = _PeerPublishes(str(tmp_path), _net(seed=22), at_batch=20)
+  x = np.random.default_rng(0).normal(size=(200 * 8, 4)).astype("float32")
+  y = (x[:, :1] > 0).astype("float32")
+  data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+  model.fit(data, epochs=1, verbose=0, callbacks=[refresh, player])
+  assert model.teacher_steps.numpy().tolist() == [200]
+  assert refresh.swaps == 2
+  seen = [teacher_step for _, teacher_step, _ in player.steps_after_publish]
+  swap_index = seen.index(200)
+  assert swap_index >= 1, "training must go on while the new version is loaded"
+  # Staleness = own step - peer step: after the swap at own step s it reads s - 200.
+  batch, _, staleness = player.steps_after_publish[swap_index]
+  assert staleness == pytest.approx((batch + 1) - 200)
+  assert pool._thread is None  # stopped at the end of training
+
+
+def test_pool_refuses_wrong_number_of_peers(tmp_path):
+  model = CodistillModel(_net(), 1)
+  with pytest.raises(ValueError, match="2 peers for a model with 1 teachers"):
+    teachers.TeacherPool(str(tmp_path), [0, 2], model, SPEC, [None, 1])

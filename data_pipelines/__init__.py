@@ -1,0 +1,1 @@
+"""tf.data input pipelines per data format, and generators of real-format data."""

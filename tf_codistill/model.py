@@ -97,12 +97,17 @@ class CodistillModel(keras.Model):
 
   def inactive_teacher(self, index: int) -> keras.Model:
     """The copy of teacher ``index`` that the train step does not use: safe to overwrite."""
-    return self.teacher_slots[index][1 - int(self.active_slot[index].numpy())]
+    return self.teacher_slots[index][1 - int(self.active_slot.numpy()[index])]
 
   def activate_teacher(self, index: int, step: int) -> None:
     """Makes the inactive copy of teacher ``index`` (published at peer step ``step``) the used one."""
-    self.active_slot[index].assign(1 - self.active_slot[index])
-    self.teacher_steps[index].assign(step)
+    # Whole-variable assigns: slices of parameter-server variables cannot be assigned.
+    slots = self.active_slot.numpy()
+    slots[index] = 1 - slots[index]
+    steps = self.teacher_steps.numpy()
+    steps[index] = step
+    self.active_slot.assign(slots)
+    self.teacher_steps.assign(steps)
 
   def set_teacher_weights(self, index: int, weights: Sequence[np.ndarray], step: int) -> None:
     """Loads values into teacher ``index``'s inactive copy and activates it."""

@@ -1,26 +1,88 @@
-"""Starts n codistillation groups as processes on this machine, waits, and fails loudly.
+"""Starts n codistillation groups on this machine, each a real local TF cluster, and supervises them.
 
-Each group runs ``python -m tf_codistill.bin.train --group=i`` with its log in
-``model_dir/group_<i>/train.log``. SIGINT/SIGTERM to the launcher stop every child; a child that
-fails stops the others and raises ``GroupFailedError`` naming the group and its log.
+A group is one process (``one_device``/``mirrored``) or one process per task of its cluster: chief,
+``workers_per_group`` workers and, for ``parameter_server``, ``ps_per_group`` ps tasks. Every task
+runs ``python -m tf_codistill.bin.train`` with its own ``TF_CONFIG`` whose addresses are free ports
+on 127.0.0.1; its log is ``model_dir/group_<i>/<task>_<k>.log``.
+
+Supervision:
+- a group is done when its chief exits 0; its remaining tasks (parameter-server workers and ps
+  tasks, which serve forever) are then stopped;
+- a parameter-server worker that dies is restarted (the coordinator reschedules its steps
+  meanwhile); any other failed task restarts the whole group, which resumes from its checkpoint;
+  at most ``max_restarts`` restarts per group;
+- a group out of restarts has failed: ``on_group_failure='stop_all'`` stops every group,
+  ``'continue'`` lets its peers finish (they keep their last teacher); either way ``launch``
+  then raises ``GroupFailedError`` naming the group, the task and its log;
+- SIGINT/SIGTERM stop every process started (no orphans).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 
 _GRACE_SECONDS = 10.0
+STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
+FAILURE_POLICIES = ("stop_all", "continue")
 
 
 class GroupFailedError(RuntimeError):
-  """A group's process exited with a non-zero status."""
+  """A group failed for good (out of restarts)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupShape:
+  """The tasks of one group's cluster."""
+  strategy: str = "one_device"
+  workers: int = 0
+  ps: int = 0
+
+  def __post_init__(self):
+    if self.strategy not in STRATEGIES:
+      raise ValueError(f"--strategy={self.strategy!r} is not one of {STRATEGIES}")
+    if self.strategy in ("one_device", "mirrored") and (self.workers or self.ps):
+      raise ValueError(f"--strategy={self.strategy} runs one process per group: "
+                       "--workers_per_group and --ps_per_group must be 0")
+    if self.strategy == "multi_worker_mirrored" and self.ps:
+      raise ValueError("--strategy=multi_worker_mirrored has no ps tasks: --ps_per_group must be 0")
+    if self.strategy == "parameter_server" and (self.workers < 1 or self.ps < 1):
+      raise ValueError("--strategy=parameter_server needs --workers_per_group >= 1 and "
+                       "--ps_per_group >= 1")
+
+  def tasks(self) -> List[Tuple[str, int]]:
+    return ([("chief", 0)] + [("worker", k) for k in range(self.workers)]
+            + [("ps", k) for k in range(self.ps)])
+
+  @property
+  def is_cluster(self) -> bool:
+    return self.strategy in ("multi_worker_mirrored", "parameter_server")
+
+
+def free_port() -> int:
+  """A free TCP port on 127.0.0.1 (the only interface the launcher uses)."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def cluster_spec(shape: GroupShape) -> Dict[str, List[str]]:
+  """A TF cluster for ``shape`` on fresh 127.0.0.1 ports ({} for a single process)."""
+  if not shape.is_cluster:
+    return {}
+  spec: Dict[str, List[str]] = {}
+  for task_type, _ in shape.tasks():
+    spec.setdefault(task_type, []).append(f"127.0.0.1:{free_port()}")
+  return spec
 
 
 def group_model_dir(model_dir: str, group: int) -> str:
@@ -29,7 +91,7 @@ def group_model_dir(model_dir: str, group: int) -> str:
 
 def train_command(model_dir: str, group: int, num_groups: int, exchange_dir: str,
                   gin_files: Sequence[str], gin_bindings: Sequence[str]) -> List[str]:
-  """The command line that trains one group."""
+  """The command line of one task of one group."""
   cmd = [sys.executable, "-m", "tf_codistill.bin.train", f"--model_dir={model_dir}",
          f"--group={group}", f"--num_groups={num_groups}", f"--exchange_dir={exchange_dir}"]
   cmd += [f"--gin_file={f}" for f in gin_files]
@@ -48,20 +110,6 @@ def _tail(path: str, lines: int = 15) -> str:
   return "\n".join(text.splitlines()[-lines:])
 
 
-def _stop_all(procs: Dict[int, subprocess.Popen]) -> None:
-  """SIGTERM every live child's process group, then SIGKILL what is left after a grace period."""
-  for proc in procs.values():
-    if proc.poll() is None:
-      _signal_group(proc, signal.SIGTERM)
-  deadline = time.monotonic() + _GRACE_SECONDS
-  for proc in procs.values():
-    try:
-      proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-      _signal_group(proc, signal.SIGKILL)
-      proc.wait()
-
-
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
   try:
     os.killpg(proc.pid, sig)
@@ -69,47 +117,136 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     pass
 
 
+def stop_processes(procs: Sequence[subprocess.Popen], grace: float = _GRACE_SECONDS) -> None:
+  """SIGTERM every live process (and its children), SIGKILL what is left after ``grace``."""
+  for proc in procs:
+    if proc.poll() is None:
+      _signal_group(proc, signal.SIGTERM)
+  deadline = time.monotonic() + grace
+  for proc in procs:
+    try:
+      proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      _signal_group(proc, signal.SIGKILL)
+      proc.wait()
+
+
+class _Group:
+  """The processes of one group and its restart bookkeeping."""
+
+  def __init__(self, index: int, num_groups: int, shape: GroupShape, model_dir: str,
+               exchange_dir: str, gin_files: Sequence[str], gin_bindings: Sequence[str]):
+    self.index = index
+    self.shape = shape
+    self.dir = group_model_dir(model_dir, index)
+    self.command = train_command(self.dir, index, num_groups, exchange_dir, gin_files,
+                                 gin_bindings + [f"trainer.train.strategy = '{shape.strategy}'"])
+    self.procs: Dict[Tuple[str, int], subprocess.Popen] = {}
+    self.cluster: Dict[str, List[str]] = {}
+    self.restarts = 0
+    self.done = False
+    self.failed: Optional[str] = None
+
+  def log_path(self, task: Tuple[str, int]) -> str:
+    return os.path.join(self.dir, f"{task[0]}_{task[1]}.log")
+
+  def start_all(self) -> None:
+    os.makedirs(self.dir, exist_ok=True)
+    self.cluster = cluster_spec(self.shape)
+    for task in self.shape.tasks():
+      self.start(task)
+
+  def start(self, task: Tuple[str, int]) -> None:
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    if self.cluster:
+      env["TF_CONFIG"] = json.dumps({"cluster": self.cluster,
+                                    "task": {"type": task[0], "index": task[1]}})
+    with open(self.log_path(task), "ab") as log:
+      # Own session: a terminal's Ctrl-C reaches the launcher, which stops tasks in order.
+      self.procs[task] = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=env,
+                                          start_new_session=True)
+    logging.info("launched group %d %s:%d (pid %d), log %s", self.index, task[0], task[1],
+                 self.procs[task].pid, self.log_path(task))
+
+  def stop_all(self) -> None:
+    stop_processes(list(self.procs.values()))
+
+  def running(self) -> bool:
+    return not self.done and self.failed is None
+
+
 def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = None,
            gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = (),
-           poll_seconds: float = 0.5) -> Dict[int, str]:
-  """Runs ``num_groups`` groups to completion; returns each group's model dir."""
+           shape: GroupShape = GroupShape(), max_restarts: int = 0,
+           on_group_failure: str = "stop_all", poll_seconds: float = 0.5) -> Dict[int, str]:
+  """Runs ``num_groups`` groups of ``shape`` to completion; returns each group's model dir."""
   if num_groups < 1:
     raise ValueError(f"--num_groups={num_groups} must be >= 1")
+  if on_group_failure not in FAILURE_POLICIES:
+    raise ValueError(f"--on_group_failure={on_group_failure!r} is not one of {FAILURE_POLICIES}")
   exchange_dir = exchange_dir or os.path.join(model_dir, "exchange")
   os.makedirs(model_dir, exist_ok=True)
-  procs: Dict[int, subprocess.Popen] = {}
-  logs: Dict[int, str] = {}
-  dirs = {g: group_model_dir(model_dir, g) for g in range(num_groups)}
+  groups = [_Group(g, num_groups, shape, model_dir, exchange_dir, gin_files, list(gin_bindings))
+            for g in range(num_groups)]
 
   def on_signal(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
   previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
   try:
-    for g in range(num_groups):
-      os.makedirs(dirs[g], exist_ok=True)
-      logs[g] = os.path.join(dirs[g], "train.log")
-      with open(logs[g], "ab") as log:
-        # Own session: a terminal's Ctrl-C reaches the launcher, which stops children in order.
-        procs[g] = subprocess.Popen(
-            train_command(dirs[g], g, num_groups, exchange_dir, gin_files, gin_bindings),
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-      logging.info("launched group %d (pid %d), log %s", g, procs[g].pid, logs[g])
-    running = set(procs)
-    while running:
-      for g in sorted(running):
-        code = procs[g].poll()
-        if code is None:
-          continue
-        running.discard(g)
-        if code != 0:
-          raise GroupFailedError(
-              f"group {g} exited with status {code}; log {logs[g]}:\n{_tail(logs[g])}")
-        logging.info("group %d finished", g)
+    for group in groups:
+      group.start_all()
+    while any(g.running() for g in groups):
+      for group in groups:
+        if group.running():
+          _supervise(group, max_restarts)
+          if group.failed and on_group_failure == "stop_all":
+            raise GroupFailedError(group.failed)
       time.sleep(poll_seconds)
   finally:
-    _stop_all(procs)
+    stop_processes([p for g in groups for p in g.procs.values()])
     for s, handler in previous.items():
       signal.signal(s, handler)
-  return dirs
+  failed = [g.failed for g in groups if g.failed]
+  if failed:
+    raise GroupFailedError("\n".join(failed))
+  return {g.index: g.dir for g in groups}
+
+
+def _supervise(group: _Group, max_restarts: int) -> None:
+  """One look at a group's processes: finish, restart or fail it."""
+  chief = group.procs[("chief", 0)]
+  code = chief.poll()
+  if code == 0:
+    logging.info("group %d finished", group.index)
+    group.done = True
+    # Parameter-server workers and ps tasks serve until stopped; sync workers end by themselves.
+    group.stop_all()
+    return
+  dead = [(task, proc.returncode) for task, proc in group.procs.items()
+          if proc.poll() is not None and not (task == ("chief", 0) and code == 0)]
+  if not dead:
+    return
+  task, status = dead[0]
+  log = group.log_path(task)
+  if group.restarts >= max_restarts:
+    group.failed = (f"group {group.index} {task[0]}:{task[1]} exited with status {status}; "
+                    f"log {log}:\n{_tail(log)}")
+    logging.error("%s", group.failed)
+    group.stop_all()
+    return
+  group.restarts += 1
+  if group.shape.strategy == "parameter_server" and all(t[0] == "worker" for t, _ in dead):
+    logging.warning("group %d: %s:%d exited with status %s; restarting it (restart %d/%d); the "
+                    "coordinator reschedules its steps meanwhile", group.index, task[0], task[1],
+                    status, group.restarts, max_restarts)
+    for worker, _ in dead:
+      group.start(worker)
+    return
+  logging.warning("group %d: %s:%d exited with status %s; restarting the group from its last "
+                  "checkpoint (restart %d/%d)", group.index, task[0], task[1], status,
+                  group.restarts, max_restarts)
+  group.stop_all()
+  group.start_all()

@@ -5,7 +5,7 @@ in use it verifies the completeness marker and file sizes, checks the serving si
 the student's, restores the SavedModel's variables into the *inactive* copy of that peer's
 double-buffered teacher (``load_weights`` + ``assert_existing_objects_matched``, so a
 half-restored model is an error) and rejects non-finite values. The training thread then only
-flips the peer's ``active_slot`` between two steps (``TeacherRefresh.on_train_batch_begin``):
+flips the peer's ``active_slot`` between two steps (``TeacherRefresh``, a callbacks.StepHook):
 no I/O, no copy, no retrace on the training thread. Anything wrong with a version is logged with
 its path and the previous teacher (or none) stays in use.
 """
@@ -21,6 +21,7 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
+from tf_codistill import callbacks
 from tf_codistill import exchange
 
 if TYPE_CHECKING:
@@ -138,35 +139,30 @@ class TeacherPool:
                          time.monotonic() - start)
 
 
-class TeacherRefresh(keras.callbacks.Callback):
-  """Swaps newly loaded teachers into a CodistillModel between training steps."""
+class TeacherRefresh(callbacks.StepHook):
+  """Activates newly loaded teachers of a CodistillModel between training steps."""
 
   def __init__(self, pool: TeacherPool, summary_writer: Optional[tf.summary.SummaryWriter] = None):
-    super().__init__()
     self.pool = pool
     self.summary_writer = summary_writer
     self.swaps = 0
     self.swap_seconds: List[float] = []
 
-  def on_train_begin(self, logs=None):
+  def on_begin(self, model, step):
     self.pool.start()
 
-  def on_train_end(self, logs=None):
+  def on_end(self, model, step):
     self.pool.stop()
 
-  def on_train_batch_begin(self, batch, logs=None):
-    updates = self.pool.take_updates()
-    if not updates:
-      return
-    step = int(self.model.optimizer.iterations.numpy())
-    for update in updates:
+  def on_step(self, model, step, logs):
+    for update in self.pool.take_updates():
       start = time.monotonic()
-      self.model.activate_teacher(update.index, update.step)
+      model.activate_teacher(update.index, update.step)
       swap = time.monotonic() - start
       self.swaps += 1
       self.swap_seconds.append(swap)
       logging.info("teacher: loaded peer group %d step %d from %s at step %d "
-                   "(load %.3fs off-thread, swap %.3fs)", update.peer, update.step, update.path,
+                   "(load %.3fs off-thread, swap %.4fs)", update.peer, update.step, update.path,
                    step, update.load_seconds, swap)
       if self.summary_writer is not None:
         with self.summary_writer.as_default(step=step):

@@ -78,7 +78,7 @@ def test_two_groups_load_each_others_published_models(tmp_path, data_dir):
     assert results["steps"] == 240
     assert results["teacher_loads"] >= 1 and results["teacher_rejections"] == 0
     assert results["teacher_steps"][0] >= 40
-    log = open(os.path.join(group_dir, "train.log")).read()
+    log = open(os.path.join(group_dir, "chief_0.log")).read()
     peer_dir = os.path.join(model_dir, "exchange", f"group_{peer}")
     loaded = re.findall(rf"teacher: loaded peer group {peer} step (\d+) from {re.escape(peer_dir)}"
                         rf"/step_\d+", log)
@@ -113,7 +113,7 @@ def test_a_failing_group_fails_the_launcher_with_its_log(tmp_path, data_dir):
   proc = subprocess.run(_launch_args(model_dir, bindings), cwd=REPO, capture_output=True,
                         text=True, timeout=300)
   assert proc.returncode == 1
-  assert re.search(r"group \d exited with status 1; log .*group_\d/train.log", proc.stderr)
+  assert re.search(r"group \d chief:0 exited with status 1; log .*group_\d/chief_0.log", proc.stderr)
   assert "no-such-file-*" in proc.stderr  # the group's own error, shown from its log
 
 
@@ -142,7 +142,7 @@ def test_ctrl_c_stops_every_group(tmp_path, data_dir):
   deadline = time.time() + 120
   while len(pids) < 2 and time.time() < deadline:
     line = proc.stderr.readline()
-    pids += [int(p) for p in re.findall(r"launched group \d \(pid (\d+)\)", line)]
+    pids += [int(p) for p in re.findall(r"launched group \d \w+:\d \(pid (\d+)\)", line)]
   assert len(pids) == 2
   time.sleep(3)
   proc.send_signal(signal.SIGINT)

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tf_codistill import callbacks
 from tf_codistill import exchange
 from tf_codistill import teachers
 from tf_codistill.model import CodistillModel
@@ -138,7 +139,8 @@ class _PeerPublishes(keras.callbacks.Callback):
       self.published_at = batch
     if self.published_at is not None:
       self.steps_after_publish.append(
-          (batch, int(self.model.teacher_steps.numpy()[0]), float(logs["teacher_staleness"])))
+          (batch, int(self.model.teacher_steps.numpy()[0]),
+           float(self.model.teacher_staleness().numpy())))
     time.sleep(0.01)
 
 
@@ -152,7 +154,7 @@ def test_refresh_picks_up_newer_version_while_training_continues(tmp_path):
   x = np.random.default_rng(0).normal(size=(200 * 8, 4)).astype("float32")
   y = (x[:, :1] > 0).astype("float32")
   data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-  model.fit(data, epochs=1, verbose=0, callbacks=[refresh, player])
+  model.fit(data, epochs=1, verbose=0, callbacks=[callbacks.BatchDriver([refresh]), player])
   assert model.teacher_steps.numpy().tolist() == [200]
   assert refresh.swaps == 2
   seen = [teacher_step for _, teacher_step, _ in player.steps_after_publish]

@@ -2,6 +2,7 @@
 
 import sys
 
+import gin
 from absl import app
 from absl import flags
 from absl import logging
@@ -14,6 +15,16 @@ flags.DEFINE_string("model_dir", None, "Job directory; group i writes to model_d
                     required=True)
 flags.DEFINE_integer("num_groups", 2, "Number of codistillation groups.", lower_bound=1)
 flags.DEFINE_string("exchange_dir", None, "Shared exchange directory (default model_dir/exchange).")
+flags.DEFINE_enum("strategy", None, list(launcher.STRATEGIES),
+                  "Strategy inside each group (default: the gin binding trainer.train.strategy, "
+                  "else one_device).")
+flags.DEFINE_integer("workers_per_group", 0, "Worker tasks per group besides the chief.",
+                     lower_bound=0)
+flags.DEFINE_integer("ps_per_group", 0, "Parameter-server tasks per group.", lower_bound=0)
+flags.DEFINE_integer("max_restarts", 0, "Restarts allowed per group after a task dies.",
+                     lower_bound=0)
+flags.DEFINE_enum("on_group_failure", "stop_all", list(launcher.FAILURE_POLICIES),
+                  "When a group fails for good: stop every group, or let its peers continue.")
 FLAGS = flags.FLAGS
 
 
@@ -22,9 +33,16 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   # Fail on a bad config here, once, rather than in every group's process.
   common.parse_gin_or_exit(FLAGS.gin_file, FLAGS.gin_bindings)
+  strategy = FLAGS.strategy or _gin_strategy()
+  try:
+    shape = launcher.GroupShape(strategy, FLAGS.workers_per_group, FLAGS.ps_per_group)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   try:
     dirs = launcher.launch(FLAGS.model_dir, FLAGS.num_groups, exchange_dir=FLAGS.exchange_dir,
-                           gin_files=FLAGS.gin_file, gin_bindings=FLAGS.gin_bindings)
+                           gin_files=FLAGS.gin_file, gin_bindings=FLAGS.gin_bindings, shape=shape,
+                           max_restarts=FLAGS.max_restarts,
+                           on_group_failure=FLAGS.on_group_failure)
   except launcher.GroupFailedError as e:
     logging.error("%s", e)
     sys.exit(1)
@@ -33,6 +51,13 @@ def main(argv):
     sys.exit(130)
   for group, path in dirs.items():
     print(f"group {group}: {path}")
+
+
+def _gin_strategy() -> str:
+  try:
+    return gin.query_parameter("trainer.train.strategy")
+  except ValueError:  # not bound
+    return "one_device"
 
 
 def run():

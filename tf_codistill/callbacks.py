@@ -1,0 +1,297 @@
+"""Keras callbacks of a group's training: publishing, local evaluation, summaries, progress.
+
+All of them work under every strategy: they read the student's values into a *local* copy of the
+architecture (``LocalCopy``) where they need the model itself, so no collective or parameter-server
+traffic is required beyond reading the weights once, and only the chief uses them. Periodic work
+is a ``StepHook``, run after each batch (``BatchDriver``) or, under parameter servers where
+tf_keras allows no batch-level callbacks, from a polling thread (``ThreadDriver``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+from absl import logging
+
+from tf_codistill import exchange
+
+
+def current_step(model: keras.Model) -> int:
+  return int(model.optimizer.iterations.numpy())
+
+
+class LocalCopy:
+  """A non-distributed copy of the student, refreshed from the (possibly distributed) student."""
+
+  def __init__(self, student: keras.Model, local: keras.Model):
+    self.student = student
+    self.model = local
+    self._synced_step = None
+    self._lock = threading.Lock()
+
+  @contextlib.contextmanager
+  def at_step(self, step: int) -> Iterator[keras.Model]:
+    """The local copy holding the student's values of ``step``, for exclusive use."""
+    with self._lock:
+      if self._synced_step != step:
+        self.model.set_weights(self.student.get_weights())
+        self._synced_step = step
+      yield self.model
+
+
+class StepHook:
+  """Work done every few steps; driven by batch callbacks or, under parameter servers, a thread."""
+
+  def on_begin(self, model: keras.Model, step: int) -> None:
+    pass
+
+  def on_step(self, model: keras.Model, step: int, logs: Dict[str, float]) -> None:
+    pass
+
+  def on_end(self, model: keras.Model, step: int) -> None:
+    pass
+
+
+class BatchDriver(keras.callbacks.Callback):
+  """Runs StepHooks after every training batch (all strategies but parameter servers)."""
+
+  def __init__(self, hooks: Sequence[StepHook]):
+    super().__init__()
+    self.hooks = list(hooks)
+
+  def on_train_begin(self, logs=None):
+    for hook in self.hooks:
+      hook.on_begin(self.model, current_step(self.model))
+
+  def on_train_batch_end(self, batch, logs=None):
+    step = current_step(self.model)
+    values = _to_python(logs)
+    for hook in self.hooks:
+      hook.on_step(self.model, step, values)
+
+  def on_train_end(self, logs=None):
+    for hook in self.hooks:
+      hook.on_end(self.model, current_step(self.model))
+
+
+class ThreadDriver(keras.callbacks.Callback):
+  """Runs StepHooks from a thread polling the step: tf_keras refuses batch-level callbacks under
+  ParameterServerStrategy, and with asynchronous workers there is no single "between steps"."""
+
+  def __init__(self, hooks: Sequence[StepHook], poll_seconds: float = 0.2):
+    super().__init__()
+    self.hooks = list(hooks)
+    self.poll_seconds = poll_seconds
+    self._stop = threading.Event()
+    self._thread: Optional[threading.Thread] = None
+
+  def on_train_begin(self, logs=None):
+    for hook in self.hooks:
+      hook.on_begin(self.model, current_step(self.model))
+    self._stop.clear()
+    self._thread = threading.Thread(target=self._run, name="step-hooks", daemon=True)
+    self._thread.start()
+
+  def _run(self):
+    while not self._stop.wait(self.poll_seconds):
+      try:
+        step = current_step(self.model)
+        logs = {m.name: float(m.result().numpy()) for m in self.model.metrics[:3]}
+        logs["alpha"] = float(self.model._effective_alpha().numpy())
+        logs["teacher_staleness"] = float(self.model.teacher_staleness().numpy())
+        for hook in self.hooks:
+          hook.on_step(self.model, step, logs)
+      except Exception:  # A failing hook must not kill training; it is logged loudly.
+        logging.exception("step hooks failed")
+
+  def on_train_end(self, logs=None):
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+    for hook in self.hooks:
+      hook.on_end(self.model, current_step(self.model))
+
+
+class EpochCheckpoint(keras.callbacks.Callback):
+  """Checkpoints model and optimizer at every epoch end with a tf.train.CheckpointManager.
+
+  For parameter-server groups, where tf_keras' BackupAndRestore is not supported: call
+  ``restore()`` before ``fit`` and pass ``initial_epoch=restored_step // steps_per_epoch``.
+  Saves are epoch-aligned, so a restart loses at most one epoch.
+  """
+
+  def __init__(self, directory: str, model: keras.Model, max_to_keep: int = 2):
+    super().__init__()
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    self.manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=max_to_keep)
+
+  def restore(self) -> int:
+    """Restores the newest checkpoint if there is one; returns the optimizer step."""
+    path = self.manager.restore_or_initialize()
+    step = current_step(self.manager.checkpoint.model)
+    if path:
+      logging.info("resumed from checkpoint %s at step %d", path, step)
+    return step
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.manager.save(checkpoint_number=current_step(self.model))
+
+
+class ExchangePublisher(StepHook):
+  """Publishes the student to the exchange directory every ``every_steps`` optimizer steps.
+
+  Steps are compared by distance, not equality: with ``steps_per_execution`` or asynchronous
+  training not every step is seen.
+  """
+
+  def __init__(self, local: LocalCopy, exchange_dir: str, group: int, every_steps: int,
+               input_spec, *, keep_last: int = 2):
+    if every_steps < 1:
+      raise ValueError(f"exchange_every_steps={every_steps} must be >= 1")
+    self.local = local
+    self.exchange_dir = exchange_dir
+    self.group = group
+    self.every_steps = every_steps
+    self.input_spec = input_spec
+    self.keep_last = keep_last
+    self.last_published = 0
+    self.failures = 0
+    self.publish_seconds: List[float] = []
+
+  def _publish(self, step: int) -> None:
+    start = time.monotonic()
+    self.last_published = step
+    try:
+      with self.local.at_step(step) as local:
+        path = exchange.publish(local, self.exchange_dir, self.group, step, self.input_spec,
+                                keep_last=self.keep_last)
+    except (tf.errors.OpError, OSError) as e:
+      # Peers keep the previous version; training goes on and the next interval retries.
+      self.failures += 1
+      logging.error("exchange: publishing step %d to %s failed, previous version kept: %s",
+                    step, self.exchange_dir, e)
+      return
+    self.publish_seconds.append(time.monotonic() - start)
+    logging.info("exchange: published step %d to %s (%.2fs)", step, path, self.publish_seconds[-1])
+
+  def on_begin(self, model, step):
+    self.last_published = step - step % self.every_steps  # resumed runs keep the cadence
+
+  def on_step(self, model, step, logs):
+    if step - self.last_published >= self.every_steps:
+      self._publish(step)
+
+  def on_end(self, model, step):
+    if step != self.last_published:
+      self._publish(step)
+
+
+class LocalEvaluation(keras.callbacks.Callback):
+  """Evaluates the student on the chief at each epoch end and adds ``val_*`` to the logs.
+
+  A plain loop over the local copy rather than ``Model.evaluate``, which under a
+  parameter-server strategy would ship the evaluation to the workers.
+  """
+
+  def __init__(self, local: LocalCopy, dataset: tf.data.Dataset, task_loss: keras.losses.Loss,
+               metrics: Callable[[], List[keras.metrics.Metric]], steps: Optional[int] = None):
+    super().__init__()
+    self.local = local
+    self.dataset = dataset if steps is None else dataset.take(steps)
+    self.task_loss = task_loss
+    self.metrics = [keras.metrics.Mean(name="loss")] + metrics()
+    self.last: Dict[str, float] = {}
+
+    @tf.function
+    def update(x, y):
+      logits = self.local.model(x, training=False)
+      # Per-example values through Loss.call: reductions are refused inside a strategy's scope.
+      self.metrics[0].update_state(tf.reduce_mean(self.task_loss.call(y, logits)),
+                                   sample_weight=tf.shape(y)[0])
+      for metric in self.metrics[1:]:
+        metric.update_state(y, logits)
+
+    self._update = update
+
+  def evaluate(self) -> Dict[str, float]:
+    with self.local.at_step(current_step(self.model)):
+      for metric in self.metrics:
+        metric.reset_state()
+      for x, y in self.dataset:
+        self._update(x, y)
+      self.last = {m.name: float(m.result().numpy()) for m in self.metrics}
+    return self.last
+
+  def on_epoch_end(self, epoch, logs=None):
+    results = self.evaluate()
+    if logs is not None:
+      logs.update({f"val_{k}": v for k, v in results.items()})
+
+
+class StepSummaries(StepHook):
+  """Writes step-level TensorBoard scalars: losses, alpha, teacher staleness, examples/sec."""
+
+  KEYS = ("loss", "task_loss", "distill_loss", "alpha", "teacher_staleness")
+
+  def __init__(self, writer: tf.summary.SummaryWriter, batch_size: int, every_steps: int = 50):
+    self.writer = writer
+    self.batch_size = batch_size
+    self.every_steps = max(1, every_steps)
+    self._last_time = None
+    self._last_step = None
+    self.examples_per_sec: List[float] = []
+
+  def on_begin(self, model, step):
+    self._last_time = time.monotonic()
+    self._last_step = step
+
+  def on_step(self, model, step, logs):
+    if step - self._last_step < self.every_steps:
+      return
+    now = time.monotonic()
+    rate = (step - self._last_step) * self.batch_size / max(now - self._last_time, 1e-9)
+    self.examples_per_sec.append(rate)
+    self._last_time, self._last_step = now, step
+    with self.writer.as_default(step=step):
+      tf.summary.scalar("examples_per_sec", rate)
+      for key in self.KEYS:
+        if key in logs:
+          tf.summary.scalar(key, logs[key])
+
+
+class ProgressLog(keras.callbacks.Callback):
+  """Appends one JSON line per epoch (step, wall time, metrics) to ``path`` for launchers/benchmarks."""
+
+  def __init__(self, path: str, group: int, total_steps: int):
+    super().__init__()
+    self.path = path
+    self.group = group
+    self.total_steps = total_steps
+    self._start = time.monotonic()
+
+  def on_epoch_end(self, epoch, logs=None):
+    record = {"group": self.group, "epoch": epoch + 1, "step": current_step(self.model),
+              "total_steps": self.total_steps, "wall_time_s": time.monotonic() - self._start}
+    record.update(_to_python(logs))
+    with tf.io.gfile.GFile(self.path, "a") as f:
+      f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def _to_python(logs) -> Dict[str, float]:
+  """Scalar logs as floats (parameter-server fit hands out RemoteValues)."""
+  values = {}
+  for key, value in (logs or {}).items():
+    if hasattr(value, "fetch"):
+      value = value.fetch()
+    try:
+      values[key] = float(np.asarray(value))
+    except (TypeError, ValueError):
+      continue
+  return values

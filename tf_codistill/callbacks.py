@@ -9,11 +9,12 @@ tf_keras allows no batch-level callbacks, from a polling thread (``ThreadDriver`
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import threading
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -36,12 +37,18 @@ class LocalCopy:
     self._synced_step = None
     self._lock = threading.Lock()
 
+  def snapshot(self) -> List[np.ndarray]:
+    """The student's current values (read between two steps for a consistent copy)."""
+    return self.student.get_weights()
+
   @contextlib.contextmanager
-  def at_step(self, step: int) -> Iterator[keras.Model]:
-    """The local copy holding the student's values of ``step``, for exclusive use."""
+  def at_step(self, step: int, weights: Optional[List[np.ndarray]] = None
+              ) -> Iterator[keras.Model]:
+    """The local copy holding the student's values of ``step`` (or ``weights``, a snapshot taken
+    at that step), for exclusive use."""
     with self._lock:
       if self._synced_step != step:
-        self.model.set_weights(self.student.get_weights())
+        self.model.set_weights(self.snapshot() if weights is None else weights)
         self._synced_step = step
       yield self.model
 
@@ -147,8 +154,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
 class ExchangePublisher(StepHook):
   """Publishes the student to the exchange directory every ``every_steps`` optimizer steps.
 
-  Steps are compared by distance, not equality: with ``steps_per_execution`` or asynchronous
-  training not every step is seen.
+  The training loop only snapshots the weights (``get_weights``); writing the SavedModel happens
+  on a background thread, one publish at a time (a publish due while one is in flight waits for
+  the next step after it). Steps are compared by distance, not equality: with
+  ``steps_per_execution`` or asynchronous training not every step is seen.
   """
 
   def __init__(self, local: LocalCopy, exchange_dir: str, group: int, every_steps: int,
@@ -164,12 +173,13 @@ class ExchangePublisher(StepHook):
     self.last_published = 0
     self.failures = 0
     self.publish_seconds: List[float] = []
+    self.windows: List[Tuple[float, float]] = []  # (snapshot taken, published), time.monotonic()
+    self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="publisher")
+    self._in_flight: Optional[concurrent.futures.Future] = None
 
-  def _publish(self, step: int) -> None:
-    start = time.monotonic()
-    self.last_published = step
+  def _publish(self, step: int, weights: List[np.ndarray], start: float) -> None:
     try:
-      with self.local.at_step(step) as local:
+      with self.local.at_step(step, weights) as local:
         path = exchange.publish(local, self.exchange_dir, self.group, step, self.input_spec,
                                 keep_last=self.keep_last)
     except (tf.errors.OpError, OSError) as e:
@@ -178,19 +188,33 @@ class ExchangePublisher(StepHook):
       logging.error("exchange: publishing step %d to %s failed, previous version kept: %s",
                     step, self.exchange_dir, e)
       return
-    self.publish_seconds.append(time.monotonic() - start)
-    logging.info("exchange: published step %d to %s (%.2fs)", step, path, self.publish_seconds[-1])
+    end = time.monotonic()
+    self.publish_seconds.append(end - start)
+    self.windows.append((start, end))
+    logging.info("exchange: published step %d to %s (%.2fs, off the training loop)", step, path,
+                 end - start)
+
+  def _start(self, step: int) -> None:
+    start = time.monotonic()
+    self.last_published = step
+    self._in_flight = self._executor.submit(self._publish, step, self.local.snapshot(), start)
 
   def on_begin(self, model, step):
     self.last_published = step - step % self.every_steps  # resumed runs keep the cadence
 
   def on_step(self, model, step, logs):
+    if self._in_flight is not None and not self._in_flight.done():
+      return
     if step - self.last_published >= self.every_steps:
-      self._publish(step)
+      self._start(step)
 
   def on_end(self, model, step):
+    if self._in_flight is not None:
+      self._in_flight.result()
     if step != self.last_published:
-      self._publish(step)
+      self._start(step)
+      self._in_flight.result()
+    self._executor.shutdown()
 
 
 class LocalEvaluation(keras.callbacks.Callback):
@@ -264,6 +288,49 @@ class StepSummaries(StepHook):
       for key in self.KEYS:
         if key in logs:
           tf.summary.scalar(key, logs[key])
+
+
+class StepTimer(StepHook):
+  """Wall time per step as the training loop sees it (hooks included), split by what overlapped
+  the step: named time windows (teacher refreshes, publishes) or an epoch end (evaluation,
+  checkpoints).
+
+  Under a ThreadDriver an interval spans every step the workers finished since the last poll;
+  each such interval counts once, as its mean time per step.
+  """
+
+  def __init__(self, steps_per_epoch: int, skip_steps: int = 5):
+    self.steps_per_epoch = steps_per_epoch
+    self.skip_steps = skip_steps  # the first steps include tracing
+    self.intervals: List[Tuple[float, float, int, bool]] = []  # (start, end, steps, epoch end)
+    self._last: Optional[Tuple[float, int]] = None
+
+  def on_begin(self, model, step):
+    self._last = (time.monotonic(), step)
+    self.skip_until = step + self.skip_steps
+
+  def on_step(self, model, step, logs):
+    now = time.monotonic()
+    start, last_step = self._last
+    if step > last_step and last_step >= self.skip_until:
+      # Epoch-end callbacks run after the hooks of an epoch's last step, inside this interval.
+      next_boundary = -(-last_step // self.steps_per_epoch) * self.steps_per_epoch
+      self.intervals.append((start, now, step - last_step, next_boundary < step))
+    self._last = (now, step)
+
+  def quantiles_ms(self, windows: Dict[str, Sequence[Tuple[float, float]]]
+                   ) -> Dict[str, Dict[str, float]]:
+    """p50/p99 step time (ms) per category: 'epoch_end', the names of the windows a step
+    overlapped (joined by '+', e.g. 'refresh+publish'), or 'other'."""
+    values: Dict[str, List[float]] = {"other": []}
+    for start, end, steps, epoch_end in self.intervals:
+      names = [name for name, spans in windows.items()
+               if any(start < w_end and w_start < end for w_start, w_end in spans)]
+      key = "epoch_end" if epoch_end else "+".join(names) or "other"
+      values.setdefault(key, []).append(1000.0 * (end - start) / steps)
+    return {key: ({"count": len(v), "p50": float(np.percentile(v, 50)),
+                   "p99": float(np.percentile(v, 99))} if v else {"count": 0})
+            for key, v in values.items()}
 
 
 class ProgressLog(keras.callbacks.Callback):

@@ -9,6 +9,7 @@ import gin
 
 # Importing these registers their configurables with gin.
 from data_pipelines import criteo  # noqa: F401
+from tf_codistill import launcher  # noqa: F401
 from tf_codistill import losses  # noqa: F401
 from tf_codistill import trainer  # noqa: F401
 from tf_codistill.models import ctr  # noqa: F401

@@ -29,9 +29,11 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import gin
 from absl import logging
 
 _GRACE_SECONDS = 10.0
+_SYNC_WORKER_FINISH_SECONDS = 60.0
 STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
 FAILURE_POLICIES = ("stop_all", "continue")
 
@@ -66,6 +68,17 @@ class GroupShape:
   @property
   def is_cluster(self) -> bool:
     return self.strategy in ("multi_worker_mirrored", "parameter_server")
+
+
+@gin.configurable(module="launcher", denylist=["strategy"])
+def group_shape(strategy: str, workers_per_group: int = 0, ps_per_group: int = 0) -> GroupShape:
+  """The shape of every group: gin files such as ``gin/criteo/sync_2workers.gin`` bind it.
+
+  ``workers_per_group`` counts worker tasks besides the chief (a synchronous chief trains too,
+  so ``multi_worker_mirrored`` has ``workers_per_group + 1`` replicas; a parameter-server chief
+  only coordinates). Launcher flags, when given, override these bindings.
+  """
+  return GroupShape(strategy, workers_per_group, ps_per_group)
 
 
 def free_port() -> int:
@@ -144,6 +157,7 @@ class _Group:
     self.procs: Dict[Tuple[str, int], subprocess.Popen] = {}
     self.cluster: Dict[str, List[str]] = {}
     self.restarts = 0
+    self.chief_done_at: Optional[float] = None
     self.done = False
     self.failed: Optional[str] = None
 
@@ -153,6 +167,7 @@ class _Group:
   def start_all(self) -> None:
     os.makedirs(self.dir, exist_ok=True)
     self.cluster = cluster_spec(self.shape)
+    self.chief_done_at = None
     for task in self.shape.tasks():
       self.start(task)
 
@@ -220,13 +235,28 @@ def _supervise(group: _Group, max_restarts: int) -> None:
   chief = group.procs[("chief", 0)]
   code = chief.poll()
   if code == 0:
+    # Parameter-server workers and ps tasks serve until stopped; sync workers end by themselves,
+    # give or take their clean-up.
+    finishing = [task for task, proc in group.procs.items()
+                 if proc.poll() is None and group.shape.strategy == "multi_worker_mirrored"]
+    if group.chief_done_at is None:
+      group.chief_done_at = time.monotonic()
+    if finishing and time.monotonic() - group.chief_done_at < _SYNC_WORKER_FINISH_SECONDS:
+      return
+    if finishing:
+      logging.warning("group %d: %s still running %.0fs after the chief finished; their stacks "
+                      "go to their logs, then they are stopped", group.index,
+                      ", ".join(f"{t}:{k}" for t, k in finishing), _SYNC_WORKER_FINISH_SECONDS)
+      for task in finishing:
+        group.procs[task].send_signal(signal.SIGUSR1)  # tf-codistill-train dumps its stacks
+      time.sleep(1.0)
     logging.info("group %d finished", group.index)
     group.done = True
-    # Parameter-server workers and ps tasks serve until stopped; sync workers end by themselves.
     group.stop_all()
     return
+  # Synchronous workers finish by themselves (status 0) just before their chief.
   dead = [(task, proc.returncode) for task, proc in group.procs.items()
-          if proc.poll() is not None and not (task == ("chief", 0) and code == 0)]
+          if proc.poll() not in (None, 0)]
   if not dead:
     return
   task, status = dead[0]

@@ -15,10 +15,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
-import tf_keras as keras
 from absl import logging
 
 from tf_codistill import callbacks
@@ -36,6 +35,7 @@ class TeacherUpdate:
   step: int
   path: str
   load_seconds: float
+  started_at: float  # time.monotonic() when its load began
 
 
 class TeacherPool:
@@ -136,7 +136,7 @@ class TeacherPool:
       if var.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(var))):
         raise exchange.InvalidVersionError(f"{version.path}: variable {var.name} has NaN/Inf")
     return TeacherUpdate(index, version.group, version.step, version.path,
-                         time.monotonic() - start)
+                         time.monotonic() - start, start)
 
 
 class TeacherRefresh(callbacks.StepHook):
@@ -147,6 +147,7 @@ class TeacherRefresh(callbacks.StepHook):
     self.summary_writer = summary_writer
     self.swaps = 0
     self.swap_seconds: List[float] = []
+    self.windows: List[Tuple[float, float]] = []  # (load began, swap ended), time.monotonic()
 
   def on_begin(self, model, step):
     self.pool.start()
@@ -161,6 +162,7 @@ class TeacherRefresh(callbacks.StepHook):
       swap = time.monotonic() - start
       self.swaps += 1
       self.swap_seconds.append(swap)
+      self.windows.append((update.started_at, start + swap))
       logging.info("teacher: loaded peer group %d step %d from %s at step %d "
                    "(load %.3fs off-thread, swap %.4fs)", update.peer, update.step, update.path,
                    step, update.load_seconds, swap)

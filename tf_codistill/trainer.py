@@ -7,6 +7,7 @@ newest versions) -> final evaluation, export and ``results.json``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -21,6 +22,7 @@ from absl import logging
 from data_pipelines import criteo
 from tf_codistill import callbacks as callbacks_lib
 from tf_codistill import exchange
+from tf_codistill import filesystems
 from tf_codistill import losses
 from tf_codistill import strategies
 from tf_codistill import teachers as teachers_lib
@@ -87,6 +89,12 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   pipelines) its own shard of ``train_files``; ``batch_size`` is the global batch of one step.
   """
   _validate(group, num_groups, codistill, exchange_dir, data_split, optimizer)
+  for name, files in (("train_files", train_files), ("eval_files", eval_files)):
+    if not files:
+      raise ConfigurationError(
+          f"trainer.train.{name} is empty: bind it, e.g. "
+          f"--gin_bindings=\"trainer.train.{name} = ['data/{name.split('_')[0]}-*']\"")
+  filesystems.ensure_filesystems([model_dir, exchange_dir, *train_files, *eval_files])
   info = strategies.task_info(strategy)
   if intra_op_threads:
     tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
@@ -96,6 +104,10 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
     strategies.serve(info)  # blocks until the launcher (or the cluster manager) stops the task
     return {}
   distribution = strategies.make_strategy(strategy)
+  if batch_size % distribution.num_replicas_in_sync:
+    raise ConfigurationError(
+        f"trainer.train.batch_size={batch_size} (the global batch) must be divisible by the "
+        f"{distribution.num_replicas_in_sync} replicas of strategy {strategy!r}")
   keras.utils.set_random_seed(seed * 7919 + group)
   tf.io.gfile.makedirs(model_dir)
   start = time.time()
@@ -136,13 +148,14 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
 
   summary_writer = None
   evaluation = callbacks_lib.LocalEvaluation(local, eval_ds, make_task_loss(), metrics, eval_steps)
-  step_summaries = None
+  step_summaries = step_timer = None
   hooks: List[callbacks_lib.StepHook] = []
   epoch_callbacks: List[keras.callbacks.Callback] = []
   if info.is_chief:
     summary_writer = tf.summary.create_file_writer(os.path.join(model_dir, "tb", "steps"))
     step_summaries = callbacks_lib.StepSummaries(summary_writer, batch_size, summary_every_steps)
-    hooks.append(step_summaries)
+    step_timer = callbacks_lib.StepTimer(steps_per_epoch)
+    hooks += [step_timer, step_summaries]
     epoch_callbacks = [
         evaluation,
         keras.callbacks.TensorBoard(os.path.join(model_dir, "tb"), update_freq="epoch"),
@@ -176,6 +189,9 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   history = model.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch,
                       initial_epoch=initial_epoch, callbacks=epoch_callbacks + [driver],
                       verbose=verbose if info.is_chief else 0)
+  digest = weights_digest(student)
+  logging.info("final student weights digest (%s:%d): %s", info.task_type or "local",
+               info.task_id, digest)
   if not info.is_chief:
     return {}
 
@@ -203,6 +219,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
       "examples_per_sec": float(np.median(step_summaries.examples_per_sec))
                           if step_summaries.examples_per_sec else None,
       "skipped_lines": bad_lines.count,
+      "weights_digest": digest,
       "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
   }
   if codistill:
@@ -212,12 +229,24 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
                    publishes=len(publisher.publish_seconds),
                    publish_failures=publisher.failures,
                    publish_seconds_median=float(np.median(publisher.publish_seconds))
-                   if publisher.publish_seconds else None)
+                   if publisher.publish_seconds else None,
+                   # Step times of steps overlapping a teacher refresh (load off-thread ..
+                   # swap), a publish (snapshot .. written), an epoch end, or nothing.
+                   step_time_ms=step_timer.quantiles_ms({"refresh": refresh.windows,
+                                                         "publish": publisher.windows}))
   with tf.io.gfile.GFile(os.path.join(model_dir, "results.json"), "w") as f:
     json.dump(results, f, indent=2, sort_keys=True)
   logging.info("group %d done: val_logloss=%.4f val_auc=%.4f steps=%d", group,
                results["val_logloss"], results["val_auc"], results["steps"])
   return results
+
+
+def weights_digest(model: keras.Model) -> str:
+  """SHA-256 of all weight values: equal on every replica of a synchronous group."""
+  digest = hashlib.sha256()
+  for value in model.get_weights():
+    digest.update(np.ascontiguousarray(value).tobytes())
+  return digest.hexdigest()
 
 
 def _validate(group: int, num_groups: int, codistill: bool, exchange_dir: Optional[str],

@@ -18,9 +18,11 @@ flags.DEFINE_string("exchange_dir", None, "Shared exchange directory (default mo
 flags.DEFINE_enum("strategy", None, list(launcher.STRATEGIES),
                   "Strategy inside each group (default: the gin binding trainer.train.strategy, "
                   "else one_device).")
-flags.DEFINE_integer("workers_per_group", 0, "Worker tasks per group besides the chief.",
-                     lower_bound=0)
-flags.DEFINE_integer("ps_per_group", 0, "Parameter-server tasks per group.", lower_bound=0)
+flags.DEFINE_integer("workers_per_group", None,
+                     "Worker tasks per group besides the chief (default: the gin binding "
+                     "launcher.group_shape.workers_per_group, else 0).", lower_bound=0)
+flags.DEFINE_integer("ps_per_group", None, "Parameter-server tasks per group (default: the gin "
+                     "binding launcher.group_shape.ps_per_group, else 0).", lower_bound=0)
 flags.DEFINE_integer("max_restarts", 0, "Restarts allowed per group after a task dies.",
                      lower_bound=0)
 flags.DEFINE_enum("on_group_failure", "stop_all", list(launcher.FAILURE_POLICIES),
@@ -35,9 +37,18 @@ def main(argv):
   common.parse_gin_or_exit(FLAGS.gin_file, FLAGS.gin_bindings)
   strategy = FLAGS.strategy or _gin_strategy()
   try:
-    shape = launcher.GroupShape(strategy, FLAGS.workers_per_group, FLAGS.ps_per_group)
+    overrides = {name: value for name, value in (("workers_per_group", FLAGS.workers_per_group),
+                                                 ("ps_per_group", FLAGS.ps_per_group))
+                 if value is not None}
+    shape = launcher.group_shape(strategy, **overrides)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
+  for name in ("train_files", "eval_files"):
+    try:
+      gin.query_parameter(f"trainer.train.{name}")
+    except ValueError:
+      raise app.UsageError(f"trainer.train.{name} is not bound: pass e.g. --gin_bindings=\""
+                           f"trainer.train.{name} = ['data/{name.split('_')[0]}-*']\"") from None
   try:
     dirs = launcher.launch(FLAGS.model_dir, FLAGS.num_groups, exchange_dir=FLAGS.exchange_dir,
                            gin_files=FLAGS.gin_file, gin_bindings=FLAGS.gin_bindings, shape=shape,

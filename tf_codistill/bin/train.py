@@ -1,4 +1,10 @@
-"""tf-codistill-train: trains one codistillation group (or one task of a group's cluster)."""
+"""tf-codistill-train: trains one codistillation group (or one task of a group's cluster).
+
+``kill -USR1 <pid>`` prints every thread's Python stack to the task's log (a stuck task).
+"""
+
+import faulthandler
+import signal
 
 from absl import app
 from absl import flags
@@ -27,6 +33,7 @@ def main(argv):
 
 
 def run():
+  faulthandler.register(signal.SIGUSR1, all_threads=True)
   app.run(main)
 
 

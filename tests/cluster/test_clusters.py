@@ -1,0 +1,144 @@
+"""Each group a real local TF cluster: sync (MultiWorkerMirrored) and async (ParameterServer)."""
+
+import glob
+import json
+import os
+import re
+import signal
+
+import pytest
+
+from testing_utils import Launch, alive, launch_args, progress_steps, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def _results(model_dir, group):
+  with open(os.path.join(model_dir, f"group_{group}", "results.json")) as f:
+    return json.load(f)
+
+
+def _loaded_peers(log_path):
+  with open(log_path) as f:
+    return [int(s) for s in re.findall(r"teacher: loaded peer group \d step (\d+)", f.read())]
+
+
+def test_parameter_server_groups_train_and_distill_from_each_other(tmp_path, criteo_dir):
+  model_dir = str(tmp_path / "job")
+  launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2",
+                              "--strategy=parameter_server", "--workers_per_group=2",
+                              "--ps_per_group=1"))
+  assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
+  for group in (0, 1):
+    group_dir = os.path.join(model_dir, f"group_{group}")
+    assert sorted(os.path.basename(p) for p in glob.glob(f"{group_dir}/*.log")) == [
+        "chief_0.log", "ps_0.log", "worker_0.log", "worker_1.log"]
+    results = _results(model_dir, group)
+    assert results["strategy"] == "parameter_server" and results["num_workers"] == 2
+    assert results["steps"] == 240
+    assert results["teacher_loads"] >= 1 and _loaded_peers(f"{group_dir}/chief_0.log")
+    # The steps run on the workers, and they really used the teacher after burn-in.
+    assert results["history"]["distill_loss"][-1] > 0
+    worker_log = open(f"{group_dir}/worker_0.log").read()
+    assert "serving worker:0 of parameter_server" in worker_log
+
+
+def test_multi_worker_mirrored_groups_load_teachers_on_every_worker(tmp_path, criteo_dir):
+  model_dir = str(tmp_path / "job")
+  launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2",
+                              "--strategy=multi_worker_mirrored", "--workers_per_group=2",
+                              bindings=["trainer.train.train_steps = 160"]))
+  assert launch.wait(timeout=480) == 0, launch.stderr[-4000:]
+  for group in (0, 1):
+    group_dir = os.path.join(model_dir, f"group_{group}")
+    digests = {}
+    for task in ("chief_0", "worker_0", "worker_1"):
+      log = open(f"{group_dir}/{task}.log").read()
+      assert re.search(rf"teacher: loaded peer group {1 - group} step \d+", log), task
+      digests[task] = re.search(r"final student weights digest \(\w+:\d\): (\w+)", log).group(1)
+    # Synchronous replicas end bitwise identical, whatever step each refreshed its teacher at.
+    assert len(set(digests.values())) == 1, digests
+    results = _results(model_dir, group)
+    assert results["weights_digest"] == digests["chief_0"]
+    assert results["num_workers"] == 3 and results["steps"] == 160
+
+
+def test_killed_parameter_server_worker_is_rescheduled_and_training_completes(tmp_path, criteo_dir):
+  model_dir = str(tmp_path / "job")
+  launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=1", "--max_restarts=2",
+                              "--strategy=parameter_server", "--workers_per_group=2",
+                              "--ps_per_group=1", gin="baseline.gin"))
+  group_dir = os.path.join(model_dir, "group_0")
+  wait_for(lambda: progress_steps(group_dir), 240, "the first epoch")
+  os.kill(launch.pids[(0, "worker", 0)], signal.SIGKILL)
+  assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
+  # Every scheduled step ran; ClusterCoordinator retries a step the dead worker was running, so
+  # one that had already bumped the step counter on the ps task may count (and apply) twice.
+  assert 240 <= _results(model_dir, 0)["steps"] <= 241
+  assert "group 0: worker:0 exited with status -9; restarting it" in launch.stderr
+  chief_log = open(f"{group_dir}/chief_0.log").read()
+  assert re.search(r"worker.*(fail|unavailable|Unavailable)", chief_log, re.I)
+  # The restarted worker rejoined the cluster (its log is appended to, not replaced).
+  assert open(f"{group_dir}/worker_0.log").read().count("serving worker:0 of") == 2
+
+
+@pytest.mark.parametrize("strategy,extra", [
+    ("parameter_server", ["--workers_per_group=1", "--ps_per_group=1"]),
+    ("one_device", []),
+])
+def test_killed_chief_restarts_from_its_last_checkpoint(tmp_path, criteo_dir, strategy, extra):
+  model_dir = str(tmp_path / "job")
+  launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=1", "--max_restarts=1",
+                              f"--strategy={strategy}", *extra, gin="baseline.gin",
+                              bindings=["trainer.train.checkpoint_every_steps = 80"]))
+  group_dir = os.path.join(model_dir, "group_0")
+  wait_for(lambda: progress_steps(group_dir), 240, "the first epoch")
+  first_pid = launch.pids[(0, "chief", 0)]
+  os.kill(first_pid, signal.SIGKILL)
+  before = progress_steps(group_dir)  # epochs (and their checkpoints) finished before the kill
+  assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
+  assert "group 0: chief:0 exited with status -9; restarting the group" in launch.stderr
+  assert launch.pids[(0, "chief", 0)] != first_pid
+  assert _results(model_dir, 0)["steps"] == 240
+  steps = progress_steps(group_dir)
+  assert steps[:len(before)] == before and steps[-1] == 240
+  # The restarted chief resumed from the checkpoint of the last finished epoch or a later one:
+  # its first epoch ends one interval (80 steps) after a step >= the last one logged before
+  # the kill, so less than one checkpoint interval of work was redone (from scratch: 80).
+  resumed_from = steps[len(before)] - 80
+  assert resumed_from >= before[-1], (before, steps)
+
+
+def test_dead_group_does_not_stop_its_peer_which_reports_growing_staleness(tmp_path, criteo_dir):
+  model_dir = str(tmp_path / "job")
+  launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2",
+                              "--on_group_failure=continue",
+                              bindings=["trainer.train.train_steps = 480"]))
+  wait_for(lambda: glob.glob(f"{model_dir}/exchange/group_1/step_*/COMPLETE"), 240,
+           "group 1's first published version")
+  wait_for(lambda: _loaded_peers(f"{model_dir}/group_0/chief_0.log"), 120,
+           "group 0 loading group 1's version")
+  os.kill(launch.pids[(1, "chief", 0)], signal.SIGKILL)
+  code = launch.wait(timeout=420)
+  assert code == 1 and "group 1 chief:0 exited with status -9" in launch.stderr
+  results = _results(model_dir, 0)
+  assert results["steps"] == 480
+  last_teacher = results["teacher_steps"][0]
+  assert last_teacher < 480 and results["final_teacher_staleness"] == 480 - last_teacher
+  history = results["history"]["teacher_staleness"]
+  assert history[-1] > history[len(history) // 2] > 0
+
+
+def test_sigterm_to_the_launcher_stops_every_task_it_started(tmp_path, criteo_dir):
+  model_dir = str(tmp_path / "job")
+  launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2",
+                              "--strategy=parameter_server", "--workers_per_group=2",
+                              "--ps_per_group=1", bindings=["trainer.train.train_steps = 100000"]))
+  wait_for(lambda: len(launch.pids) == 8, 60, "8 tasks to start")
+  # Interrupt mid-training, while the parameter-server workers and ps tasks serve.
+  wait_for(lambda: progress_steps(os.path.join(model_dir, "group_0")), 240, "the first epoch")
+  pids = list(launch.pids.values())
+  launch.proc.send_signal(signal.SIGTERM)
+  assert launch.wait(timeout=60) == 130, launch.stderr[-4000:]
+  assert "interrupted: stopped every group" in launch.stderr
+  assert not [pid for pid in pids if alive(pid)], pids

@@ -1,0 +1,105 @@
+"""Launcher pieces that need no training: group shapes, ports on 127.0.0.1, task commands, gin."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from tf_codistill import config
+from tf_codistill import launcher
+from tf_codistill import strategies
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("strategy,workers,ps,message", [
+    ("one_device", 1, 0, "--workers_per_group and --ps_per_group must be 0"),
+    ("mirrored", 0, 1, "--workers_per_group and --ps_per_group must be 0"),
+    ("multi_worker_mirrored", 1, 1, "--ps_per_group must be 0"),
+    ("parameter_server", 0, 1, "--workers_per_group >= 1"),
+    ("parameter_server", 2, 0, "--ps_per_group >= 1"),
+    ("horovod", 0, 0, "is not one of"),
+])
+def test_group_shape_rejects_impossible_clusters(strategy, workers, ps, message):
+  with pytest.raises(ValueError, match=message):
+    launcher.GroupShape(strategy, workers, ps)
+
+
+def test_cluster_spec_uses_distinct_free_ports_on_localhost_only():
+  spec = launcher.cluster_spec(launcher.GroupShape("parameter_server", 3, 2))
+  assert {k: len(v) for k, v in spec.items()} == {"chief": 1, "worker": 3, "ps": 2}
+  addresses = [a for tasks in spec.values() for a in tasks]
+  assert all(a.startswith("127.0.0.1:") for a in addresses)
+  assert len(set(addresses)) == len(addresses)
+  assert launcher.cluster_spec(launcher.GroupShape("one_device")) == {}
+
+
+def test_every_task_resolves_its_role_from_the_generated_tf_config():
+  shape = launcher.GroupShape("parameter_server", 2, 1)
+  spec = launcher.cluster_spec(shape)
+  roles = {task: strategies.task_info("parameter_server",
+                                      {"cluster": spec, "task": {"type": task[0], "index": task[1]}})
+           for task in shape.tasks()}
+  assert [t for t, info in roles.items() if info.is_chief] == [("chief", 0)]
+  assert [t for t, info in roles.items() if info.serves_only] == [
+      ("worker", 0), ("worker", 1), ("ps", 0)]
+  assert {info.num_workers for info in roles.values()} == {2}
+
+
+def test_train_command_passes_group_exchange_and_gin():
+  cmd = launcher.train_command("/m/group_1", 1, 2, "/m/exchange", ["a.gin"], ["x.y = 1"])
+  assert cmd[:3] == [sys.executable, "-m", "tf_codistill.bin.train"]
+  assert cmd[3:] == ["--model_dir=/m/group_1", "--group=1", "--num_groups=2",
+                     "--exchange_dir=/m/exchange", "--gin_file=a.gin", "--gin_bindings=x.y = 1"]
+
+
+@pytest.mark.parametrize("name,strategy,workers,ps,batch", [
+    ("sync_1workers", "multi_worker_mirrored", 0, 0, 512),
+    ("sync_2workers", "multi_worker_mirrored", 1, 0, 1024),
+    ("sync_4workers", "multi_worker_mirrored", 3, 0, 2048),
+    ("async_1workers", "parameter_server", 1, 1, 512),
+    ("async_2workers", "parameter_server", 2, 1, 512),
+    ("async_4workers", "parameter_server", 4, 2, 512),
+    ("codistill_2way_sync", "multi_worker_mirrored", 1, 0, 1024),
+    ("codistill_2way_async", "parameter_server", 2, 1, 512),
+])
+def test_sync_and_async_configs_give_the_group_shape(name, strategy, workers, ps, batch):
+  gin.clear_config()
+  try:
+    config.parse_gin([os.path.join(REPO, "gin", "criteo", f"{name}.gin")])
+    assert gin.query_parameter("trainer.train.strategy") == strategy
+    assert gin.query_parameter("trainer.train.batch_size") == batch
+    assert launcher.group_shape(strategy) == launcher.GroupShape(strategy, workers, ps)
+    if name.startswith("codistill"):
+      assert gin.query_parameter("trainer.train.codistill") is True
+    else:  # trains alone: the trainer's default
+      with pytest.raises(ValueError, match="no value bound for parameter 'codistill'"):
+        gin.query_parameter("trainer.train.codistill")
+    # Explicit arguments (the launcher's flags) override the gin bindings.
+    assert launcher.group_shape(strategy, workers_per_group=5).workers == 5
+  finally:
+    gin.clear_config()
+
+
+def test_launch_with_impossible_shape_is_a_usage_error_naming_the_flag(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",
+       f"--gin_file={REPO}/gin/criteo/async_2workers.gin", "--ps_per_group=0"],
+      capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert proc.returncode == 1
+  assert "--strategy=parameter_server needs --workers_per_group >= 1 and --ps_per_group >= 1" \
+      in proc.stderr
+  assert not glob.glob(f"{tmp_path}/m/group_*")
+
+
+def test_launch_without_data_bindings_is_a_usage_error_naming_the_binding(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",
+       f"--gin_file={REPO}/gin/criteo/codistill_2way_async.gin"],
+      capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert proc.returncode == 1
+  assert "trainer.train.train_files is not bound" in proc.stderr
+  assert not glob.glob(f"{tmp_path}/m/group_*")

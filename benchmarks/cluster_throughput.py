@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ class Run:
 
   def __init__(self, model_dir: str, flags_: Sequence[str], bindings: Sequence[str]):
     self.model_dir = model_dir
+    shutil.rmtree(model_dir, ignore_errors=True)  # a finished checkpoint would make it a no-op
     args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}", *flags_]
     args += [f"--gin_bindings={b}" for b in bindings]
     self.start = time.monotonic()

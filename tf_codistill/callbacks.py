@@ -335,19 +335,29 @@ class StepTimer(StepHook):
 
 
 class ProgressLog(keras.callbacks.Callback):
-  """Appends one JSON line per epoch (step, wall time, metrics) to ``path`` for launchers/benchmarks."""
+  """Appends one JSON line per epoch (step, wall time, metrics) to ``path`` for launchers/benchmarks.
 
-  def __init__(self, path: str, group: int, total_steps: int):
+  ``rates`` is a list another hook appends examples/sec measurements to (StepSummaries); the
+  median of those added during the epoch is logged as ``examples_per_sec``.
+  """
+
+  def __init__(self, path: str, group: int, total_steps: int,
+               rates: Optional[List[float]] = None):
     super().__init__()
     self.path = path
     self.group = group
     self.total_steps = total_steps
+    self.rates = rates
+    self._seen_rates = 0
     self._start = time.monotonic()
 
   def on_epoch_end(self, epoch, logs=None):
     record = {"group": self.group, "epoch": epoch + 1, "step": current_step(self.model),
               "total_steps": self.total_steps, "wall_time_s": time.monotonic() - self._start}
     record.update(_to_python(logs))
+    if self.rates is not None and len(self.rates) > self._seen_rates:
+      record["examples_per_sec"] = float(np.median(self.rates[self._seen_rates:]))
+      self._seen_rates = len(self.rates)
     with tf.io.gfile.GFile(self.path, "a") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")
 

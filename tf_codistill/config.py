@@ -8,6 +8,7 @@ from typing import Sequence
 import gin
 
 # Importing these registers their configurables with gin.
+from data_pipelines import adult  # noqa: F401
 from data_pipelines import criteo  # noqa: F401
 from tf_codistill import launcher  # noqa: F401
 from tf_codistill import losses  # noqa: F401

@@ -11,7 +11,9 @@ import os
 import shutil
 import threading
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
+
+import tensorflow as tf
 
 from data_pipelines import make_criteo_like
 from tf_codistill import config
@@ -36,6 +38,16 @@ def generate_data(data_dir: str, train_rows: int, eval_rows: int, seed: int = 0)
   """Writes the demo's train and eval files from one planted ground-truth model."""
   make_criteo_like.generate(data_dir, train_rows, num_files=4, seed=seed, prefix="train")
   make_criteo_like.generate(data_dir, eval_rows, num_files=1, seed=seed + 1, prefix="eval")
+
+
+def sample_data(data_dir: str, train_rows: int = 400_000,
+                eval_rows: int = 20_000) -> Tuple[List[str], List[str]]:
+  """Generated Criteo-format files for a job started without data; reused when already there."""
+  train = os.path.join(data_dir, "train-*")
+  evaluation = os.path.join(data_dir, "eval-*")
+  if not (tf.io.gfile.glob(train) and tf.io.gfile.glob(evaluation)):
+    generate_data(data_dir, train_rows, eval_rows)
+  return [train], [evaluation]
 
 
 def _follow_progress(job_dirs: Dict[str, str], stop: threading.Event, interval: float = 2.0):

@@ -108,6 +108,32 @@ def publish(model: keras.Model, exchange_dir: str, group: int, step: int, input_
   return final
 
 
+def publish_saved_model(saved_model_path: str, exchange_dir: str, group: int, step: int, *,
+                        keep_last: int = 2) -> str:
+  """Publishes an existing SavedModel (e.g. a trained model's export) as ``group_<group>/step_<step>``.
+
+  Peers distill from it like from any published version: a frozen teacher for two-phase
+  (offline) distillation is a "group" that published once.
+  """
+  final = version_dir(exchange_dir, group, step)
+  parent = group_dir(exchange_dir, group)
+  tmp = os.path.join(parent, f"{_TMP_PREFIX}step_{step}-{uuid.uuid4().hex}")
+  for dirpath, _, filenames in tf.io.gfile.walk(saved_model_path):
+    target = os.path.join(tmp, os.path.relpath(dirpath, saved_model_path))
+    tf.io.gfile.makedirs(target)
+    for name in filenames:
+      if name != MARKER:
+        tf.io.gfile.copy(os.path.join(dirpath, name), os.path.join(target, name), overwrite=True)
+  if tf.io.gfile.exists(final):
+    tf.io.gfile.rmtree(final)
+  tf.io.gfile.rename(tmp, final)
+  marker = {"group": group, "step": int(step), "time": time.time(), "files": _list_files(final),
+            "source": saved_model_path}
+  _write_atomically(os.path.join(final, MARKER), json.dumps(marker, sort_keys=True))
+  collect_garbage(exchange_dir, group, keep_last)
+  return final
+
+
 def collect_garbage(exchange_dir: str, group: int, keep_last: int) -> None:
   """Deletes all but the newest ``keep_last`` complete versions and leftover temporary dirs.
 

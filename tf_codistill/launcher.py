@@ -195,16 +195,24 @@ class _Group:
 def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = None,
            gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = (),
            shape: GroupShape = GroupShape(), max_restarts: int = 0,
-           on_group_failure: str = "stop_all", poll_seconds: float = 0.5) -> Dict[int, str]:
-  """Runs ``num_groups`` groups of ``shape`` to completion; returns each group's model dir."""
+           on_group_failure: str = "stop_all", poll_seconds: float = 0.5,
+           groups: Optional[Sequence[int]] = None) -> Dict[int, str]:
+  """Runs ``num_groups`` groups of ``shape`` to completion; returns each group's model dir.
+
+  ``groups`` runs only those of the ``num_groups`` groups here (the others run elsewhere, or
+  are frozen teachers already published to the exchange).
+  """
   if num_groups < 1:
     raise ValueError(f"--num_groups={num_groups} must be >= 1")
+  indices = list(range(num_groups)) if groups is None else list(groups)
+  if not indices or any(not 0 <= g < num_groups for g in indices):
+    raise ValueError(f"groups={groups} must be a non-empty subset of 0..{num_groups - 1}")
   if on_group_failure not in FAILURE_POLICIES:
     raise ValueError(f"--on_group_failure={on_group_failure!r} is not one of {FAILURE_POLICIES}")
   exchange_dir = exchange_dir or os.path.join(model_dir, "exchange")
   os.makedirs(model_dir, exist_ok=True)
   groups = [_Group(g, num_groups, shape, model_dir, exchange_dir, gin_files, list(gin_bindings))
-            for g in range(num_groups)]
+            for g in indices]
 
   def on_signal(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -44,6 +44,25 @@ def predict_probabilities(saved_model_path: str, dataset: tf.data.Dataset,
   if not batches:
     raise ValueError("the churn dataset is empty")
   return np.concatenate(batches, axis=0)
+
+
+def model_probabilities(model, dataset: tf.data.Dataset, output: str = "sigmoid"
+                        ) -> Tuple[np.ndarray, np.ndarray]:
+  """Probabilities of a Keras model and the labels over a (features, labels) dataset, in order."""
+  probs, labels = [], []
+  for features, y in dataset:
+    probs.append(losses.probabilities(model(features, training=False), output).numpy())
+    labels.append(np.asarray(y))
+  if not probs:
+    raise ValueError("the evaluation dataset is empty")
+  return np.concatenate(probs, axis=0), np.concatenate(labels, axis=0)
+
+
+def log_loss(probs: np.ndarray, labels: np.ndarray, eps: float = 1e-7) -> float:
+  """Binary log loss of probabilities (e.g. an ensemble's averaged predictions)."""
+  p = np.clip(np.asarray(probs, np.float64), eps, 1 - eps)
+  y = np.asarray(labels, np.float64).reshape(p.shape)
+  return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
 def pairwise_churn(predictions: Sequence[np.ndarray], output: str = "sigmoid"

@@ -8,6 +8,7 @@ newest versions) -> final evaluation, export and ``results.json``.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import time
@@ -24,6 +25,7 @@ from tf_codistill import callbacks as callbacks_lib
 from tf_codistill import exchange
 from tf_codistill import filesystems
 from tf_codistill import losses
+from tf_codistill import metrics as metrics_lib
 from tf_codistill import strategies
 from tf_codistill import teachers as teachers_lib
 from tf_codistill.callbacks import current_step
@@ -77,7 +79,8 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
           exchange_every_steps: int = 100, keep_last: int = 2, poll_interval_s: float = 2.0,
           data_split: str = "disjoint", label_smoothing: float = 0.0,
           smoothing_prior: str = "uniform", checkpoint_every_steps: int = 500,
-          summary_every_steps: int = 50, seed: int = 0, intra_op_threads: int = 0,
+          summary_every_steps: int = 50, seed: int = 0, save_eval_predictions: bool = False,
+          intra_op_threads: int = 0,
           inter_op_threads: int = 0, verbose: int = 2) -> Dict[str, float]:
   """Runs this process's part of group ``group`` of ``num_groups``; the chief returns its metrics.
 
@@ -159,7 +162,8 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
     epoch_callbacks = [
         evaluation,
         keras.callbacks.TensorBoard(os.path.join(model_dir, "tb"), update_freq="epoch"),
-        callbacks_lib.ProgressLog(os.path.join(model_dir, "progress.jsonl"), group, train_steps),
+        callbacks_lib.ProgressLog(os.path.join(model_dir, "progress.jsonl"), group, train_steps,
+                                rates=step_summaries.examples_per_sec),
     ]
   initial_epoch = 0
   if strategy == "parameter_server":
@@ -199,6 +203,9 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   final = evaluation.evaluate()
   with local.at_step(step) as final_model:
     exchange.save_model(final_model, os.path.join(model_dir, "export"), input_spec)
+  if save_eval_predictions:
+    probs, labels = metrics_lib.model_probabilities(local.model, eval_ds)
+    _save_npz(os.path.join(model_dir, "eval_predictions.npz"), probs=probs, labels=labels)
   if bad_lines.count:
     logging.warning("skipped %d malformed input lines (bad_lines='skip')", bad_lines.count)
   with summary_writer.as_default(step=step):
@@ -239,6 +246,16 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   logging.info("group %d done: val_logloss=%.4f val_auc=%.4f steps=%d", group,
                results["val_logloss"], results["val_auc"], results["steps"])
   return results
+
+
+def _save_npz(path: str, **arrays: np.ndarray) -> None:
+  """Writes arrays as .npz atomically (temp file + rename) through tf.io.gfile."""
+  buffer = io.BytesIO()
+  np.savez(buffer, **arrays)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with tf.io.gfile.GFile(tmp, "wb") as f:
+    f.write(buffer.getvalue())
+  tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def weights_digest(model: keras.Model) -> str:

@@ -107,3 +107,17 @@ def test_failed_save_leaves_previous_version_intact(tmp_path):
 def test_keep_last_must_be_positive(tmp_path):
   with pytest.raises(ValueError, match="keep_last=0"):
     exchange.publish(_model(), str(tmp_path), 0, 1, SPEC, keep_last=0)
+
+
+def test_publish_saved_model_turns_an_export_into_a_complete_verified_version(tmp_path):
+  model = _model(seed=3)
+  export = str(tmp_path / "export")
+  exchange.save_model(model, export, SPEC)
+  path = exchange.publish_saved_model(export, str(tmp_path / "exchange"), group=1, step=500)
+  version = exchange.list_versions(str(tmp_path / "exchange"), 1)[0]
+  assert version == exchange.Version(1, 500, path)
+  assert exchange.verify(version)["source"] == export
+  x = tf.random.normal([2, 4])
+  loaded = tf.saved_model.load(path).signatures["serving_default"]
+  np.testing.assert_allclose(loaded(inputs=x)["logits"].numpy(), model(x).numpy(), rtol=1e-6)
+  assert sorted(os.listdir(tmp_path / "exchange" / "group_1")) == ["step_500"]

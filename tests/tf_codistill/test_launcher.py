@@ -1,6 +1,7 @@
-"""Launcher pieces that need no training: group shapes, ports on 127.0.0.1, task commands, gin."""
+"""Launcher pieces: group shapes, ports on 127.0.0.1, task commands, gin, and the launch binary's flags."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -95,11 +96,29 @@ def test_launch_with_impossible_shape_is_a_usage_error_naming_the_flag(tmp_path)
   assert not glob.glob(f"{tmp_path}/m/group_*")
 
 
-def test_launch_without_data_bindings_is_a_usage_error_naming_the_binding(tmp_path):
+def test_launch_with_only_train_files_bound_is_a_usage_error_naming_the_binding(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",
-       f"--gin_file={REPO}/gin/criteo/codistill_2way_async.gin"],
+       f"--gin_file={REPO}/gin/criteo/codistill_2way_async.gin",
+       "--gin_bindings=trainer.train.train_files = ['data/train-*']"],
       capture_output=True, text=True, cwd=REPO, timeout=120)
   assert proc.returncode == 1
-  assert "trainer.train.train_files is not bound" in proc.stderr
+  assert "trainer.train.train_files is bound but trainer.train.eval_files is not" in proc.stderr
   assert not glob.glob(f"{tmp_path}/m/group_*")
+
+
+def test_launch_without_data_trains_on_generated_sample_data(tmp_path):
+  model_dir = tmp_path / "m"
+  proc = subprocess.run(
+      [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
+       "--num_groups=1", f"--gin_file={REPO}/gin/criteo/baseline.gin",
+       "--gin_bindings=trainer.train.train_steps = 20",
+       "--gin_bindings=trainer.train.steps_per_epoch = 10",
+       "--gin_bindings=trainer.train.eval_steps = 2", "--gin_bindings=NUM_BUCKETS = 1000"],
+      capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"generated Criteo-format sample data in {model_dir}/data" in proc.stderr
+  assert sorted(os.listdir(model_dir / "data")) == [
+      "eval-00000-of-00001.tsv"] + [f"train-{i:05d}-of-00004.tsv" for i in range(4)]
+  results = json.loads((model_dir / "group_0" / "results.json").read_text())
+  assert results["steps"] == 20

@@ -49,3 +49,17 @@ def test_pairwise_churn_through_saved_models(tmp_path):
   expected = np.mean(np.abs(preds[0] - preds[1]))
   assert pairs[0]["mean_abs_diff"] == pytest.approx(expected)
   assert pairs[0]["mean_abs_diff"] > 0
+
+
+def test_log_loss_known_values_and_model_probabilities_keep_order():
+  assert metrics.log_loss(np.array([0.5, 0.5]), np.array([0, 1])) == pytest.approx(np.log(2))
+  assert metrics.log_loss(np.array([[0.9], [0.2]]), np.array([[1.0], [0.0]])) == pytest.approx(
+      -(np.log(0.9) + np.log(0.8)) / 2)
+  inputs = keras.Input((2,))
+  model = keras.Model(inputs, keras.layers.Dense(1, kernel_initializer="ones",
+                                                 bias_initializer="zeros")(inputs))
+  x = np.array([[0.0, 0.0], [1.0, 1.0], [-1.0, 0.0]], np.float32)
+  y = np.array([[0.0], [1.0], [1.0]], np.float32)
+  probs, labels = metrics.model_probabilities(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(2))
+  np.testing.assert_allclose(probs[:, 0], 1 / (1 + np.exp(-np.array([0.0, 2.0, -1.0]))), rtol=1e-6)
+  np.testing.assert_array_equal(labels, y)

@@ -1,18 +1,21 @@
 """tf-codistill-launch: runs n codistillation groups as processes on this machine."""
 
+import os
 import sys
+from typing import List
 
 import gin
 from absl import app
 from absl import flags
 from absl import logging
 
+from tf_codistill import demo
 from tf_codistill import launcher
 from tf_codistill.bin import common
 
 common.define_gin_flags()
-flags.DEFINE_string("model_dir", None, "Job directory; group i writes to model_dir/group_<i>.",
-                    required=True)
+flags.DEFINE_string("model_dir", "codistill_run",
+                    "Job directory; group i writes to model_dir/group_<i>.")
 flags.DEFINE_integer("num_groups", 2, "Number of codistillation groups.", lower_bound=1)
 flags.DEFINE_string("exchange_dir", None, "Shared exchange directory (default model_dir/exchange).")
 flags.DEFINE_enum("strategy", None, list(launcher.STRATEGIES),
@@ -43,15 +46,10 @@ def main(argv):
     shape = launcher.group_shape(strategy, **overrides)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  for name in ("train_files", "eval_files"):
-    try:
-      gin.query_parameter(f"trainer.train.{name}")
-    except ValueError:
-      raise app.UsageError(f"trainer.train.{name} is not bound: pass e.g. --gin_bindings=\""
-                           f"trainer.train.{name} = ['data/{name.split('_')[0]}-*']\"") from None
+  gin_bindings = list(FLAGS.gin_bindings) + _data_bindings(FLAGS.model_dir)
   try:
     dirs = launcher.launch(FLAGS.model_dir, FLAGS.num_groups, exchange_dir=FLAGS.exchange_dir,
-                           gin_files=FLAGS.gin_file, gin_bindings=FLAGS.gin_bindings, shape=shape,
+                           gin_files=FLAGS.gin_file, gin_bindings=gin_bindings, shape=shape,
                            max_restarts=FLAGS.max_restarts,
                            on_group_failure=FLAGS.on_group_failure)
   except launcher.GroupFailedError as e:
@@ -62,6 +60,29 @@ def main(argv):
     sys.exit(130)
   for group, path in dirs.items():
     print(f"group {group}: {path}")
+
+
+def _data_bindings(model_dir: str) -> List[str]:
+  """Bindings for generated sample data when no data is bound; none when both files are."""
+  bound = []
+  for name in ("train_files", "eval_files"):
+    try:
+      gin.query_parameter(f"trainer.train.{name}")
+      bound.append(name)
+    except ValueError:
+      pass
+  if len(bound) == 2:
+    return []
+  if bound:
+    missing = ({"train_files", "eval_files"} - set(bound)).pop()
+    raise app.UsageError(f"trainer.train.{bound[0]} is bound but trainer.train.{missing} is not: "
+                         f"pass e.g. --gin_bindings=\"trainer.train.{missing} = "
+                         f"['data/{missing.split('_')[0]}-*']\"")
+  data_dir = os.path.abspath(os.path.join(model_dir, "data"))
+  logging.warning("trainer.train.train_files/eval_files are not bound: training on generated "
+                  "Criteo-format sample data in %s (bind them to train on your data)", data_dir)
+  train, evaluation = demo.sample_data(data_dir)
+  return [f"trainer.train.train_files = {train!r}", f"trainer.train.eval_files = {evaluation!r}"]
 
 
 def _gin_strategy() -> str:

@@ -1,0 +1,72 @@
+"""Runs a benchmark suite and writes its summary.json, Markdown report and plots.
+
+  python -m benchmarks.run --suite=quick
+  python -m benchmarks.run --suite=codistill_vs_sync --work_dir=/tmp/bench
+
+A suite is ``benchmarks/suites/<suite>.gin`` (or any file given by --suite_file). Results go to
+``--results_dir/<suite>/``; models and data to ``--work_dir/<suite>/`` (reused across runs).
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+from benchmarks import report
+from benchmarks import runner
+from tf_codistill import config
+
+SUITES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suites")
+flags.DEFINE_string("suite", None, "Suite name: benchmarks/suites/<suite>.gin.")
+flags.DEFINE_string("suite_file", None, "A suite gin file elsewhere (instead of --suite).")
+flags.DEFINE_multi_string("gin_bindings", [], "Extra bindings for the suite, e.g. "
+                          "'bench.Suite.train_rows = 100000'.")
+flags.DEFINE_string("results_dir", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                "results"),
+                    "Results root; the suite writes <results_dir>/<suite>/.")
+flags.DEFINE_string("work_dir", "/tmp/tf_codistill_bench",
+                    "Models, exchange directories and data; <work_dir>/<suite>/.")
+flags.DEFINE_bool("force", False, "Rerun arms that already have recorded results.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if bool(FLAGS.suite) == bool(FLAGS.suite_file):
+    names = sorted(f[:-4] for f in os.listdir(SUITES_DIR) if f.endswith(".gin"))
+    raise app.UsageError(f"give exactly one of --suite (one of {', '.join(names)}) or --suite_file")
+  path = FLAGS.suite_file or os.path.join(SUITES_DIR, f"{FLAGS.suite}.gin")
+  if not os.path.exists(path):
+    names = sorted(f[:-4] for f in os.listdir(SUITES_DIR) if f.endswith(".gin"))
+    raise app.UsageError(f"--suite={FLAGS.suite}: no {path}; suites: {', '.join(names)}")
+  try:
+    config.parse_gin([path], FLAGS.gin_bindings)
+    suite = runner.Suite()
+  except (config.ConfigError, ValueError, TypeError) as e:
+    raise app.UsageError(f"suite {path}: {e}") from None
+  paths = runner.RunPaths(work_dir=os.path.join(FLAGS.work_dir, suite.name),
+                          results_dir=os.path.join(FLAGS.results_dir, suite.name))
+  summary = runner.run_suite(suite, paths, force=FLAGS.force,
+                             progress=lambda line: print(line, flush=True))
+  command = "python -m benchmarks.run " + " ".join(
+      [f"--suite={FLAGS.suite}" if FLAGS.suite else f"--suite_file={FLAGS.suite_file}"]
+      + [f"--gin_bindings='{b}'" for b in FLAGS.gin_bindings] + ["--force"])
+  written = report.write_report(summary, paths.results_dir, command)
+  for name, value in summary["goals"].items():
+    verdict = summary["goal_verdicts"].get(name)
+    shown = "not reached" if value is None else f"{value:.4f}"
+    print(f"goal {name} = {shown}" + (f" (goal {verdict['threshold'][0]} "
+                                      f"{verdict['threshold'][1]}: "
+                                      f"{'met' if verdict['met'] else 'MISSED'})" if verdict else ""))
+  print(f"wrote {os.path.join(paths.results_dir, 'summary.json')}, {written['report'][0]} and "
+        f"{len(written['plots'])} plot(s)")
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == "__main__":
+  sys.exit(run())

@@ -1,0 +1,57 @@
+"""Benchmark runner pieces that need no training: suite validation, steps to target, goals."""
+
+import pytest
+
+from benchmarks import runner
+
+
+def _arm_summary(final_losses, steps_to_target, churn=None):
+  runs = [{"final_val_loss": l, "steps_to_target": s} for l, s in zip(final_losses, steps_to_target)]
+  return {"runs": runs, "final_val_loss": runner._stat(final_losses),
+          "steps_to_target": runner._stat(steps_to_target), "churn": churn}
+
+
+def test_first_reaching_gives_the_first_evaluation_at_or_below_the_target():
+  curve = [{"step": 50, "wall_time_s": 1.0, "val_logloss": 0.50},
+           {"step": 100, "wall_time_s": 2.0, "val_logloss": 0.47},
+           {"step": 150, "wall_time_s": 3.0, "val_logloss": 0.46}]
+  assert runner.first_reaching(curve, 0.47) == (100, 2.0)
+  assert runner.first_reaching(curve, 0.40) == (None, None)
+
+
+def test_goal_figures_from_arm_summaries():
+  arms = {"codistill": _arm_summary([0.45, 0.47], [300, 500],
+                                    churn={"mean_abs_diff": {"mean": 0.01},
+                                           "pairs": [{"mean_abs_diff": 0.01}]}),
+          "sync_4x": _arm_summary([0.46], [800]),
+          "sync_8x": _arm_summary([0.46], [None]),
+          "baseline": _arm_summary([0.46, 0.46], [1000, 1000],
+                                   churn={"mean_abs_diff": {"mean": 0.04},
+                                          "pairs": [{"mean_abs_diff": 0.04}]})}
+  value, per_run = runner.steps_ratio(arms, numerator="codistill",
+                                      denominators=["sync_4x", "sync_8x"])
+  assert value == pytest.approx(400 / 800) and per_run == pytest.approx([300 / 800, 500 / 800])
+  value, per_pair = runner.churn_reduction(arms, arm="codistill", baseline="baseline")
+  assert value == pytest.approx(0.75) and per_pair == pytest.approx([0.75])
+  value, per_run = runner.loss_minus_best(arms, arm="codistill", others=["sync_4x", "baseline"])
+  assert value == pytest.approx(0.0) and per_run == pytest.approx([-0.01, 0.01])
+  assert runner.steps_ratio(arms, numerator="sync_8x", denominators=["sync_4x"]) == (None, [])
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(arms=[runner.Arm("a"), runner.Arm("a")]), "arm names repeat"),
+    (dict(arms=[runner.Arm("e", kind="ensemble", source_arm="b"), runner.Arm("b")]),
+     "needs source_arm 'b' among the arms before it"),
+    (dict(arms=[runner.Arm("a")], target_from_arm="x"), "target_from_arm='x' is not an arm"),
+    (dict(arms=[runner.Arm("a")], data="imagenet"), "data='imagenet' is not one of"),
+])
+def test_bad_suites_are_refused_with_a_message_naming_the_problem(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    runner.Suite(name="s", **kwargs)
+
+
+def test_bad_arms_are_refused():
+  with pytest.raises(ValueError, match="kind='ensemble' needs source_arm"):
+    runner.Arm("e", kind="ensemble")
+  with pytest.raises(ValueError, match="kind='bagging' is not one of"):
+    runner.Arm("e", kind="bagging")

@@ -4,7 +4,8 @@
   python -m benchmarks.run --suite=codistill_vs_sync --work_dir=/tmp/bench
 
 A suite is ``benchmarks/suites/<suite>.gin`` (or any file given by --suite_file). Results go to
-``--results_dir/<suite>/``; models and data to ``--work_dir/<suite>/`` (reused across runs).
+``--results_dir/<suite>/``; models to ``--work_dir/<suite>/``, data to ``--work_dir/data/`` (shared
+by the suites and reused across runs).
 """
 
 import os
@@ -26,7 +27,8 @@ flags.DEFINE_string("results_dir", os.path.join(os.path.dirname(os.path.abspath(
                                                 "results"),
                     "Results root; the suite writes <results_dir>/<suite>/.")
 flags.DEFINE_string("work_dir", "/tmp/tf_codistill_bench",
-                    "Models, exchange directories and data; <work_dir>/<suite>/.")
+                    "Models and exchange directories (<work_dir>/<suite>/) and the data the suites "
+                    "share (<work_dir>/data/).")
 flags.DEFINE_bool("force", False, "Rerun arms that already have recorded results.")
 FLAGS = flags.FLAGS
 
@@ -47,7 +49,8 @@ def main(argv):
   except (config.ConfigError, ValueError, TypeError) as e:
     raise app.UsageError(f"suite {path}: {e}") from None
   paths = runner.RunPaths(work_dir=os.path.join(FLAGS.work_dir, suite.name),
-                          results_dir=os.path.join(FLAGS.results_dir, suite.name))
+                          results_dir=os.path.join(FLAGS.results_dir, suite.name),
+                          data_dir=os.path.join(FLAGS.work_dir, "data"))
   summary = runner.run_suite(suite, paths, force=FLAGS.force,
                              progress=lambda line: print(line, flush=True))
   command = "python -m benchmarks.run " + " ".join(

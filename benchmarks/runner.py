@@ -179,6 +179,18 @@ def loss_minus_best(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
           [r["final_val_loss"] - best for r in arms[arm]["runs"]])
 
 
+@gin.configurable(module="bench", denylist=["arms"])
+def metric_ratio(arms: Mapping[str, dict], metric: str = gin.REQUIRED,
+                 numerator: str = gin.REQUIRED,
+                 denominator: str = gin.REQUIRED) -> Tuple[Optional[float], List[float]]:
+  """Mean ``metric`` (a per-run figure, e.g. examples_per_sec) of ``numerator`` / ``denominator``."""
+  num, den = arms[numerator][metric], arms[denominator][metric]
+  if not num or not den or not den["mean"]:
+    return None, []
+  return num["mean"] / den["mean"], [r[metric] / den["mean"] for r in arms[numerator]["runs"]
+                                     if r[metric] is not None]
+
+
 # ----------------------------------------------------------------------------------------------
 # Running.
 
@@ -188,6 +200,10 @@ class RunPaths:
   """Where a suite's work (models, data) and results (committed files) go."""
   work_dir: str
   results_dir: str
+  data_dir: str = ""  # shared by suites (generated data is reused); default work_dir/data
+
+  def __post_init__(self):
+    self.data_dir = self.data_dir or os.path.join(self.work_dir, "data")
 
   def run_dir(self, arm: str, seed: int) -> str:
     return os.path.join(self.work_dir, "runs", arm, f"seed_{seed}")
@@ -206,15 +222,15 @@ def _gin_path(path: str) -> str:
   return path if os.path.isabs(path) else os.path.join(config.REPO_GIN_DIR, path)
 
 
-def data_bindings(suite: Suite, work_dir: str) -> List[str]:
-  """Prepares the suite's data under ``work_dir/data`` (reused when there) and binds its files."""
+def data_bindings(suite: Suite, data_root: str) -> List[str]:
+  """Prepares the suite's data under ``data_root`` (reused when there) and binds its files."""
   if suite.data == "adult":
     from data_pipelines import adult  # pylint: disable=g-import-not-at-top
-    data_dir = os.path.join(work_dir, "data", "adult")
+    data_dir = os.path.join(data_root, "adult")
     adult.prepare(data_dir)
     return [f"trainer.train.train_files = ['{data_dir}/train-*']",
             f"trainer.train.eval_files = ['{data_dir}/eval-*']"]
-  data_dir = os.path.join(work_dir, "data", f"criteo_like_{suite.train_rows}_{suite.eval_rows}")
+  data_dir = os.path.join(data_root, f"criteo_like_{suite.train_rows}_{suite.eval_rows}")
   train, evaluation = demo.sample_data(data_dir, suite.train_rows, suite.eval_rows)
   return [f"trainer.train.train_files = {train!r}", f"trainer.train.eval_files = {evaluation!r}"]
 
@@ -447,7 +463,7 @@ def run_suite(suite: Suite, paths: RunPaths, force: bool = False,
               progress: Callable[[str], None] = print) -> dict:
   """Runs (or reuses) every arm, then writes summary.json and returns it."""
   os.makedirs(paths.results_dir, exist_ok=True)
-  data = data_bindings(suite, paths.work_dir)
+  data = data_bindings(suite, paths.data_dir)
   start = time.time()
   ran = set()
   for arm in suite.arms:

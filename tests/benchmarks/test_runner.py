@@ -55,3 +55,16 @@ def test_bad_arms_are_refused():
     runner.Arm("e", kind="ensemble")
   with pytest.raises(ValueError, match="kind='bagging' is not one of"):
     runner.Arm("e", kind="bagging")
+
+
+def test_metric_ratio_divides_arm_means_and_skips_missing_figures():
+  arms = {"async": {"runs": [{"examples_per_sec": 300.0}, {"examples_per_sec": None}],
+                    "examples_per_sec": runner._stat([300.0])},
+          "sync": {"runs": [{"examples_per_sec": 100.0}, {"examples_per_sec": 200.0}],
+                   "examples_per_sec": runner._stat([100.0, 200.0])},
+          "never": {"runs": [{"examples_per_sec": None}], "examples_per_sec": None}}
+  value, per_run = runner.metric_ratio(arms, metric="examples_per_sec", numerator="async",
+                                       denominator="sync")
+  assert value == pytest.approx(2.0) and per_run == pytest.approx([2.0])
+  assert runner.metric_ratio(arms, metric="examples_per_sec", numerator="never",
+                             denominator="sync") == (None, [])

@@ -84,6 +84,12 @@ def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
     lines.append(f"- target validation log loss: {summary['target_loss']:.4f}{origin}")
   if summary.get("simulated"):
     lines.append(f"- simulated: {summary['simulated']}")
+  loads = [r["load_avg_1m_at_end"] for a in summary["arms"].values() for r in a["runs"]
+           if r.get("load_avg_1m_at_end") is not None]
+  if loads:
+    lines.append(f"- machine load (1-minute load average at the end of each run, "
+                 f"{os.cpu_count()} cores): {min(loads):.1f} to {max(loads):.1f}; wall times and "
+                 f"examples/s are only comparable between runs at similar load")
   lines.append("")
   if summary["goals"]:
     lines += ["## Goals", "", "| goal | value | spread over runs (mean ± std [min, max]) | goal | met |",

@@ -247,6 +247,8 @@ def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str
   with open(os.path.join(group_dir, "results.json")) as f:
     results = json.load(f)
   results.pop("history", None)  # the curve below carries it, with steps and wall time
+  # Wall times and examples/sec mean little without the machine's load while the run trained.
+  results["load_avg_1m_at_end"] = os.getloadavg()[0]
   os.makedirs(os.path.dirname(paths.result(arm.name, seed, group)), exist_ok=True)
   keep = ("step", "wall_time_s", "loss", "task_loss", "distill_loss", "alpha", "teacher_staleness",
           "val_loss", "val_logloss", "val_auc", "examples_per_sec")
@@ -423,6 +425,7 @@ def summarize(suite: Suite, paths: RunPaths) -> dict:
                    "final_val_loss": result[LOSS_KEY], "final_val_auc": result.get("val_auc"),
                    "steps": result["steps"], "wall_time_s": result["wall_time_s"],
                    "examples_per_sec": result.get("examples_per_sec"),
+                   "load_avg_1m_at_end": result.get("load_avg_1m_at_end"),
                    "steps_to_target": steps, "wall_time_to_target_s": wall,
                    "curve": run["curve_file"]})
     churn_path = os.path.join(paths.results_dir, "runs", arm.name, "churn.json")
@@ -442,6 +445,7 @@ def summarize(suite: Suite, paths: RunPaths) -> dict:
         "wall_time_to_target_s": _stat([r["wall_time_to_target_s"] for r in runs]),
         "wall_time_s": _stat([r["wall_time_s"] for r in runs]),
         "examples_per_sec": _stat([r["examples_per_sec"] for r in runs]),
+        "load_avg_1m_at_end": _stat([r["load_avg_1m_at_end"] for r in runs]),
         "churn": churn,
     }
   goals, spreads, verdicts = {}, {}, {}

@@ -9,6 +9,7 @@ by the suites and reused across runs).
 """
 
 import os
+import shlex
 import sys
 
 from absl import app
@@ -33,6 +34,13 @@ flags.DEFINE_bool("force", False, "Rerun arms that already have recorded results
 FLAGS = flags.FLAGS
 
 
+def _shell_quote(value: str) -> str:
+  """Shell quoting that keeps gin's single-quoted strings readable: "x = 'a'"."""
+  if "'" in value and not set(value) & set('"$`\\!'):
+    return f'"{value}"'
+  return shlex.quote(value)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -55,7 +63,7 @@ def main(argv):
                              progress=lambda line: print(line, flush=True))
   command = "python -m benchmarks.run " + " ".join(
       [f"--suite={FLAGS.suite}" if FLAGS.suite else f"--suite_file={FLAGS.suite_file}"]
-      + [f"--gin_bindings='{b}'" for b in FLAGS.gin_bindings] + ["--force"])
+      + [f"--gin_bindings={_shell_quote(b)}" for b in FLAGS.gin_bindings] + ["--force"])
   written = report.write_report(summary, paths.results_dir, command)
   for name, value in summary["goals"].items():
     verdict = summary["goal_verdicts"].get(name)

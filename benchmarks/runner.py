@@ -235,11 +235,29 @@ def data_bindings(suite: Suite, data_root: str) -> List[str]:
   return [f"trainer.train.train_files = {train!r}", f"trainer.train.eval_files = {evaluation!r}"]
 
 
-def _arm_done(arm: Arm, paths: RunPaths) -> bool:
+def arm_config(arm: Arm, suite: Suite, data: Sequence[str]) -> dict:
+  """Everything that determines an arm's runs: reuse is only safe while this is unchanged."""
+  return {"arm": {k: list(v) if isinstance(v, tuple) else v
+                  for k, v in dataclasses.asdict(arm).items() if k != "label"},
+          "common_bindings": list(suite.common_bindings), "data": list(data),
+          "threads_per_group": suite.threads_per_group}
+
+
+def _config_path(arm: Arm, paths: RunPaths) -> str:
+  return os.path.join(paths.results_dir, "runs", arm.name, "config.json")
+
+
+def _arm_done(arm: Arm, paths: RunPaths, config: dict) -> bool:
+  """Whether every run of the arm is recorded, from the same configuration."""
   groups = arm.num_groups if arm.kind == "train" else 1
-  seeds = arm.seeds
+  try:
+    with open(_config_path(arm, paths)) as f:
+      if json.load(f) != config:
+        return False
+  except (OSError, ValueError):
+    return False
   return all(os.path.exists(paths.result(arm.name, s, g)) and os.path.exists(paths.curve(arm.name, s, g))
-             for s in range(seeds) for g in range(groups))
+             for s in range(arm.seeds) for g in range(groups))
 
 
 def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str) -> dict:
@@ -286,9 +304,12 @@ def run_arm(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], force:
 
   Returns whether it ran (False: reused).
   """
-  if not force and _arm_done(arm, paths):
+  config = arm_config(arm, suite, data)
+  if not force and _arm_done(arm, paths, config):
     progress(f"[{suite.name}] {arm.name}: reusing {arm.seeds} recorded run(s) (--force reruns)")
     return False
+  # Whatever was recorded for this arm before is stale from here on.
+  shutil.rmtree(os.path.join(paths.results_dir, "runs", arm.name), ignore_errors=True)
   for seed in range(arm.seeds):
     start = time.time()
     if arm.kind == "train":
@@ -301,6 +322,8 @@ def run_arm(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], force:
     summary = ", ".join(f"group {r.get('group', 0)} {LOSS_KEY} {r[LOSS_KEY]:.4f}" for r in results)
     progress(f"[{suite.name}] {arm.name} seed {seed + 1}/{arm.seeds}: {summary} "
              f"({time.time() - start:.0f}s)")
+  with open(_config_path(arm, paths), "w") as f:
+    json.dump(config, f, indent=1, sort_keys=True)
   churn = _churn(arm, paths)
   if churn:
     progress(f"[{suite.name}] {arm.name}: churn mean |pa-pb| {churn['mean_abs_diff']['mean']:.5f} "

@@ -71,8 +71,9 @@ def main(argv):
     print(f"goal {name} = {shown}" + (f" (goal {verdict['threshold'][0]} "
                                       f"{verdict['threshold'][1]}: "
                                       f"{'met' if verdict['met'] else 'MISSED'})" if verdict else ""))
-  print(f"wrote {os.path.join(paths.results_dir, 'summary.json')}, {written['report'][0]} and "
-        f"{len(written['plots'])} plot(s)")
+  index = report.write_index(FLAGS.results_dir)
+  print(f"wrote {os.path.join(paths.results_dir, 'summary.json')}, {written['report'][0]}, "
+        f"{len(written['plots'])} plot(s) and the index {index}")
 
 
 def run():

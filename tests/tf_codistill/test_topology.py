@@ -36,3 +36,11 @@ def test_bad_arguments_fail():
     topology.teacher_groups(0, 1)
   with pytest.raises(ValueError, match="group=3 is out of range"):
     topology.teacher_groups(3, 3)
+
+
+def test_trainer_refuses_unknown_graph_and_precision_naming_the_binding(tmp_path):
+  from tf_codistill import trainer
+  with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_graph='star'"):
+    trainer.train(str(tmp_path), teacher_graph="star", train_files=["x"], eval_files=["y"])
+  with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_precision='int4'"):
+    trainer.train(str(tmp_path), teacher_precision="int4", train_files=["x"], eval_files=["y"])

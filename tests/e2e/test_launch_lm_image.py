@@ -77,6 +77,19 @@ def test_lm_two_way_codistillation(tmp_path):
     assert 0 < result["val_accuracy"] < 1
   with np.load(tmp_path / "job" / "group_0" / "eval_predictions.npz") as npz:
     assert npz["probs"].shape == (32, 16, 500) and npz["labels"].shape == (32, 16)
+  # Churn between the two groups' exports, with the LM config's pipeline and softmax outputs.
+  churn_json = str(tmp_path / "churn.json")
+  proc = subprocess.run(
+      [sys.executable, "-m", "tf_codistill.bin.churn", f"--json_out={churn_json}",
+       f"--saved_model={tmp_path}/job/group_0/export", f"--saved_model={tmp_path}/job/group_1/export",
+       f"--data={data_dir}/eval-*", "--batch_size=256", f"--gin_file={REPO}/gin/lm/common.gin",
+       "--gin_bindings=VOCAB_SIZE = 500", "--gin_bindings=text_lm.make_dataset.sequence_length = 16"],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(churn_json) as f:
+    churn = json.load(f)
+  # (After 120 steps both may still predict the most frequent token everywhere: no disagreement.)
+  assert churn["examples"] > 1000 and 0 < churn["mean_abs_diff"] < 0.01 and 0 <= churn["disagreement"] < 1
 
 
 def test_image_two_way_codistillation(tmp_path):

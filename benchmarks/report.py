@@ -14,6 +14,9 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 from benchmarks import runner
 
 
+_LOSS_NAMES = {"val_logloss": "log loss", "val_loss": "cross-entropy"}
+
+
 def _fmt(stat: Optional[dict], digits: int = 4, scale: float = 1.0) -> str:
   """mean ± std [min, max] (n) of a runner._stat, or 'n/a'."""
   if not stat:
@@ -27,12 +30,13 @@ def _fmt(stat: Optional[dict], digits: int = 4, scale: float = 1.0) -> str:
 def plot_curves(summary: dict, results_dir: str) -> List[str]:
   """Validation loss vs steps and vs wall time, one line per arm (mean over its runs)."""
   written = []
+  loss_key = summary.get("loss_key", runner.LOSS_KEY)
   for x_key, x_label, name in (("step", "steps (per group)", "val_loss_vs_steps.png"),
                                ("wall_time_s", "wall time (s)", "val_loss_vs_wall_time.png")):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arm_name, arm in summary["arms"].items():
       curves = [runner.read_curve(os.path.join(results_dir, r["curve"])) for r in arm["runs"]]
-      points = [[(c[x_key], c[runner.LOSS_KEY]) for c in curve if runner.LOSS_KEY in c]
+      points = [[(c[x_key], c[loss_key]) for c in curve if loss_key in c]
                 for curve in curves]
       points = [p for p in points if p]
       if not points:
@@ -49,12 +53,12 @@ def plot_curves(summary: dict, results_dir: str) -> List[str]:
       ax.axhline(summary["target_loss"], color="gray", linestyle="--", linewidth=1,
                  label=f"target {summary['target_loss']:.4f}")
     ax.set_xlabel(x_label)
-    ax.set_ylabel("validation log loss")
+    ax.set_ylabel(f"validation {_LOSS_NAMES.get(loss_key, loss_key)}")
     ax.set_title(f"{summary['suite']}: validation loss vs {x_label.split(' (')[0]}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     finals = [a["final_val_loss"]["min"] for a in summary["arms"].values() if a["final_val_loss"]]
-    starts = [c.get(runner.LOSS_KEY) for a in summary["arms"].values() for r in a["runs"][:1]
+    starts = [c.get(loss_key) for a in summary["arms"].values() for r in a["runs"][:1]
               for c in runner.read_curve(os.path.join(results_dir, r["curve"]))[:1]]
     if finals and starts:
       # Zoom on the part of the curves where arms differ.
@@ -76,13 +80,18 @@ def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
   lines += ["Regenerate (numbers below come from that run's `summary.json`, never typed in):", "",
             "```sh", command, "```", ""]
   data = {"criteo_like": "generated Criteo-format TSV (planted model, data_pipelines/"
-          "make_criteo_like.py)", "adult": "UCI Adult census (real data; data_pipelines/README.md)"}
+          "make_criteo_like.py)", "adult": "UCI Adult census (real data; data_pipelines/README.md)",
+          "kjv": "the King James Bible, word tokens (real data; data_pipelines/README.md)",
+          "fashion_mnist": "Fashion-MNIST as ImageNet-style TFRecords (real data; "
+          "data_pipelines/README.md)"}
+  loss_name = _LOSS_NAMES.get(summary.get("loss_key", runner.LOSS_KEY), "loss")
+  softmax = summary.get("output") == "softmax"
   lines += [f"- data: {data.get(summary['data'], summary['data'])}",
             f"- shared bindings: `{'`, `'.join(summary['common_bindings']) or 'none'}`"]
   if summary.get("target_loss") is not None:
     origin = (f" (final loss of `{summary['target_from_arm']}`)" if summary.get("target_from_arm")
               else "")
-    lines.append(f"- target validation log loss: {summary['target_loss']:.4f}{origin}")
+    lines.append(f"- target validation {loss_name}: {summary['target_loss']:.4f}{origin}")
   if summary.get("simulated"):
     lines.append(f"- simulated: {summary['simulated']}")
   loads = [r["load_avg_1m_at_end"] for a in summary["arms"].values() for r in a["runs"]
@@ -104,7 +113,8 @@ def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
                    f"{threshold} | {met} |")
     lines.append("")
   lines += ["## Arms", "",
-            "| arm | groups x seeds | final val log loss | final val AUC | steps | "
+            f"| arm | groups x seeds | final val {loss_name} | "
+            f"final val {'accuracy' if softmax else 'AUC'} | steps | "
             "steps to target | reached | wall time to target (s) | examples/s per group |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for name, arm in summary["arms"].items():
@@ -113,7 +123,7 @@ def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
     steps = arm["runs"][0]["steps"] if arm["runs"] else "n/a"
     lines.append(
         f"| `{name}` | {groups} x {arm['seeds']} | {_fmt(arm['final_val_loss'])} | "
-        f"{_fmt(arm['final_val_auc'])} | {steps} | {_fmt(arm['steps_to_target'], 0)} | "
+        f"{_fmt(arm.get('final_val_accuracy') if softmax else arm['final_val_auc'])} | {steps} | {_fmt(arm['steps_to_target'], 0)} | "
         f"{arm['reached_target']}/{len(arm['runs'])} | {_fmt(arm['wall_time_to_target_s'], 1)} | "
         f"{_fmt(arm['examples_per_sec'], 0)} |")
   lines.append("")
@@ -138,8 +148,9 @@ def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
   churned = {n: a["churn"] for n, a in summary["arms"].items() if a.get("churn")}
   if churned:
     lines += ["## Prediction churn between retrains (different seeds)", "",
-              "| arm | pairs | mean abs diff of predicted probabilities | disagreement (p > 0.5) | "
-              "final val log loss |", "| --- | --- | --- | --- | --- |"]
+              "| arm | pairs | mean abs diff of predicted probabilities | disagreement "
+              f"({'argmax' if softmax else 'p > 0.5'}) | final val {loss_name} |",
+              "| --- | --- | --- | --- | --- |"]
     for name, churn in churned.items():
       lines.append(f"| `{name}` | {len(churn['pairs'])} | {_fmt(churn['mean_abs_diff'], 5)} | "
                    f"{_fmt(churn['disagreement'], 5)} | "

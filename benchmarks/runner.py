@@ -36,8 +36,8 @@ from tf_codistill import launcher
 from tf_codistill import metrics
 
 ARM_KINDS = ("train", "ensemble", "offline_distill")
-DATA_KINDS = ("criteo_like", "adult")
-LOSS_KEY = "val_logloss"
+DATA_KINDS = ("criteo_like", "adult", "kjv", "fashion_mnist")
+LOSS_KEY = "val_logloss"  # the default Suite.loss_key (CTR)
 
 
 @gin.configurable(module="bench")
@@ -89,7 +89,12 @@ class Suite:
     arms: the arms, run in order (a source arm must come before the arms built from it).
     description: what claim the suite reproduces, for the report.
     common_bindings: bindings every trained arm gets (sizes, steps, eval cadence).
-    data: ``criteo_like`` (generated Criteo-format TSV) or ``adult`` (the UCI Adult census data).
+    data: ``criteo_like`` (generated Criteo-format TSV), ``adult`` (the UCI Adult census data),
+      ``kjv`` (the King James Bible for language modeling, ``vocab_size`` tokens) or
+      ``fashion_mnist`` (Fashion-MNIST as ImageNet-style TFRecords).
+    loss_key: the results/curve key that is "validation loss" (targets, plots, goals), e.g.
+      ``val_logloss`` (CTR) or ``val_loss`` (cross-entropy per example or token).
+    output: ``sigmoid`` or ``softmax``: how ensembles average and churn compares predictions.
     train_rows, eval_rows: sizes of the generated data.
     target_loss: validation log loss that "steps to target" counts to; or
     target_from_arm: the target is that arm's final validation loss (mean over seeds and groups)
@@ -107,6 +112,9 @@ class Suite:
   data: str = "criteo_like"
   train_rows: int = 1_000_000
   eval_rows: int = 20_000
+  vocab_size: int = 8000
+  loss_key: str = LOSS_KEY
+  output: str = "sigmoid"
   target_loss: Optional[float] = None
   target_from_arm: Optional[str] = None
   target_margin: float = 0.0
@@ -119,6 +127,9 @@ class Suite:
   def __post_init__(self):
     if self.data not in DATA_KINDS:
       raise ValueError(f"suite {self.name!r}: data={self.data!r} is not one of {DATA_KINDS}")
+    if self.output not in metrics.losses.OUTPUTS:
+      raise ValueError(f"suite {self.name!r}: output={self.output!r} is not one of "
+                       f"{metrics.losses.OUTPUTS}")
     names = [arm.name for arm in self.arms]
     if len(set(names)) != len(names):
       raise ValueError(f"suite {self.name!r}: arm names repeat: {names}")
@@ -224,6 +235,16 @@ def _gin_path(path: str) -> str:
 
 def data_bindings(suite: Suite, data_root: str) -> List[str]:
   """Prepares the suite's data under ``data_root`` (reused when there) and binds its files."""
+  if suite.data in ("kjv", "fashion_mnist"):
+    from data_pipelines import images  # pylint: disable=g-import-not-at-top
+    from data_pipelines import text_lm  # pylint: disable=g-import-not-at-top
+    data_dir = os.path.join(data_root, suite.data)
+    if suite.data == "kjv":
+      text_lm.prepare(data_dir, vocab_size=suite.vocab_size)
+    else:
+      images.convert_fashion_mnist(data_dir)
+    return [f"trainer.train.train_files = ['{data_dir}/train-*']",
+            f"trainer.train.eval_files = ['{data_dir}/eval-*']"]
   if suite.data == "adult":
     from data_pipelines import adult  # pylint: disable=g-import-not-at-top
     data_dir = os.path.join(data_root, "adult")
@@ -269,7 +290,8 @@ def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str
   results["load_avg_1m_at_end"] = os.getloadavg()[0]
   os.makedirs(os.path.dirname(paths.result(arm.name, seed, group)), exist_ok=True)
   keep = ("step", "wall_time_s", "loss", "task_loss", "distill_loss", "alpha", "teacher_staleness",
-          "val_loss", "val_logloss", "val_auc", "examples_per_sec")
+          "val_loss", "val_logloss", "val_auc", "val_xent", "val_accuracy", "val_perplexity",
+          "examples_per_sec")
   with open(os.path.join(group_dir, "progress.jsonl")) as f:
     records = [json.loads(line) for line in f if line.strip()]
   with open(paths.curve(arm.name, seed, group), "w") as f:
@@ -318,13 +340,14 @@ def run_arm(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], force:
     elif arm.kind == "offline_distill":
       results = [_offline_distill(arm, suite, paths, seed, data)]
     else:
-      results = [_ensemble(arm, paths, seed)]
-    summary = ", ".join(f"group {r.get('group', 0)} {LOSS_KEY} {r[LOSS_KEY]:.4f}" for r in results)
+      results = [_ensemble(arm, paths, seed, suite)]
+    key = suite.loss_key
+    summary = ", ".join(f"group {r.get('group', 0)} {key} {r[key]:.4f}" for r in results)
     progress(f"[{suite.name}] {arm.name} seed {seed + 1}/{arm.seeds}: {summary} "
              f"({time.time() - start:.0f}s)")
   with open(_config_path(arm, paths), "w") as f:
     json.dump(config, f, indent=1, sort_keys=True)
-  churn = _churn(arm, paths)
+  churn = _churn(arm, paths, suite.output)
   if churn:
     progress(f"[{suite.name}] {arm.name}: churn mean |pa-pb| {churn['mean_abs_diff']['mean']:.5f} "
              f"over {len(churn['pairs'])} pairs of seeds")
@@ -349,7 +372,7 @@ def _offline_distill(arm: Arm, suite: Suite, paths: RunPaths, seed: int,
   return _record_run(arm, paths, seed, 0, dirs[0])
 
 
-def _ensemble(arm: Arm, paths: RunPaths, seed: int) -> dict:
+def _ensemble(arm: Arm, paths: RunPaths, seed: int, suite: Suite) -> dict:
   """Averages the predictions of ``ensemble_size`` consecutive seeds of the source arm (group 0)."""
   members = list(range(seed * arm.ensemble_size, (seed + 1) * arm.ensemble_size))
   probs, labels, member_results = [], None, []
@@ -367,10 +390,14 @@ def _ensemble(arm: Arm, paths: RunPaths, seed: int) -> dict:
   out = paths.predictions(arm.name, seed, 0)
   os.makedirs(os.path.dirname(out), exist_ok=True)
   np.savez(out, probs=mean.astype(np.float32), labels=labels)
-  auc = keras.metrics.AUC()
-  auc.update_state(labels, mean)
-  result = {"group": 0, "members": members, LOSS_KEY: metrics.log_loss(mean, labels),
-            "val_auc": float(auc.result().numpy()), "steps": member_results[0]["steps"],
+  if suite.output == "sigmoid":
+    auc = keras.metrics.AUC()
+    auc.update_state(labels, mean)
+    scores = {suite.loss_key: metrics.log_loss(mean, labels), "val_auc": float(auc.result().numpy())}
+  else:
+    scores = metrics.categorical_scores(mean, labels)
+    scores[suite.loss_key] = scores["val_xent"]
+  result = {"group": 0, "members": members, **scores, "steps": member_results[0]["steps"],
             "wall_time_s": sum(r["wall_time_s"] for r in member_results),
             "examples_per_sec": None}
   os.makedirs(os.path.dirname(paths.result(arm.name, seed, 0)), exist_ok=True)
@@ -378,11 +405,11 @@ def _ensemble(arm: Arm, paths: RunPaths, seed: int) -> dict:
     json.dump(result, f, indent=1, sort_keys=True)
   with open(paths.curve(arm.name, seed, 0), "w") as f:
     f.write(json.dumps({"step": result["steps"], "wall_time_s": result["wall_time_s"],
-                        LOSS_KEY: result[LOSS_KEY], "val_auc": result["val_auc"]}) + "\n")
+                        **scores}) + "\n")
   return result
 
 
-def _churn(arm: Arm, paths: RunPaths) -> Optional[dict]:
+def _churn(arm: Arm, paths: RunPaths, output: str = "sigmoid") -> Optional[dict]:
   """Churn between independently retrained models of the arm (group 0 of each seed), recorded."""
   if arm.seeds < 2:
     return None
@@ -391,7 +418,7 @@ def _churn(arm: Arm, paths: RunPaths) -> Optional[dict]:
     with np.load(paths.predictions(arm.name, seed, 0)) as npz:
       preds.append(npz["probs"])
   pairs = [{"seeds": [p["a"], p["b"]], "mean_abs_diff": p["mean_abs_diff"],
-            "disagreement": p["disagreement"]} for p in metrics.pairwise_churn(preds)]
+            "disagreement": p["disagreement"]} for p in metrics.pairwise_churn(preds, output)]
   churn = {"pairs": pairs, "examples": int(preds[0].shape[0]),
            "mean_abs_diff": _stat([p["mean_abs_diff"] for p in pairs]),
            "disagreement": _stat([p["disagreement"] for p in pairs])}
@@ -436,16 +463,19 @@ def summarize(suite: Suite, paths: RunPaths) -> dict:
   raw = {arm.name: _runs(arm, paths) for arm in suite.arms}
   target = suite.target_loss
   if suite.target_from_arm:
-    target = float(np.mean([r["result"][LOSS_KEY] for r in raw[suite.target_from_arm]])) \
+    target = float(np.mean([r["result"][suite.loss_key] for r in raw[suite.target_from_arm]])) \
         + suite.target_margin
   arms = {}
   for arm in suite.arms:
     runs = []
     for run in raw[arm.name]:
-      steps, wall = first_reaching(run["curve"], target) if target is not None else (None, None)
+      steps, wall = (first_reaching(run["curve"], target, suite.loss_key) if target is not None
+                     else (None, None))
       result = run["result"]
       runs.append({"seed": run["seed"], "group": run["group"],
-                   "final_val_loss": result[LOSS_KEY], "final_val_auc": result.get("val_auc"),
+                   "final_val_loss": result[suite.loss_key], "final_val_auc": result.get("val_auc"),
+                   "final_val_accuracy": result.get("val_accuracy"),
+                   "final_val_perplexity": result.get("val_perplexity"),
                    "steps": result["steps"], "wall_time_s": result["wall_time_s"],
                    "examples_per_sec": result.get("examples_per_sec"),
                    "load_avg_1m_at_end": result.get("load_avg_1m_at_end"),
@@ -463,6 +493,8 @@ def summarize(suite: Suite, paths: RunPaths) -> dict:
         "runs": runs,
         "final_val_loss": _stat([r["final_val_loss"] for r in runs]),
         "final_val_auc": _stat([r["final_val_auc"] for r in runs]),
+        "final_val_accuracy": _stat([r["final_val_accuracy"] for r in runs]),
+        "final_val_perplexity": _stat([r["final_val_perplexity"] for r in runs]),
         "steps_to_target": _stat([r["steps_to_target"] for r in runs]),
         "reached_target": sum(r["steps_to_target"] is not None for r in runs),
         "wall_time_to_target_s": _stat([r["wall_time_to_target_s"] for r in runs]),
@@ -481,6 +513,7 @@ def summarize(suite: Suite, paths: RunPaths) -> dict:
       verdicts[name] = {"threshold": [op, threshold],
                         "met": bool(value <= threshold if op == "<=" else value >= threshold)}
   return {"suite": suite.name, "description": suite.description, "data": suite.data,
+          "loss_key": suite.loss_key, "output": suite.output,
           "common_bindings": list(suite.common_bindings), "simulated": suite.simulated,
           "target_loss": target, "target_from_arm": suite.target_from_arm,
           "arms": arms, "goals": goals, "goal_spreads": spreads, "goal_verdicts": verdicts}

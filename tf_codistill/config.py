@@ -12,10 +12,15 @@ import gin
 # Importing these registers their configurables with gin.
 from data_pipelines import adult  # noqa: F401
 from data_pipelines import criteo  # noqa: F401
+from data_pipelines import images  # noqa: F401
+from data_pipelines import text_lm  # noqa: F401
 from tf_codistill import launcher  # noqa: F401
 from tf_codistill import losses  # noqa: F401
+from tf_codistill import tasks  # noqa: F401
 from tf_codistill import trainer  # noqa: F401
 from tf_codistill.models import ctr  # noqa: F401
+from tf_codistill.models import lm  # noqa: F401
+from tf_codistill.models import resnet  # noqa: F401
 
 REPO_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 

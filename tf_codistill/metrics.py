@@ -65,6 +65,19 @@ def log_loss(probs: np.ndarray, labels: np.ndarray, eps: float = 1e-7) -> float:
   return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
+def categorical_scores(probs: np.ndarray, labels: np.ndarray, eps: float = 1e-7
+                       ) -> Dict[str, float]:
+  """Cross-entropy (per example or token) and accuracy of class probabilities [..., C] (e.g. an
+  ensemble's averaged predictions) against integer labels [...]: val_xent, val_accuracy, and
+  val_perplexity (exp of the cross-entropy)."""
+  p = np.asarray(probs, np.float64)
+  y = np.asarray(labels).astype(np.int64).reshape(p.shape[:-1])
+  picked = np.take_along_axis(p, y[..., None], axis=-1)[..., 0]
+  xent = float(-np.mean(np.log(np.clip(picked, eps, 1.0))))
+  return {"val_xent": xent, "val_accuracy": float(np.mean(np.argmax(p, axis=-1) == y)),
+          "val_perplexity": float(np.exp(xent))}
+
+
 def pairwise_churn(predictions: Sequence[np.ndarray], output: str = "sigmoid"
                    ) -> List[Dict[str, float]]:
   """Churn for every pair (i < j) of models, each entry tagged with the pair's indices."""

@@ -22,10 +22,18 @@ import tf_keras as keras
 from tf_codistill import losses
 
 
-def clone_architecture(model: keras.Model) -> keras.Model:
-  """A fresh, unbuilt-weights copy of a Sequential or functional model (for teachers)."""
+def clone_architecture(model: keras.Model, dtype_policy: Optional[str] = None) -> keras.Model:
+  """A fresh, unbuilt-weights copy of a Sequential or functional model (for teachers).
+
+  ``dtype_policy`` (e.g. ``'mixed_bfloat16'``) rebuilds every layer with that tf_keras dtype
+  policy: float32 variables (same checkpoint as the original), reduced-precision compute.
+  """
+  clone_function = None
+  if dtype_policy is not None:
+    clone_function = lambda layer: layer.__class__.from_config(
+        {**layer.get_config(), "dtype": dtype_policy})
   try:
-    return keras.models.clone_model(model)
+    return keras.models.clone_model(model, clone_function=clone_function)
   except ValueError as e:
     raise ValueError(
         f"cannot clone {type(model).__name__} automatically ({e}); pass a teacher_factory that "
@@ -132,7 +140,8 @@ class CodistillModel(keras.Model):
   def teacher_target(self, x) -> tf.Tensor:
     """Averaged teacher probabilities (or logits for MSE) over the loaded peers."""
     teacher_logits = tf.stack([
-        tf.switch_case(self.active_slot[j], [lambda t=t: t(x, training=False) for t in slots])
+        tf.switch_case(self.active_slot[j],
+                       [lambda t=t: tf.cast(t(x, training=False), tf.float32) for t in slots])
         for j, slots in enumerate(self.teacher_slots)])
     return losses.average_teacher_target(
         teacher_logits, self._active_weights(), output=self.output_kind,

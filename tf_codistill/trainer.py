@@ -27,13 +27,14 @@ from tf_codistill import filesystems
 from tf_codistill import losses
 from tf_codistill import metrics as metrics_lib
 from tf_codistill import strategies
+from tf_codistill import tasks as tasks_lib
 from tf_codistill import teachers as teachers_lib
+from tf_codistill import topology
 from tf_codistill.callbacks import current_step
 from tf_codistill.model import CodistillModel, clone_architecture
 from tf_codistill.models import ctr
 
 DATA_SPLITS = ("disjoint", "same")
-SMOOTHING_PRIORS = ("uniform", "unigram")
 OPTIMIZERS = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD,
               "adagrad": keras.optimizers.Adagrad, "rmsprop": keras.optimizers.RMSprop}
 
@@ -42,27 +43,9 @@ class ConfigurationError(ValueError):
   """A training configuration that cannot work; raised before any training starts."""
 
 
-def estimate_positive_rate(dataset: tf.data.Dataset, num_batches: int = 20) -> float:
-  """Positive rate of the first ``num_batches`` batches: the unigram prior for CTR smoothing."""
-  total = positives = 0.0
-  for _, labels in dataset.take(num_batches):
-    positives += float(tf.reduce_sum(labels))
-    total += float(tf.size(labels))
-  if total == 0:
-    raise ValueError("cannot estimate the class prior: the training data is empty")
-  return positives / total
-
-
-@gin.configurable(module="trainer")
-def make_task_loss(label_smoothing: float = 0.0, smoothing_prior: str = "uniform",
-                   positive_rate: Optional[float] = None) -> keras.losses.Loss:
-  """Binary cross-entropy from logits, optionally label-smoothed toward uniform or the prior."""
-  if smoothing_prior not in SMOOTHING_PRIORS:
-    raise ValueError(f"smoothing_prior={smoothing_prior!r} is not one of {SMOOTHING_PRIORS}")
-  prior = 0.5 if smoothing_prior == "uniform" else positive_rate
-  if prior is None:
-    raise ValueError("smoothing_prior='unigram' needs the training positive rate")
-  return losses.SmoothedBinaryCrossentropy(smoothing=label_smoothing, prior=prior)
+# Teacher forward-pass precision -> the tf_keras dtype policy of the teacher copies (variables stay
+# float32, so the peers' float32 SavedModels load as they are).
+PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
 
 
 @gin.configurable(module="trainer", denylist=["model_dir", "group", "num_groups", "exchange_dir"])
@@ -71,15 +54,18 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
           train_files: Sequence[str] = (), eval_files: Sequence[str] = (),
           dataset_fn: Callable[..., tf.data.Dataset] = criteo.make_dataset,
           model_fn: Callable[[], keras.Model] = ctr.ctr_model,
+          task: Optional[tasks_lib.Task] = None,
           batch_size: int = 512, train_steps: int = 1000, steps_per_epoch: int = 250,
           steps_per_execution: int = 1, eval_steps: Optional[int] = None,
           shuffle_buffer: int = 10_000, optimizer: str = "adam", learning_rate: float = 1e-3,
           codistill: bool = False, alpha: float = 1.0, burn_in_steps: int = 0,
           distill_kind: str = "xent", temperature: float = 1.0,
+          teacher_graph: str = "all_to_all", teacher_precision: str = "float32",
           exchange_every_steps: int = 100, keep_last: int = 2, poll_interval_s: float = 2.0,
           data_split: str = "disjoint", label_smoothing: float = 0.0,
           smoothing_prior: str = "uniform", checkpoint_every_steps: int = 500,
           summary_every_steps: int = 50, seed: int = 0, save_eval_predictions: bool = False,
+          prediction_batches: Optional[int] = None,
           intra_op_threads: int = 0,
           inter_op_threads: int = 0, verbose: int = 2) -> Dict[str, float]:
   """Runs this process's part of group ``group`` of ``num_groups``; the chief returns its metrics.
@@ -88,10 +74,21 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   and ps tasks of a parameter-server group only serve (this call then never returns). With
   ``codistill=True`` the group's chief publishes to ``exchange_dir`` every
   ``exchange_every_steps`` steps and every training task distills from the other groups' newest
-  published versions. ``data_split='disjoint'`` gives each group (and each of its input
-  pipelines) its own shard of ``train_files``; ``batch_size`` is the global batch of one step.
+  published versions: of every other group (``teacher_graph='all_to_all'``) or of its
+  predecessor only (``'ring'``), run in ``teacher_precision``. ``data_split='disjoint'`` gives
+  each group (and each of its input pipelines) its own shard of ``train_files``; ``batch_size``
+  is the global batch of one step. ``task`` (default ``tasks.BinaryTask()``) sets the loss,
+  metrics and results keys; ``prediction_batches`` caps the eval batches whose predictions
+  ``save_eval_predictions`` keeps.
   """
   _validate(group, num_groups, codistill, exchange_dir, data_split, optimizer)
+  if teacher_graph not in topology.GRAPHS:
+    raise ConfigurationError(
+        f"trainer.train.teacher_graph={teacher_graph!r} is not one of {topology.GRAPHS}")
+  if teacher_precision not in PRECISIONS:
+    raise ConfigurationError(
+        f"trainer.train.teacher_precision={teacher_precision!r} is not one of {PRECISIONS}")
+  task = task or tasks_lib.BinaryTask()
   for name, files in (("train_files", train_files), ("eval_files", eval_files)):
     if not files:
       raise ConfigurationError(
@@ -130,27 +127,32 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   eval_ds = dataset_fn(list(eval_files), batch_size, bad_line_counter=bad_lines)
   input_spec = eval_ds.element_spec[0]
   sample = tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape[1:], s.dtype), input_spec)
-  positive_rate = (estimate_positive_rate(train_dataset())
-                   if label_smoothing and smoothing_prior == "unigram" else None)
-  metrics = lambda: [keras.metrics.BinaryCrossentropy(from_logits=True, name="logloss"),
-                     keras.metrics.AUC(from_logits=True, name="auc")]
+  prior = (task.estimate_prior(list(train_files), train_dataset())
+           if label_smoothing and smoothing_prior == "unigram" else None)
+  try:
+    task_loss = task.task_loss(label_smoothing, smoothing_prior, prior)
+  except ValueError as e:
+    raise ConfigurationError(f"trainer.train.label_smoothing/smoothing_prior: {e}") from None
+  metrics = task.metrics
 
-  peers = [g for g in range(num_groups) if g != group] if codistill else []
+  peers = topology.teacher_groups(group, num_groups, teacher_graph) if codistill else []
   with distribution.scope():
     student = model_fn()
+    teacher_factory = (None if teacher_precision == "float32" else
+                       lambda: clone_architecture(student, dtype_policy=PRECISIONS[teacher_precision]))
     model = CodistillModel(student, len(peers), alpha=alpha, burn_in_steps=burn_in_steps,
-                           output="sigmoid", distill_kind=distill_kind, temperature=temperature)
+                           output=task.output, distill_kind=distill_kind, temperature=temperature,
+                           teacher_factory=teacher_factory)
     model.compile(optimizer=OPTIMIZERS[optimizer](learning_rate=learning_rate),
-                  loss=make_task_loss(label_smoothing=label_smoothing,
-                                      smoothing_prior=smoothing_prior, positive_rate=positive_rate),
-                  metrics=metrics(), steps_per_execution=steps_per_execution)
+                  loss=task_loss, metrics=metrics(), steps_per_execution=steps_per_execution)
   # Create student and teacher variables now, so the teacher pool can restore into them.
-  model(sample)
+  # The published signature's output shape: the student's on the data's input spec.
+  output_shape = [None] + model(sample).shape.as_list()[1:]
   local = callbacks_lib.LocalCopy(student, clone_architecture(student))
   local.model(sample)
 
   summary_writer = None
-  evaluation = callbacks_lib.LocalEvaluation(local, eval_ds, make_task_loss(), metrics, eval_steps)
+  evaluation = callbacks_lib.LocalEvaluation(local, eval_ds, task.task_loss(), metrics, eval_steps)
   step_summaries = step_timer = None
   hooks: List[callbacks_lib.StepHook] = []
   epoch_callbacks: List[keras.callbacks.Callback] = []
@@ -176,7 +178,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   refresh = publisher = None
   if codistill:
     pool = teachers_lib.TeacherPool(exchange_dir, peers, model, input_spec,
-                                    [None] + list(student.output_shape[1:]),
+                                    output_shape,
                                     poll_interval_s=poll_interval_s)
     refresh = teachers_lib.TeacherRefresh(pool, summary_writer)
     hooks.append(refresh)
@@ -204,7 +206,9 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   with local.at_step(step) as final_model:
     exchange.save_model(final_model, os.path.join(model_dir, "export"), input_spec)
   if save_eval_predictions:
-    probs, labels = metrics_lib.model_probabilities(local.model, eval_ds)
+    probs, labels = metrics_lib.model_probabilities(
+        local.model, eval_ds if prediction_batches is None else eval_ds.take(prediction_batches),
+        task.output)
     _save_npz(os.path.join(model_dir, "eval_predictions.npz"), probs=probs, labels=labels)
   if bad_lines.count:
     logging.warning("skipped %d malformed input lines (bad_lines='skip')", bad_lines.count)
@@ -219,9 +223,10 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
       "num_workers": info.num_workers,
       "codistill": codistill,
       "steps": step,
-      "val_logloss": final["logloss"],
-      "val_auc": final["auc"],
-      "val_loss": final["loss"],
+      **task.results(final),
+      "teacher_graph": teacher_graph,
+      "teacher_groups": peers,
+      "teacher_precision": teacher_precision,
       "wall_time_s": time.time() - start,
       "examples_per_sec": float(np.median(step_summaries.examples_per_sec))
                           if step_summaries.examples_per_sec else None,
@@ -243,8 +248,9 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
                                                          "publish": publisher.windows}))
   with tf.io.gfile.GFile(os.path.join(model_dir, "results.json"), "w") as f:
     json.dump(results, f, indent=2, sort_keys=True)
-  logging.info("group %d done: val_logloss=%.4f val_auc=%.4f steps=%d", group,
-               results["val_logloss"], results["val_auc"], results["steps"])
+  logging.info("group %d done: %s steps=%d", group,
+               " ".join(f"{k}={v:.4f}" for k, v in sorted(task.results(final).items())),
+               results["steps"])
   return results
 
 

@@ -93,3 +93,32 @@ def test_recorded_runs_are_reused_only_while_the_arm_configuration_is_unchanged(
   assert not runner._arm_done(arm, paths, runner.arm_config(arm, changed, data))
   more_seeds = runner.Arm("a", seeds=2)
   assert not runner._arm_done(more_seeds, paths, runner.arm_config(more_seeds, suite, data))
+
+
+def test_softmax_suites_average_class_probabilities_for_ensembles(tmp_path):
+  import json
+  import os
+
+  import numpy as np
+
+  suite = runner.Suite(name="s", arms=[runner.Arm("baseline", seeds=2),
+                                       runner.Arm("ens", kind="ensemble", source_arm="baseline")],
+                       loss_key="val_loss", output="softmax")
+  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
+  members = [np.array([[0.7, 0.2, 0.1], [0.2, 0.2, 0.6]]), np.array([[0.5, 0.4, 0.1], [0.6, 0.2, 0.2]])]
+  labels = np.array([0, 2])
+  for seed, probs in enumerate(members):
+    os.makedirs(os.path.dirname(paths.predictions("baseline", seed, 0)), exist_ok=True)
+    np.savez(paths.predictions("baseline", seed, 0), probs=probs, labels=labels)
+    os.makedirs(os.path.dirname(paths.result("baseline", seed, 0)), exist_ok=True)
+    with open(paths.result("baseline", seed, 0), "w") as f:
+      json.dump({"steps": 10, "wall_time_s": 1.0}, f)
+  result = runner._ensemble(suite.arms[1], paths, 0, suite)
+  mean = (members[0] + members[1]) / 2  # [[0.6, 0.3, 0.1], [0.4, 0.2, 0.4]]
+  assert result["val_loss"] == pytest.approx(-(np.log(0.6) + np.log(0.4)) / 2)
+  assert result["val_accuracy"] == 0.5  # row 2's argmax is class 0 (first of a tie), label 2
+  churn = runner._churn(suite.arms[0], paths, "softmax")  # argmax [0, 2] vs [0, 0]
+  assert churn["disagreement"]["mean"] == 0.5
+  assert churn["mean_abs_diff"]["mean"] == pytest.approx(np.mean(np.abs(members[0] - members[1])))
+  with pytest.raises(ValueError, match="output='logits' is not one of"):
+    runner.Suite(name="s", arms=[runner.Arm("a")], output="logits")

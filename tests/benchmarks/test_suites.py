@@ -15,7 +15,7 @@ SUITES = sorted(f[:-4] for f in os.listdir(run_binary.SUITES_DIR)
 
 def test_the_issue_suites_are_all_there():
   assert {"quick", "sync_scaling", "codistill_vs_sync", "baselines", "churn", "staleness",
-          "data_split", "sync_vs_async", "adult"} <= set(SUITES)
+          "data_split", "sync_vs_async", "adult", "lm", "image"} <= set(SUITES)
 
 
 @pytest.mark.parametrize("name", SUITES)

@@ -63,3 +63,13 @@ def test_log_loss_known_values_and_model_probabilities_keep_order():
   probs, labels = metrics.model_probabilities(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(2))
   np.testing.assert_allclose(probs[:, 0], 1 / (1 + np.exp(-np.array([0.0, 2.0, -1.0]))), rtol=1e-6)
   np.testing.assert_array_equal(labels, y)
+
+
+def test_categorical_scores_per_example_and_per_token():
+  probs = np.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]])
+  scores = metrics.categorical_scores(probs, np.array([0, 1]))
+  assert scores["val_xent"] == pytest.approx(-(np.log(0.5) + np.log(0.1)) / 2)
+  assert scores["val_accuracy"] == 0.5
+  assert scores["val_perplexity"] == pytest.approx(np.exp(scores["val_xent"]))
+  tokens = metrics.categorical_scores(probs[None], np.array([[0, 2]]))  # [1 sequence, 2 tokens]
+  assert tokens["val_accuracy"] == 1.0

@@ -2,6 +2,7 @@
 
 import json
 
+import gin
 import numpy as np
 from absl import app
 from absl import flags
@@ -13,7 +14,9 @@ from tf_codistill.bin import common
 common.define_gin_flags()
 flags.DEFINE_multi_string("saved_model", [], "SavedModel dirs (exports or exchange versions); >= 2.")
 flags.DEFINE_string("data", None, "File pattern of the evaluation data.", required=True)
-flags.DEFINE_enum("output", "sigmoid", ["sigmoid", "softmax"], "How logits become probabilities.")
+flags.DEFINE_enum("output", None, ["sigmoid", "softmax"],
+                  "How logits become probabilities (default: the bound trainer.train.task's, "
+                  "else sigmoid).")
 flags.DEFINE_integer("batch_size", 4096, "Batch size for prediction.")
 flags.DEFINE_string("json_out", None, "Optional path for the results as JSON.")
 FLAGS = flags.FLAGS
@@ -25,9 +28,13 @@ def main(argv):
   if len(FLAGS.saved_model) < 2:
     raise app.UsageError("give at least two --saved_model paths")
   common.parse_gin_or_exit(FLAGS.gin_file, FLAGS.gin_bindings)
-  dataset = criteo.make_dataset(FLAGS.data, FLAGS.batch_size)
-  preds = [metrics.predict_probabilities(p, dataset, FLAGS.output) for p in FLAGS.saved_model]
-  pairs = metrics.pairwise_churn(preds, FLAGS.output)
+  # The data pipeline and task of the gin config (Criteo and sigmoid when none is bound).
+  dataset_fn = _bound("dataset_fn")
+  dataset = (dataset_fn or criteo.make_dataset)(FLAGS.data, FLAGS.batch_size)
+  task = _bound("task")
+  output = FLAGS.output or (task.output if task is not None else "sigmoid")
+  preds = [metrics.predict_probabilities(p, dataset, output) for p in FLAGS.saved_model]
+  pairs = metrics.pairwise_churn(preds, output)
   print(f"{'model a':>8} {'model b':>8} {'mean |pa-pb|':>13} {'disagreement':>13}")
   for pair in pairs:
     print(f"{pair['a']:>8} {pair['b']:>8} {pair['mean_abs_diff']:>13.5f} "
@@ -41,6 +48,15 @@ def main(argv):
   if FLAGS.json_out:
     with open(FLAGS.json_out, "w") as f:
       json.dump(summary, f, indent=2)
+
+
+def _bound(name: str):
+  """The gin-configured function or class bound to ``trainer.train.<name>``, or None."""
+  try:
+    reference = gin.query_parameter(f"trainer.train.{name}")
+  except ValueError:
+    return None
+  return reference.configurable.wrapper
 
 
 def run():

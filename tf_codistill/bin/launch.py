@@ -11,6 +11,7 @@ from absl import logging
 
 from tf_codistill import demo
 from tf_codistill import launcher
+from tf_codistill import topology
 from tf_codistill.bin import common
 
 common.define_gin_flags()
@@ -30,6 +31,10 @@ flags.DEFINE_integer("max_restarts", 0, "Restarts allowed per group after a task
                      lower_bound=0)
 flags.DEFINE_enum("on_group_failure", "stop_all", list(launcher.FAILURE_POLICIES),
                   "When a group fails for good: stop every group, or let its peers continue.")
+flags.DEFINE_enum("teacher_graph", None, list(topology.GRAPHS),
+                  "Which peers each group distills from: every other group (all_to_all) or its "
+                  "predecessor (ring) (default: the gin binding trainer.train.teacher_graph, "
+                  "else all_to_all).")
 FLAGS = flags.FLAGS
 
 
@@ -47,6 +52,8 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   gin_bindings = list(FLAGS.gin_bindings) + _data_bindings(FLAGS.model_dir)
+  if FLAGS.teacher_graph:
+    gin_bindings.append(f"trainer.train.teacher_graph = '{FLAGS.teacher_graph}'")
   try:
     dirs = launcher.launch(FLAGS.model_dir, FLAGS.num_groups, exchange_dir=FLAGS.exchange_dir,
                            gin_files=FLAGS.gin_file, gin_bindings=gin_bindings, shape=shape,

@@ -80,8 +80,11 @@ def test_a_failing_group_fails_the_launcher_with_its_log(tmp_path, criteo_dir):
                                     train="no-such-file-*"),
                         cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1
-  assert re.search(r"group \d chief:0 exited with status 1; log .*group_\d/chief_0.log", proc.stderr)
-  assert "no-such-file-*" in proc.stderr  # the group's own error, shown from its log
+  # A configuration error (exit status 2) is not retried; the group's own one-line error is shown.
+  assert re.search(r"group \d chief:0 stopped on a configuration error \(exit status 2\), not "
+                   r"restarted; log .*group_\d/chief_0.log", proc.stderr)
+  assert "trainer.train.train_files: no Criteo files match" in proc.stderr
+  assert "no-such-file-*" in proc.stderr
 
 
 def test_bad_gin_binding_is_a_one_line_error_before_anything_starts(tmp_path):

@@ -44,6 +44,7 @@ def main(argv):
 
 
 def run():
+  common.PROGRAM[0] = "tf-codistill-churn"
   app.run(main)
 
 

@@ -45,7 +45,7 @@ def main(argv):
 
 def run():
   common.PROGRAM[0] = "tf-codistill-churn"
-  app.run(main)
+  app.run(main, flags_parser=common.parse_flags_or_exit)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,14 @@ def exit_with_error(message: str, code: int = errors.CONFIGURATION_EXIT_CODE) ->
   sys.exit(code)
 
 
+def parse_flags_or_exit(argv: Sequence[str]) -> Sequence[str]:
+  """absl's flag parsing, with an unknown or malformed flag as a one-line error."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    exit_with_error(f"{first_line(e)} (--helpfull lists the flags)")
+
+
 def parse_gin_or_exit(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
   """Parses gin; a bad file, binding or value type is a one-line error before any work starts."""
   try:

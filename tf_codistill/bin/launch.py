@@ -106,7 +106,7 @@ def _gin_strategy() -> str:
 
 def run():
   common.PROGRAM[0] = "tf-codistill-launch"
-  app.run(main)
+  app.run(main, flags_parser=common.parse_flags_or_exit)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def main(argv):
 def run():
   common.PROGRAM[0] = "tf-codistill-train"
   faulthandler.register(signal.SIGUSR1, all_threads=True)
-  app.run(main)
+  app.run(main, flags_parser=common.parse_flags_or_exit)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ _PHYSICAL_TYPES = {"int64": "INT64", "string": "BYTE_ARRAY"}
 _MESSAGE_PREFIX = "malformed Adult Parquet row "
 
 
-class SchemaError(ValueError):
+class SchemaError(criteo.DataError):
   """A Parquet file that lacks a column make_dataset reads, or has it with the wrong type or nulls."""
 
 
@@ -166,7 +166,8 @@ def make_dataset(
   Same contract as ``criteo.make_dataset``: shards are disjoint, by file when there are at least
   ``num_shards`` files, else by row within every file; ``bad_lines='error'`` fails iteration naming
   the file and row of the first label not in {0, 1}, ``'skip'`` drops such rows and counts them in
-  ``bad_line_counter``. Every file read is checked first (SchemaError names file and column).
+  ``bad_line_counter``. Every file read is checked first (SchemaError names file and column); an
+  empty file is an error under 'error' and skipped with a warning under 'skip'.
   """
   criteo._check_choice("bad_lines", bad_lines, criteo.BAD_LINE_POLICIES)
   criteo._check_choice("file_format", file_format, FILE_FORMATS)
@@ -177,7 +178,7 @@ def make_dataset(
   if num_buckets < 1:
     raise ValueError(f"num_buckets must be positive, got {num_buckets}")
 
-  files = resolve_files(file_pattern)
+  files = criteo.drop_empty_files(resolve_files(file_pattern), bad_lines, file_pattern)
   shard_by_file = len(files) >= num_shards
   if shard_by_file:
     files = files[shard_index::num_shards]

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 import gin
 import tensorflow as tf
+from absl import logging
 
 NUM_INT = 13
 NUM_CAT = 26
@@ -42,6 +43,8 @@ FILE_FORMATS = ("tsv", "parquet")
 _LABEL_RE = "0|1"
 _INT_RE = "(-?[0-9]{1,18})?"  # 18 digits always fit in int64
 _HEX_RE = "[0-9a-fA-F]{0,16}"
+# The longest valid line: a label, 13 integers of up to 19 characters, 26 ids of up to 16, 39 tabs.
+MAX_LINE_BYTES = 1 + NUM_INT * 19 + NUM_CAT * 16 + (NUM_FIELDS - 1)
 _MAX_SHOWN_CHARS = 32
 _MAX_CYCLE_LENGTH = 4
 # Files are read and interleaved in blocks of lines: tf.data's parallel interleave costs ~10 us per
@@ -51,6 +54,11 @@ _MESSAGE_PREFIX = {"tsv": "malformed Criteo TSV line ", "parquet": "malformed Cr
 
 Tensors = list[tf.Tensor]
 EnforceFn = Callable[[tf.Tensor, Callable[[tf.Tensor], tf.Tensor], Tensors], Tensors]
+
+
+class DataError(ValueError):
+  """Input data that cannot be used (an empty file, a malformed line under bad_lines='error');
+  the message names the file (and line) and what to do."""
 
 
 class BadLineCounter:
@@ -126,8 +134,10 @@ def make_dataset(
 
   Shards are disjoint: by file when there are at least ``num_shards`` files, else by line within
   every file. ``bad_lines='error'`` fails iteration naming the file, line and reason of the first
-  malformed record; ``'skip'`` drops malformed records (batches may come out smaller) and adds their
-  number to ``bad_line_counter``.
+  malformed record (wrong field count, non-numeric integer, non-hex id, label not in {0,1}, a line
+  longer than ``MAX_LINE_BYTES``, non-UTF-8 bytes) and raises DataError here for an empty file;
+  ``'skip'`` drops malformed records (batches may come out smaller), adds their number to
+  ``bad_line_counter`` and skips empty files with a warning.
   """
   _check_choice("bad_lines", bad_lines, BAD_LINE_POLICIES)
   _check_choice("file_format", file_format, FILE_FORMATS)
@@ -138,7 +148,7 @@ def make_dataset(
   if num_buckets < 1:
     raise ValueError(f"num_buckets must be positive, got {num_buckets}")
 
-  files = resolve_files(file_pattern)
+  files = drop_empty_files(resolve_files(file_pattern), bad_lines, file_pattern)
   shard_by_file = len(files) >= num_shards
   if shard_by_file:
     files = files[shard_index::num_shards]
@@ -190,6 +200,23 @@ def make_dataset(
   return dataset.prefetch(tf.data.AUTOTUNE)
 
 
+def drop_empty_files(files: Sequence[str], bad_lines: str, pattern) -> list[str]:
+  """``files`` without empty (0-byte) ones: an error naming the file under bad_lines='error', a
+  warning under 'skip'; an error if nothing is left."""
+  kept = []
+  for path in files:
+    if tf.io.gfile.stat(path).length > 0:
+      kept.append(path)
+    elif bad_lines == "error":
+      raise DataError(f"{path}: empty file (0 bytes); remove it, or bind "
+                      "criteo.make_dataset.bad_lines = 'skip' to skip empty files and bad lines")
+    else:
+      logging.warning("%s: empty file (0 bytes), skipped (bad_lines='skip')", path)
+  if not kept:
+    raise DataError(f"every file matching {pattern!r} is empty")
+  return kept
+
+
 def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
   if value not in allowed:
     raise ValueError(f'{name}={value!r} is not one of {", ".join(map(repr, allowed))}')
@@ -223,16 +250,26 @@ def _parse_tsv_batch(lines: tf.Tensor, enforce: EnforceFn) -> Tensors:
   num_fields = fields.row_lengths()
   table = fields.to_tensor(default_value="", shape=[None, NUM_FIELDS])
   label, ints, cats = table[:, 0], table[:, 1:1 + NUM_INT], table[:, 1 + NUM_INT:]
+  length = tf.strings.length(lines)
 
+  length_ok = length <= MAX_LINE_BYTES
   count_ok = tf.equal(num_fields, NUM_FIELDS)
   label_ok = tf.strings.regex_full_match(label, _LABEL_RE)
   int_ok = tf.strings.regex_full_match(ints, _INT_RE)
   cat_ok = tf.strings.regex_full_match(cats, _HEX_RE)
-  ok = count_ok & label_ok & tf.reduce_all(int_ok, axis=1) & tf.reduce_all(cat_ok, axis=1)
+  ok = (length_ok & count_ok & label_ok & tf.reduce_all(int_ok, axis=1)
+        & tf.reduce_all(cat_ok, axis=1))
 
   def describe(i: tf.Tensor) -> tf.Tensor:
     got = tf.strings.as_string(num_fields[i])
+    # Every valid field is ASCII, so a line with invalid UTF-8 is always malformed; only the
+    # message of a failing line pays for this check.
+    utf8_ok = tf.equal(_valid_utf8(lines[i]), lines[i])
     return _first_reason([
+        (~length_ok[i], tf.strings.join([
+            "line of ", tf.strings.as_string(length[i]),
+            f" bytes is longer than any valid Criteo line ({MAX_LINE_BYTES} bytes)"])),
+        (~utf8_ok, tf.constant("non-UTF-8 bytes in the line")),
         (~count_ok[i], tf.strings.join([f"expected {NUM_FIELDS} tab-separated fields, got ", got])),
         (~label_ok[i], tf.strings.join(["label not in {0,1}", _shown(label[i])])),
         _column_reason("non-numeric integer field I", int_ok[i], ints[i]),
@@ -294,9 +331,17 @@ def _features(label: tf.Tensor, ints: tf.Tensor, cats: tf.Tensor,
   return {"dense": dense, "categorical": categorical}, tf.cast(label, tf.float32)[:, tf.newaxis]
 
 
+def _valid_utf8(value: tf.Tensor) -> tf.Tensor:
+  """``value`` with invalid UTF-8 bytes replaced by U+FFFD (equal to ``value`` iff it is valid)."""
+  return tf.strings.unicode_transcode(value, "UTF-8", "UTF-8", errors="replace",
+                                      replacement_char=0xFFFD)
+
+
 def _shown(value: tf.Tensor) -> tf.Tensor:
-  # No quotes: tf.debugging.Assert escapes them in its message.
-  return tf.strings.join([" (got: ", tf.strings.substr(value, 0, _MAX_SHOWN_CHARS), ")"])
+  # No quotes: tf.debugging.Assert escapes them in its message. Invalid UTF-8 is replaced, or the
+  # error message itself could not be decoded (a UnicodeDecodeError instead of the bad line).
+  return tf.strings.join([" (got: ", _valid_utf8(tf.strings.substr(value, 0, _MAX_SHOWN_CHARS)),
+                          ")"])
 
 
 def _column_reason(what: str, column_ok: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

@@ -1,11 +1,16 @@
-"""Helpers for tests that launch real groups: command lines at test sizes, pids, progress."""
+"""Helpers for tests: command lines at test sizes, pids, progress, TensorBoard scalars, Criteo
+lines, small Keras nets, and directories a write really fails in (unwritable, full)."""
 
+import contextlib
+import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
 import time
+import uuid
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,6 +42,168 @@ def launch_args(model_dir, data_dir, *extra_flags, gin="codistill_2way.gin", bin
       f"trainer.train.train_files = ['{data_dir}/{train}']",
       f"trainer.train.eval_files = ['{data_dir}/eval-*']"] + list(bindings)
   return args + [f"--gin_bindings={b}" for b in all_bindings]
+
+
+def train_args(model_dir, data_dir, *extra_flags, gin="baseline.gin", bindings=(),
+               train="train-*"):
+  """The tf-codistill-train command line (one group, one process) at test sizes."""
+  args = [sys.executable, "-m", "tf_codistill.bin.train", f"--model_dir={model_dir}",
+          f"--gin_file={REPO}/gin/criteo/{gin}", *extra_flags]
+  all_bindings = list(SMALL_BINDINGS) + [
+      f"trainer.train.train_files = ['{data_dir}/{train}']",
+      f"trainer.train.eval_files = ['{data_dir}/eval-*']"] + list(bindings)
+  return args + [f"--gin_bindings={b}" for b in all_bindings]
+
+
+def run(args, timeout, env=None):
+  """Runs a command from the repository root; returns the CompletedProcess (text output)."""
+  return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                        env=None if env is None else {**os.environ, **env})
+
+
+def error_lines(stderr):
+  """The one-line errors the binaries print (``tf-codistill-<name>: error: ...``)."""
+  return [line for line in stderr.splitlines() if re.match(r"tf-codistill-\w+: error: ", line)]
+
+
+def tb_scalars(logdir):
+  """{tag: [(step, value), ...]} of every TensorBoard event file under ``logdir``."""
+  import tensorflow as tf
+  tags = {}
+  for path in glob.glob(os.path.join(logdir, "**", "events.out.tfevents.*"), recursive=True):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        number = (float(tf.make_ndarray(value.tensor)) if value.HasField("tensor")
+                  else value.simple_value)
+        tags.setdefault(value.tag, []).append((event.step, number))
+  return tags
+
+
+# Criteo TSV lines: (label, 13 integer fields, 26 categorical fields); '' is a missing value.
+CRITEO_ROWS = [
+    ("0", ["1", "-5", "", "0", "12", "", "3", "", "100", "7", "", "2", "999999999"],
+     ["68fd1e64", "80E51FF9", "", "deadBEEF", "a", "0123456789abcdef"] + ["05db9164"] * 20),
+    ("1", [""] * 13, [""] * 26),
+    ("1", ["-2", "0", "5"] + ["1"] * 9 + ["123456789012345678"],
+     ["ABCDEF01"] * 13 + ["fffffff"] * 13),
+]
+
+
+def tsv_line(label, ints, cats):
+  return "\t".join([label, *ints, *cats])
+
+
+GOOD_LINES = [tsv_line(*row) for row in CRITEO_ROWS]
+
+
+def write_lines(path, lines, trailing_newline=True):
+  """Writes lines (str, or bytes for raw bytes) joined by newlines; returns the path as str."""
+  data = b"\n".join(line if isinstance(line, bytes) else line.encode() for line in lines)
+  path.write_bytes(data + (b"\n" if trailing_newline else b""))
+  return str(path)
+
+
+def collect(dataset):
+  """(dense, categorical, labels) of a whole dataset as numpy arrays."""
+  import numpy as np
+  dense, cats, labels = [], [], []
+  for features, label in dataset:
+    dense.append(features["dense"].numpy())
+    cats.append(features["categorical"].numpy())
+    labels.append(label.numpy())
+  return np.concatenate(dense), np.concatenate(cats), np.concatenate(labels)
+
+
+def small_net(seed=0, outputs=1, inputs=4, hidden=8, input_dtype="float32", output_dtype=None):
+  """A 2-layer Keras net on [B, inputs]; ``output_dtype`` casts its logits (e.g. 'float64')."""
+  import tf_keras as keras
+  x = keras.Input((inputs,), dtype=input_dtype)
+  h = keras.layers.Dense(hidden, activation="relu",
+                         kernel_initializer=keras.initializers.GlorotUniform(seed))(x)
+  out = keras.layers.Dense(outputs, kernel_initializer=keras.initializers.GlorotUniform(seed + 1))(h)
+  if output_dtype:
+    out = keras.layers.Lambda(lambda t: __import__("tensorflow").cast(t, output_dtype))(out)
+  return keras.Model(x, out)
+
+
+def student_and_pool(exchange_dir, peers=(1,), poll_interval_s=0.05, probe=None):
+  """A CodistillModel over ``small_net()`` with ``len(peers)`` teachers and its TeacherPool."""
+  import tensorflow as tf
+  from tf_codistill import teachers
+  from tf_codistill.model import CodistillModel
+  model = CodistillModel(small_net(), len(peers))
+  model(tf.zeros([1, 4]))
+  pool = teachers.TeacherPool(str(exchange_dir), list(peers), model,
+                              tf.TensorSpec([None, 4], tf.float32), [None, 1],
+                              poll_interval_s=poll_interval_s, probe=probe)
+  return model, pool
+
+
+def activate_all(model, pool):
+  """Swaps in every teacher the pool has loaded (what TeacherRefresh does between steps)."""
+  for update in pool.take_updates():
+    model.activate_teacher(update.index, update.step)
+
+
+def _can_write(directory):
+  probe = os.path.join(directory, f".probe-{uuid.uuid4().hex}")
+  try:
+    with open(probe, "w") as f:
+      f.write("x")
+    os.remove(probe)
+    return True
+  except OSError:
+    return False
+
+
+def make_unwritable(directory):
+  """Makes an existing ``directory`` unwritable for this process, for real: mode 0555 for a
+  normal user; for root (whom modes do not stop) the immutable attribute, else a read-only bind
+  mount. Returns the function that undoes it, or None where none of these works here."""
+  undo = None
+  if os.geteuid() != 0:
+    mode = os.stat(directory).st_mode
+    os.chmod(directory, 0o555)
+    undo = lambda: os.chmod(directory, mode)
+  elif shutil.which("chattr") and subprocess.run(["chattr", "+i", directory],
+                                                 capture_output=True).returncode == 0:
+    undo = lambda: subprocess.run(["chattr", "-i", directory], check=True)
+  elif subprocess.run(["mount", "--bind", "-o", "ro", directory, directory],
+                      capture_output=True).returncode == 0:
+    undo = lambda: subprocess.run(["umount", directory], check=True)
+  if undo is not None and _can_write(directory):
+    undo()
+    undo = None
+  return undo
+
+
+@contextlib.contextmanager
+def unwritable(directory):
+  """``make_unwritable`` for the duration of a with-block; skips the test where impossible."""
+  import pytest
+  undo = make_unwritable(directory)
+  if undo is None:
+    pytest.skip(f"cannot make {directory} unwritable on this machine")
+  try:
+    yield directory
+  finally:
+    undo()
+
+
+@contextlib.contextmanager
+def small_filesystem(directory, size_bytes):
+  """Mounts a tmpfs of ``size_bytes`` at ``directory`` (a real full disk when it fills up);
+  yields None where mounting is not allowed (not root, or no CAP_SYS_ADMIN)."""
+  os.makedirs(directory, exist_ok=True)
+  if os.geteuid() != 0 or subprocess.run(
+      ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", directory],
+      capture_output=True).returncode != 0:
+    yield None
+    return
+  try:
+    yield directory
+  finally:
+    subprocess.run(["umount", "-l", directory], check=False)
 
 
 class Launch:

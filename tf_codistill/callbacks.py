@@ -12,16 +12,21 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import math
+import os
 import threading
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
+from tf_codistill import errors
 from tf_codistill import exchange
+
+LOSS_KEYS = ("loss", "task_loss", "distill_loss")
 
 
 def current_step(model: keras.Model) -> int:
@@ -96,6 +101,7 @@ class ThreadDriver(keras.callbacks.Callback):
     super().__init__()
     self.hooks = list(hooks)
     self.poll_seconds = poll_seconds
+    self.error: Optional[errors.NonFiniteLossError] = None  # re-raised by the trainer after fit
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
 
@@ -115,6 +121,11 @@ class ThreadDriver(keras.callbacks.Callback):
         logs["teacher_staleness"] = float(self.model.teacher_staleness().numpy())
         for hook in self.hooks:
           hook.on_step(self.model, step, logs)
+      except errors.NonFiniteLossError as e:
+        # Stop scheduling steps and run no more hooks (no publish, no summaries of NaNs).
+        self.error = e
+        self.model.stop_training = True
+        return
       except Exception:  # A failing hook must not kill training; it is logged loudly.
         logging.exception("step hooks failed")
 
@@ -148,7 +159,114 @@ class EpochCheckpoint(keras.callbacks.Callback):
     return step
 
   def on_epoch_end(self, epoch, logs=None):
+    bad = non_finite_losses(logs)
+    if bad:
+      logging.error("not checkpointing step %d: non-finite %s; the previous checkpoint is kept",
+                    current_step(self.model), bad)
+      return
     self.manager.save(checkpoint_number=current_step(self.model))
+
+
+def checkpoint_step(path: str) -> Optional[int]:
+  """The optimizer step a checkpoint (BackupAndRestore's or EpochCheckpoint's) was taken at."""
+  reader = tf.train.load_checkpoint(path)
+  for key in sorted(reader.get_variable_to_shape_map()):
+    if key.endswith("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"):
+      return int(reader.get_tensor(key))
+  return None
+
+
+def non_finite_losses(logs: Optional[Dict[str, Any]]) -> Dict[str, float]:
+  """The loss values in ``logs`` that are NaN or infinite."""
+  values = _to_python({k: v for k, v in (logs or {}).items() if k in LOSS_KEYS})
+  return {k: v for k, v in values.items() if not math.isfinite(v)}
+
+
+def all_finite(arrays: Sequence[np.ndarray]) -> bool:
+  """True if every floating-point array holds only finite values."""
+  return all(np.isfinite(a).all() for a in arrays if np.issubdtype(np.asarray(a).dtype, np.floating))
+
+
+class NonFiniteGuard(keras.callbacks.Callback, StepHook):
+  """Stops training at the first step whose loss is NaN/Inf by raising NonFiniteLossError.
+
+  As a batch callback it must come first in ``fit``'s callback list, so no checkpoint and no
+  publish of that step happens after it; as the first StepHook of a ThreadDriver (parameter
+  servers) it makes the driver stop training and run no further hooks.
+  """
+
+  def __init__(self):
+    super().__init__()
+    self.step: Optional[int] = None
+
+  def check(self, step: int, logs: Optional[Dict[str, Any]]) -> None:
+    bad = non_finite_losses(logs)
+    if bad:
+      self.step = step
+      shown = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+      raise errors.NonFiniteLossError(f"non-finite loss at step {step} ({shown})", step)
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.check(current_step(self.model), logs)
+
+  def on_step(self, model, step, logs):
+    self.check(step, logs)
+
+
+class Heartbeat(StepHook):
+  """Writes ``path`` (JSON: step, start step, time, pid) at most every ``every_seconds``: shows
+  that a task is alive and progressing, and from which step a restarted task resumed."""
+
+  def __init__(self, path: str, every_seconds: float = 5.0, task: str = "chief:0"):
+    self.path = path
+    self.every_seconds = every_seconds
+    self.task = task
+    self.start_step: Optional[int] = None
+    self._last = -math.inf
+
+  def _write(self, step: int) -> None:
+    record = {"step": int(step), "start_step": self.start_step, "time": time.time(),
+              "pid": os.getpid(), "task": self.task}
+    tmp = f"{self.path}.tmp-{os.getpid()}"
+    try:
+      with tf.io.gfile.GFile(tmp, "w") as f:
+        f.write(json.dumps(record))
+      tf.io.gfile.rename(tmp, self.path, overwrite=True)
+    except (tf.errors.OpError, OSError) as e:  # monitoring only: never stops training
+      logging.warning("heartbeat: cannot write %s: %s", self.path, e)
+    self._last = time.monotonic()
+
+  def on_begin(self, model, step):
+    self.start_step = int(step)
+    logging.info("%s starts training at step %d%s", self.task, step,
+                 " (resumed from a checkpoint)" if step else "")
+    self._write(step)
+
+  def on_step(self, model, step, logs):
+    if time.monotonic() - self._last >= self.every_seconds:
+      self._write(step)
+
+  def on_end(self, model, step):
+    self._write(step)
+
+
+class WallClockLimit(StepHook):
+  """Ends training (as if its last step was reached) once it has run ``seconds``."""
+
+  def __init__(self, seconds: float):
+    self.seconds = seconds
+    self._start = time.monotonic()
+    self.reached_at: Optional[int] = None
+
+  def on_begin(self, model, step):
+    self._start = time.monotonic()
+
+  def on_step(self, model, step, logs):
+    if self.reached_at is None and time.monotonic() - self._start >= self.seconds:
+      self.reached_at = step
+      logging.info("trainer.train.max_wall_seconds=%s reached at step %d: ending training",
+                   self.seconds, step)
+      model.stop_training = True
 
 
 class ExchangePublisher(StepHook):
@@ -162,9 +280,11 @@ class ExchangePublisher(StepHook):
   """
 
   def __init__(self, local: LocalCopy, exchange_dir: str, group: int, every_steps: int,
-               input_spec, *, keep_last: int = 2):
+               input_spec, *, keep_last: int = 2, probe=None):
     if every_steps < 1:
       raise ValueError(f"exchange_every_steps={every_steps} must be >= 1")
+    self.probe = probe  # real inputs the published model must predict finite values on
+    self.refused = 0  # snapshots not published because they were not finite
     self.local = local
     self.exchange_dir = exchange_dir
     self.group = group
@@ -181,6 +301,12 @@ class ExchangePublisher(StepHook):
   def _publish(self, step: int, weights: List[np.ndarray], start: float) -> None:
     try:
       with self.local.at_step(step, weights) as local:
+        problem = finiteness_problem(local, weights, self.probe)
+        if problem:
+          self.refused += 1
+          logging.error("exchange: not publishing step %d: %s; peers keep the previous version",
+                        step, problem)
+          return
         path = exchange.publish(local, self.exchange_dir, self.group, step, self.input_spec,
                                 keep_last=self.keep_last)
     except (tf.errors.OpError, OSError) as e:
@@ -216,6 +342,22 @@ class ExchangePublisher(StepHook):
       self._start(step)
       self._in_flight.result()
     self._executor.shutdown()
+
+  def drain(self) -> None:
+    """Finishes a publish in flight (of a snapshot taken earlier) and publishes nothing more."""
+    if self._in_flight is not None:
+      self._in_flight.result()
+    self._executor.shutdown()
+
+
+def finiteness_problem(model: keras.Model, weights: Sequence[np.ndarray], probe=None
+                       ) -> Optional[str]:
+  """Why ``model`` (holding ``weights``) must not be published or exported, or None."""
+  if not all_finite(weights):
+    return "its weights contain NaN/Inf"
+  if probe is not None and not np.isfinite(model(probe, training=False).numpy()).all():
+    return "its predictions on a probe batch of real inputs are NaN/Inf"
+  return None
 
 
 class LocalEvaluation(keras.callbacks.Callback):
@@ -261,14 +403,19 @@ class LocalEvaluation(keras.callbacks.Callback):
 
 
 class StepSummaries(StepHook):
-  """Writes step-level TensorBoard scalars: losses, alpha, teacher staleness, examples/sec."""
+  """Writes step-level TensorBoard scalars: losses, alpha, teacher staleness, examples/sec, and
+  ``counters`` (name -> function returning a count, e.g. skipped input lines), whose growth is
+  also logged as a warning."""
 
   KEYS = ("loss", "task_loss", "distill_loss", "alpha", "teacher_staleness")
 
-  def __init__(self, writer: tf.summary.SummaryWriter, batch_size: int, every_steps: int = 50):
+  def __init__(self, writer: tf.summary.SummaryWriter, batch_size: int, every_steps: int = 50,
+               counters: Optional[Dict[str, Callable[[], float]]] = None):
     self.writer = writer
     self.batch_size = batch_size
     self.every_steps = max(1, every_steps)
+    self.counters = dict(counters or {})
+    self._counted = {name: 0 for name in self.counters}
     self._last_time = None
     self._last_step = None
     self.examples_per_sec: List[float] = []
@@ -289,6 +436,13 @@ class StepSummaries(StepHook):
       for key in self.KEYS:
         if key in logs:
           tf.summary.scalar(key, logs[key])
+      for name, count in self.counters.items():
+        value = count()
+        tf.summary.scalar(name, value)
+        if value > self._counted[name]:
+          logging.warning("%s: %d at step %d (+%d)", name, value, step,
+                          value - self._counted[name])
+          self._counted[name] = value
 
 
 class StepTimer(StepHook):
@@ -321,16 +475,21 @@ class StepTimer(StepHook):
 
   def quantiles_ms(self, windows: Dict[str, Sequence[Tuple[float, float]]]
                    ) -> Dict[str, Dict[str, float]]:
-    """p50/p99 step time (ms) per category: 'epoch_end', the names of the windows a step
-    overlapped (joined by '+', e.g. 'refresh+publish'), or 'other'."""
+    """p50/p99/max step time (ms) per category: 'epoch_end', the names of the windows a step
+    overlapped (joined by '+', e.g. 'refresh+publish'), or 'other'; and per category how many
+    steps took more than 3x the median of 'other' (a plain step)."""
     values: Dict[str, List[float]] = {"other": []}
     for start, end, steps, epoch_end in self.intervals:
       names = [name for name, spans in windows.items()
                if any(start < w_end and w_start < end for w_start, w_end in spans)]
       key = "epoch_end" if epoch_end else "+".join(names) or "other"
       values.setdefault(key, []).append(1000.0 * (end - start) / steps)
+    reference = float(np.median(values["other"])) if values["other"] else None
     return {key: ({"count": len(v), "p50": float(np.percentile(v, 50)),
-                   "p99": float(np.percentile(v, 99))} if v else {"count": 0})
+                   "p99": float(np.percentile(v, 99)), "max": float(np.max(v)),
+                   # Steps slower than 3x the median step of category 'other'.
+                   "over_3x_median": int(sum(x > 3 * reference for x in v)) if reference else 0}
+                  if v else {"count": 0})
             for key, v in values.items()}
 
 

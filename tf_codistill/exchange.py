@@ -12,7 +12,11 @@ A version is written under a temporary name, renamed to ``step_<n>`` and only th
 ``COMPLETE`` marker (itself written to a temporary name and renamed), so on filesystems whose
 directory rename is not atomic (object stores) a reader still never sees a marker before the files.
 Readers accept a version only if the marker exists and every file it lists has the listed size.
-All I/O goes through ``tf.io.gfile``, so local paths, ``gs://`` and ``s3://`` work alike.
+On a local filesystem they also refuse a version that holds a symbolic link or resolves outside
+the exchange directory (``check_contained``): peers' files are only read from the configured path.
+A publish that fails (disk full, permission denied) removes what it wrote and leaves the previous
+versions as they were. All I/O goes through ``tf.io.gfile``, so local paths, ``gs://`` and
+``s3://`` work alike.
 """
 
 from __future__ import annotations
@@ -83,13 +87,30 @@ def serving_function(model: keras.Model, input_spec) -> tf.types.experimental.Co
   return serve.get_concrete_function()
 
 
+def _remove_quietly(path: str) -> None:
+  """Best-effort removal of a partly written directory (after a failed write)."""
+  try:
+    if tf.io.gfile.exists(path):
+      tf.io.gfile.rmtree(path)
+  except (tf.errors.OpError, OSError) as e:
+    logging.warning("exchange: could not remove %s after a failed write: %s", path, e)
+
+
 def save_model(model: keras.Model, path: str, input_spec) -> None:
-  """Writes ``model`` as a SavedModel with a serving signature, atomically (temp dir + rename)."""
+  """Writes ``model`` as a SavedModel with a serving signature, atomically (temp dir + rename).
+
+  If writing fails (disk full, permission denied), the temporary directory is removed and an
+  existing ``path`` is left as it was.
+  """
   parent = os.path.dirname(path.rstrip("/"))
   tf.io.gfile.makedirs(parent)
   tmp = os.path.join(parent, f"{_TMP_PREFIX}{os.path.basename(path)}-{uuid.uuid4().hex}")
-  model.save(tmp, save_format="tf", include_optimizer=False, save_traces=False,
-             signatures={SIGNATURE_KEY: serving_function(model, input_spec)})
+  try:
+    model.save(tmp, save_format="tf", include_optimizer=False, save_traces=False,
+               signatures={SIGNATURE_KEY: serving_function(model, input_spec)})
+  except BaseException:
+    _remove_quietly(tmp)
+    raise
   if tf.io.gfile.exists(path):
     tf.io.gfile.rmtree(path)
   tf.io.gfile.rename(tmp, path)
@@ -101,11 +122,31 @@ def publish(model: keras.Model, exchange_dir: str, group: int, step: int, input_
   if keep_last < 1:
     raise ValueError(f"keep_last={keep_last} must be >= 1")
   final = version_dir(exchange_dir, group, step)
+  # Leftovers of an interrupted or failed publish hold space a full disk needs back.
+  _remove_stale_tmp(exchange_dir, group)
   save_model(model, final, input_spec)
-  marker = {"group": group, "step": int(step), "time": time.time(), "files": _list_files(final)}
-  _write_atomically(os.path.join(final, MARKER), json.dumps(marker, sort_keys=True))
+  _write_marker(final, {"group": group, "step": int(step), "time": time.time()})
   collect_garbage(exchange_dir, group, keep_last)
   return final
+
+
+def _write_marker(final: str, marker: dict) -> None:
+  """Writes ``final``'s COMPLETE marker last; if that fails, removes the markerless version."""
+  try:
+    marker = dict(marker, files=_list_files(final))
+    _write_atomically(os.path.join(final, MARKER), json.dumps(marker, sort_keys=True))
+  except BaseException:
+    _remove_quietly(final)
+    raise
+
+
+def _remove_stale_tmp(exchange_dir: str, group: int) -> None:
+  root = group_dir(exchange_dir, group)
+  if not tf.io.gfile.isdir(root):
+    return
+  for name in tf.io.gfile.listdir(root):
+    if name.rstrip("/").startswith(_TMP_PREFIX):
+      _remove_quietly(os.path.join(root, name.rstrip("/")))
 
 
 def publish_saved_model(saved_model_path: str, exchange_dir: str, group: int, step: int, *,
@@ -118,18 +159,22 @@ def publish_saved_model(saved_model_path: str, exchange_dir: str, group: int, st
   final = version_dir(exchange_dir, group, step)
   parent = group_dir(exchange_dir, group)
   tmp = os.path.join(parent, f"{_TMP_PREFIX}step_{step}-{uuid.uuid4().hex}")
-  for dirpath, _, filenames in tf.io.gfile.walk(saved_model_path):
-    target = os.path.join(tmp, os.path.relpath(dirpath, saved_model_path))
-    tf.io.gfile.makedirs(target)
-    for name in filenames:
-      if name != MARKER:
-        tf.io.gfile.copy(os.path.join(dirpath, name), os.path.join(target, name), overwrite=True)
+  try:
+    for dirpath, _, filenames in tf.io.gfile.walk(saved_model_path):
+      target = os.path.join(tmp, os.path.relpath(dirpath, saved_model_path))
+      tf.io.gfile.makedirs(target)
+      for name in filenames:
+        if name != MARKER:
+          tf.io.gfile.copy(os.path.join(dirpath, name), os.path.join(target, name),
+                           overwrite=True)
+  except BaseException:
+    _remove_quietly(tmp)
+    raise
   if tf.io.gfile.exists(final):
     tf.io.gfile.rmtree(final)
   tf.io.gfile.rename(tmp, final)
-  marker = {"group": group, "step": int(step), "time": time.time(), "files": _list_files(final),
-            "source": saved_model_path}
-  _write_atomically(os.path.join(final, MARKER), json.dumps(marker, sort_keys=True))
+  _write_marker(final, {"group": group, "step": int(step), "time": time.time(),
+                        "source": saved_model_path})
   collect_garbage(exchange_dir, group, keep_last)
   return final
 
@@ -182,7 +227,12 @@ def verify(version: Version) -> dict:
   if marker.get("step") != version.step:
     raise InvalidVersionError(f"{marker_path}: marker says step {marker.get('step')}, "
                               f"directory says {version.step}")
+  if not isinstance(files, dict):
+    raise InvalidVersionError(f"{marker_path}: 'files' is not a mapping of paths to sizes")
   for rel, size in files.items():
+    parts = str(rel).replace("\\", "/").split("/")
+    if os.path.isabs(str(rel)) or "://" in str(rel) or ".." in parts:
+      raise InvalidVersionError(f"{marker_path}: lists {rel!r}, a path outside the version")
     path = os.path.join(version.path, rel)
     try:
       actual = tf.io.gfile.stat(path).length
@@ -191,6 +241,41 @@ def verify(version: Version) -> dict:
     if actual != size:
       raise InvalidVersionError(f"{path}: size {actual} != {size} in the marker (corrupt)")
   return marker
+
+
+def check_contained(exchange_dir: str, version: Version) -> None:
+  """Raises InvalidVersionError if ``version`` holds a symbolic link or resolves outside
+  ``exchange_dir`` (local paths; object stores have no links).
+
+  A publisher never writes links, so a link there was put by someone else: reading through it
+  would load files from wherever it points.
+  """
+  if "://" in exchange_dir:
+    return
+  root = os.path.realpath(exchange_dir)
+  real = os.path.realpath(version.path)
+  if os.path.commonpath([root, real]) != root:
+    raise InvalidVersionError(f"{version.path}: resolves to {real}, outside the exchange "
+                              f"directory {root}; links out of it are not followed")
+  if os.path.islink(version.path):
+    raise InvalidVersionError(f"{version.path}: a symbolic link (to {os.readlink(version.path)}); "
+                              "published versions are real directories")
+  for dirpath, dirnames, filenames in os.walk(version.path, followlinks=False):
+    for name in dirnames + filenames:
+      path = os.path.join(dirpath, name)
+      if os.path.islink(path):
+        raise InvalidVersionError(f"{path}: a symbolic link (to {os.readlink(path)}); links in "
+                                  "the exchange directory are not followed")
+
+
+def check_writable(directory: str) -> None:
+  """Creates ``directory`` if needed and writes and deletes a probe file in it; raises
+  tf.errors.OpError or OSError if that is not possible."""
+  tf.io.gfile.makedirs(directory)
+  probe = os.path.join(directory, f"{_TMP_PREFIX}probe-{uuid.uuid4().hex}")
+  with tf.io.gfile.GFile(probe, "w") as f:
+    f.write("probe")
+  tf.io.gfile.remove(probe)
 
 
 def read_signature(path: str) -> Dict[str, Dict[str, tf.TensorSpec]]:

@@ -11,6 +11,8 @@ Supervision:
 - a parameter-server worker that dies is restarted (the coordinator reschedules its steps
   meanwhile); any other failed task restarts the whole group, which resumes from its checkpoint;
   at most ``max_restarts`` restarts per group;
+- a task that exits with one of ``errors.PERMANENT_EXIT_CODES`` (configuration error, bad input
+  data, non-finite loss) fails its group at once: a restart would fail the same way;
 - a group out of restarts has failed: ``on_group_failure='stop_all'`` stops every group,
   ``'continue'`` lets its peers finish (they keep their last teacher); either way ``launch``
   then raises ``GroupFailedError`` naming the group, the task and its log;
@@ -31,6 +33,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
 from absl import logging
+
+from tf_codistill import errors
 
 _GRACE_SECONDS = 10.0
 _SYNC_WORKER_FINISH_SECONDS = 60.0
@@ -269,6 +273,16 @@ def _supervise(group: _Group, max_restarts: int) -> None:
     return
   task, status = dead[0]
   log = group.log_path(task)
+  permanent = [(t, code) for t, code in dead if code in errors.PERMANENT_EXIT_CODES]
+  if permanent:
+    task, status = permanent[0]
+    log = group.log_path(task)
+    group.failed = (f"group {group.index} {task[0]}:{task[1]} stopped on a "
+                    f"{errors.PERMANENT_EXIT_CODES[status]} (exit status {status}), not restarted; "
+                    f"log {log}:\n{_tail(log)}")
+    logging.error("%s", group.failed)
+    group.stop_all()
+    return
   if group.restarts >= max_restarts:
     group.failed = (f"group {group.index} {task[0]}:{task[1]} exited with status {status}; "
                     f"log {log}:\n{_tail(log)}")

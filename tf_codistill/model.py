@@ -137,24 +137,41 @@ class CodistillModel(keras.Model):
     any_teacher = tf.cast(tf.reduce_sum(self._active_weights()) > 0, tf.float32)
     return self.alpha * past_burn_in * any_teacher
 
-  def teacher_target(self, x) -> tf.Tensor:
-    """Averaged teacher probabilities (or logits for MSE) over the loaded peers."""
+  def _teacher_target_and_weight(self, x):
+    """(averaged target, total weight of the teachers that count for this batch).
+
+    A loaded teacher whose predictions on this batch are not all finite counts for nothing here
+    (its values are zeroed so they cannot poison the average).
+    """
     teacher_logits = tf.stack([
         tf.switch_case(self.active_slot[j],
                        [lambda t=t: tf.cast(t(x, training=False), tf.float32) for t in slots])
         for j, slots in enumerate(self.teacher_slots)])
-    return losses.average_teacher_target(
-        teacher_logits, self._active_weights(), output=self.output_kind,
-        kind=self.distill_kind, temperature=self.temperature)
+    finite = tf.reduce_all(tf.math.is_finite(
+        tf.reshape(teacher_logits, [self.num_teachers, -1])), axis=1)
+    weights = self._active_weights() * tf.cast(finite, tf.float32)
+    finite_values = tf.where(tf.math.is_finite(teacher_logits), teacher_logits,
+                             tf.zeros_like(teacher_logits))
+    target = losses.average_teacher_target(
+        finite_values, weights, output=self.output_kind, kind=self.distill_kind,
+        temperature=self.temperature)
+    return target, tf.reduce_sum(weights)
+
+  def teacher_target(self, x) -> tf.Tensor:
+    """Averaged teacher probabilities (or logits for MSE) over the loaded peers with finite
+    predictions on ``x``."""
+    return self._teacher_target_and_weight(x)[0]
 
   def _distill_term(self, x, logits, alpha_eff) -> tf.Tensor:
     if not self.teacher_slots:
       return tf.constant(0.0, logits.dtype)
 
     def distill():
-      target = self.teacher_target(x)
-      return losses.distillation_loss(logits, target, output=self.output_kind,
+      target, weight = self._teacher_target_and_weight(x)
+      loss = losses.distillation_loss(logits, target, output=self.output_kind,
                                       kind=self.distill_kind, temperature=self.temperature)
+      # No teacher with finite predictions on this batch: no distillation term for it.
+      return tf.where(weight > 0, loss, tf.zeros_like(loss))
 
     # Skip the teacher forward pass entirely while the term is switched off.
     return tf.cond(alpha_eff > 0, distill, lambda: tf.constant(0.0, logits.dtype))

@@ -18,13 +18,15 @@ import gin
 import tensorflow as tf
 from absl import logging
 
+from tf_codistill import errors
+
 KINDS = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
 IMPLEMENTATIONS = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
                    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
                    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}
 
 
-class StrategyConfigError(ValueError):
+class StrategyConfigError(errors.ConfigurationError):
   """The requested strategy does not match TF_CONFIG (or its own options)."""
 
 

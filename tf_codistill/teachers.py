@@ -1,10 +1,12 @@
 """The teacher pool: finds peers' newest complete versions and loads them off the training thread.
 
 A background thread polls the exchange directory. For each peer with a version newer than the one
-in use it verifies the completeness marker and file sizes, checks the serving signature against
-the student's, restores the SavedModel's variables into the *inactive* copy of that peer's
-double-buffered teacher (``load_weights`` + ``assert_existing_objects_matched``, so a
-half-restored model is an error) and rejects non-finite values. The training thread then only
+in use it refuses links (``exchange.check_contained``), verifies the completeness marker and file
+sizes, checks the serving signature against the student's, restores the SavedModel's variables
+into the *inactive* copy of that peer's double-buffered teacher (``load_weights`` +
+``assert_existing_objects_matched``, so a half-restored model is an error) and rejects
+non-finite values and a teacher whose predictions on a probe batch of real inputs are NaN/Inf.
+The peer's graph (``saved_model.pb``) is parsed for its signature but never run. The training thread then only
 flips the peer's ``active_slot`` between two steps (``TeacherRefresh``, a callbacks.StepHook):
 no I/O, no copy, no retrace on the training thread. Anything wrong with a version is logged with
 its path and the previous teacher (or none) stays in use.
@@ -42,12 +44,13 @@ class TeacherPool:
   """Loads the newest complete version of each peer group in a background thread."""
 
   def __init__(self, exchange_dir: str, peers: Sequence[int], model: "CodistillModel",
-               input_spec, output_shape, *, poll_interval_s: float = 2.0):
+               input_spec, output_shape, *, poll_interval_s: float = 2.0, probe=None):
     if len(peers) != model.num_teachers:
       raise ValueError(f"{len(peers)} peers for a model with {model.num_teachers} teachers")
     self.exchange_dir = exchange_dir
     self.peers = list(peers)
     self.poll_interval_s = float(poll_interval_s)
+    self.probe = probe  # a small batch of real inputs; a teacher must predict finite values on it
     self._model = model
     self._expected = exchange.expected_signature(input_spec, output_shape)
     self._lock = threading.Lock()
@@ -126,6 +129,7 @@ class TeacherPool:
 
   def _load(self, index: int, version: exchange.Version) -> TeacherUpdate:
     start = time.monotonic()
+    exchange.check_contained(self.exchange_dir, version)
     exchange.verify(version)
     exchange.check_signature(version.path, self._expected)
     target = self._model.inactive_teacher(index)
@@ -135,6 +139,11 @@ class TeacherPool:
     for var in target.weights:
       if var.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(var))):
         raise exchange.InvalidVersionError(f"{version.path}: variable {var.name} has NaN/Inf")
+    if self.probe is not None:
+      predictions = target(self.probe, training=False)
+      if not bool(tf.reduce_all(tf.math.is_finite(predictions))):
+        raise exchange.InvalidVersionError(
+            f"{version.path}: its predictions on a probe batch of real inputs are NaN/Inf")
     return TeacherUpdate(index, version.group, version.step, version.path,
                          time.monotonic() - start, start)
 

@@ -7,12 +7,14 @@ newest versions) -> final evaluation, export and ``results.json``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
+import re
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import gin
 import numpy as np
@@ -22,6 +24,7 @@ from absl import logging
 
 from data_pipelines import criteo
 from tf_codistill import callbacks as callbacks_lib
+from tf_codistill import errors
 from tf_codistill import exchange
 from tf_codistill import filesystems
 from tf_codistill import losses
@@ -35,12 +38,25 @@ from tf_codistill.model import CodistillModel, clone_architecture
 from tf_codistill.models import ctr
 
 DATA_SPLITS = ("disjoint", "same")
+SKIPPED_LINES_TAG = "data/skipped_lines"
 OPTIMIZERS = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD,
               "adagrad": keras.optimizers.Adagrad, "rmsprop": keras.optimizers.RMSprop}
 
 
-class ConfigurationError(ValueError):
-  """A training configuration that cannot work; raised before any training starts."""
+ConfigurationError = errors.ConfigurationError
+DataError = criteo.DataError
+NonFiniteLossError = errors.NonFiniteLossError
+PROBE_EXAMPLES = 64
+_MALFORMED_RE = re.compile(r"(malformed [^\[\]\n]*? (?:line|row) [^\]\n]*)")
+
+# Learning-rate schedules for trainer.train.learning_rate, e.g.
+#   trainer.train.learning_rate = @schedules.PiecewiseConstantDecay()
+#   schedules.PiecewiseConstantDecay.boundaries = [1000]
+#   schedules.PiecewiseConstantDecay.values = [1e-3, 1e-4]
+for _schedule in (keras.optimizers.schedules.PiecewiseConstantDecay,
+                  keras.optimizers.schedules.ExponentialDecay,
+                  keras.optimizers.schedules.CosineDecay):
+  gin.external_configurable(_schedule, module="schedules")
 
 
 # Teacher forward-pass precision -> the tf_keras dtype policy of the teacher copies (variables stay
@@ -57,7 +73,8 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
           task: Optional[tasks_lib.Task] = None,
           batch_size: int = 512, train_steps: int = 1000, steps_per_epoch: int = 250,
           steps_per_execution: int = 1, eval_steps: Optional[int] = None,
-          shuffle_buffer: int = 10_000, optimizer: str = "adam", learning_rate: float = 1e-3,
+          shuffle_buffer: int = 10_000, optimizer: str = "adam",
+          learning_rate: Union[float, keras.optimizers.schedules.LearningRateSchedule] = 1e-3,
           codistill: bool = False, alpha: float = 1.0, burn_in_steps: int = 0,
           distill_kind: str = "xent", temperature: float = 1.0,
           teacher_graph: str = "all_to_all", teacher_precision: str = "float32",
@@ -66,8 +83,8 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
           smoothing_prior: str = "uniform", checkpoint_every_steps: int = 500,
           summary_every_steps: int = 50, seed: int = 0, save_eval_predictions: bool = False,
           prediction_batches: Optional[int] = None,
-          intra_op_threads: int = 0,
-          inter_op_threads: int = 0, verbose: int = 2) -> Dict[str, float]:
+          intra_op_threads: int = 0, inter_op_threads: int = 0, heartbeat_every_s: float = 5.0,
+          max_wall_seconds: Optional[float] = None, verbose: int = 2) -> Dict[str, float]:
   """Runs this process's part of group ``group`` of ``num_groups``; the chief returns its metrics.
 
   ``strategy`` is one of strategies.KINDS; with a cluster it is read from TF_CONFIG, and workers
@@ -80,8 +97,23 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   is the global batch of one step. ``task`` (default ``tasks.BinaryTask()``) sets the loss,
   metrics and results keys; ``prediction_batches`` caps the eval batches whose predictions
   ``save_eval_predictions`` keeps.
+
+  Failures that a restart cannot fix raise before training starts where they can be seen then:
+  ConfigurationError (flags, bindings, TF_CONFIG, unwritable directories, missing files) and
+  DataError (an empty file, a malformed line under ``bad_lines='error'``, naming file and line;
+  also raised mid-training). A NaN/Inf loss raises NonFiniteLossError naming the step, before
+  that step is checkpointed or published. The chief writes ``model_dir/heartbeat.json`` (step,
+  the step it started from, time) every ``heartbeat_every_s``; ``max_wall_seconds`` ends
+  training early, as if ``train_steps`` were reached (not for ``multi_worker_mirrored``).
   """
   _validate(group, num_groups, codistill, exchange_dir, data_split, optimizer)
+  _validate_numbers(train_steps=train_steps, steps_per_epoch=steps_per_epoch,
+                    batch_size=batch_size, steps_per_execution=steps_per_execution,
+                    exchange_every_steps=exchange_every_steps, keep_last=keep_last,
+                    checkpoint_every_steps=checkpoint_every_steps)
+  if max_wall_seconds is not None and strategy == "multi_worker_mirrored":
+    raise ConfigurationError("trainer.train.max_wall_seconds cannot end a multi_worker_mirrored "
+                             "group (its workers would wait for the chief): unbind it")
   if teacher_graph not in topology.GRAPHS:
     raise ConfigurationError(
         f"trainer.train.teacher_graph={teacher_graph!r} is not one of {topology.GRAPHS}")
@@ -96,6 +128,10 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
           f"--gin_bindings=\"trainer.train.{name} = ['data/{name.split('_')[0]}-*']\"")
   filesystems.ensure_filesystems([model_dir, exchange_dir, *train_files, *eval_files])
   info = strategies.task_info(strategy)
+  if info.is_chief:
+    _check_writable("--model_dir", model_dir)
+    if codistill:
+      _check_writable("--exchange_dir", exchange.group_dir(exchange_dir, group))
   if intra_op_threads:
     tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
   if inter_op_threads:
@@ -114,17 +150,25 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
 
   bad_lines = criteo.BadLineCounter()
 
-  def train_dataset(context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+  def train_dataset(context: Optional[tf.distribute.InputContext] = None,
+                    repeat: bool = True) -> tf.data.Dataset:
     pipelines, pipeline = (context.num_input_pipelines, context.input_pipeline_id) if context \
         else (1, 0)
     batch = context.get_per_replica_batch_size(batch_size) if context else batch_size
     groups, index = (num_groups, group) if data_split == "disjoint" else (1, 0)
     return dataset_fn(list(train_files), batch, shard_index=index * pipelines + pipeline,
-                      num_shards=groups * pipelines, repeat=True, shuffle_buffer=shuffle_buffer,
+                      num_shards=groups * pipelines, repeat=repeat, shuffle_buffer=shuffle_buffer,
                       seed=seed * 7919 + group * 101 + pipeline,
                       bad_line_counter=None if context else bad_lines)
 
-  eval_ds = dataset_fn(list(eval_files), batch_size, bad_line_counter=bad_lines)
+  with _data_errors():
+    eval_ds = _open_files("eval_files", lambda: dataset_fn(list(eval_files), batch_size,
+                                                           bad_line_counter=bad_lines))
+    # A few real examples: published models and loaded teachers must predict finite values on them.
+    probe = tf.nest.map_structure(lambda t: t[:PROBE_EXAMPLES], next(iter(eval_ds))[0])
+    _check_train_data(_open_files("train_files", lambda: train_dataset(repeat=False)),
+                      train_files, group, num_groups, data_split)
+    bad_lines.reset()  # the checks read lines the training will read again
   input_spec = eval_ds.element_spec[0]
   sample = tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape[1:], s.dtype), input_spec)
   prior = (task.estimate_prior(list(train_files), train_dataset())
@@ -154,13 +198,21 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   summary_writer = None
   evaluation = callbacks_lib.LocalEvaluation(local, eval_ds, task.task_loss(), metrics, eval_steps)
   step_summaries = step_timer = None
+  guard = callbacks_lib.NonFiniteGuard()
   hooks: List[callbacks_lib.StepHook] = []
   epoch_callbacks: List[keras.callbacks.Callback] = []
   if info.is_chief:
     summary_writer = tf.summary.create_file_writer(os.path.join(model_dir, "tb", "steps"))
-    step_summaries = callbacks_lib.StepSummaries(summary_writer, batch_size, summary_every_steps)
+    step_summaries = callbacks_lib.StepSummaries(
+        summary_writer, batch_size, summary_every_steps,
+        counters={SKIPPED_LINES_TAG: lambda: bad_lines.count})
     step_timer = callbacks_lib.StepTimer(steps_per_epoch)
-    hooks += [step_timer, step_summaries]
+    hooks += [callbacks_lib.Heartbeat(os.path.join(model_dir, "heartbeat.json"),
+                                      heartbeat_every_s, f"{info.task_type or 'chief'}:"
+                                      f"{info.task_id}"),
+              step_timer, step_summaries]
+    if max_wall_seconds is not None:
+      hooks.append(callbacks_lib.WallClockLimit(max_wall_seconds))
     epoch_callbacks = [
         evaluation,
         keras.callbacks.TensorBoard(os.path.join(model_dir, "tb"), update_freq="epoch"),
@@ -179,22 +231,40 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   if codistill:
     pool = teachers_lib.TeacherPool(exchange_dir, peers, model, input_spec,
                                     output_shape,
-                                    poll_interval_s=poll_interval_s)
+                                    poll_interval_s=poll_interval_s, probe=probe)
     refresh = teachers_lib.TeacherRefresh(pool, summary_writer)
     hooks.append(refresh)
     if info.is_chief:
       publisher = callbacks_lib.ExchangePublisher(local, exchange_dir, group, exchange_every_steps,
-                                                  input_spec, keep_last=keep_last)
+                                                  input_spec, keep_last=keep_last, probe=probe)
       hooks.append(publisher)
-  driver = (callbacks_lib.ThreadDriver(hooks) if strategy == "parameter_server"
-            else callbacks_lib.BatchDriver(hooks))
+  if strategy == "parameter_server":
+    # The guard runs first in the polling thread; it makes the driver stop training.
+    driver = callbacks_lib.ThreadDriver([guard] + hooks)
+    fit_callbacks = epoch_callbacks + [driver]
+  else:
+    # The guard comes first: a NaN step is never checkpointed (BackupAndRestore) or published.
+    driver = callbacks_lib.BatchDriver(hooks)
+    fit_callbacks = [guard] + epoch_callbacks + [driver]
 
   data = train_dataset() if info.task_type is None else \
       keras.utils.experimental.DatasetCreator(train_dataset)
   epochs = max(1, -(-train_steps // steps_per_epoch))
-  history = model.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                      initial_epoch=initial_epoch, callbacks=epoch_callbacks + [driver],
-                      verbose=verbose if info.is_chief else 0)
+  try:
+    with _data_errors():
+      history = model.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                          initial_epoch=initial_epoch, callbacks=fit_callbacks,
+                          verbose=verbose if info.is_chief else 0)
+    if isinstance(driver, callbacks_lib.ThreadDriver) and driver.error is not None:
+      raise driver.error
+  except NonFiniteLossError as e:
+    if refresh is not None:
+      refresh.pool.stop()
+    if publisher is not None:
+      publisher.drain()
+    raise NonFiniteLossError(_non_finite_message(str(e), model_dir, exchange_dir, group,
+                                                 strategy, codistill and info.is_chief),
+                             e.step) from None
   digest = weights_digest(student)
   logging.info("final student weights digest (%s:%d): %s", info.task_type or "local",
                info.task_id, digest)
@@ -203,7 +273,11 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
 
   step = current_step(model)
   final = evaluation.evaluate()
-  with local.at_step(step) as final_model:
+  weights = local.snapshot()
+  with local.at_step(step, weights) as final_model:
+    problem = callbacks_lib.finiteness_problem(final_model, weights, probe)
+    if problem:
+      raise NonFiniteLossError(f"the final model of step {step} is not exported: {problem}", step)
     exchange.save_model(final_model, os.path.join(model_dir, "export"), input_spec)
   if save_eval_predictions:
     probs, labels = metrics_lib.model_probabilities(
@@ -213,7 +287,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   if bad_lines.count:
     logging.warning("skipped %d malformed input lines (bad_lines='skip')", bad_lines.count)
   with summary_writer.as_default(step=step):
-    tf.summary.scalar("data/skipped_lines", bad_lines.count)
+    tf.summary.scalar(SKIPPED_LINES_TAG, bad_lines.count)
   summary_writer.flush()
 
   results = {
@@ -240,6 +314,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
                    final_teacher_staleness=float(model.teacher_staleness().numpy()),
                    publishes=len(publisher.publish_seconds),
                    publish_failures=publisher.failures,
+                   publish_refused_non_finite=publisher.refused,
                    publish_seconds_median=float(np.median(publisher.publish_seconds))
                    if publisher.publish_seconds else None,
                    # Step times of steps overlapping a teacher refresh (load off-thread ..
@@ -270,6 +345,92 @@ def weights_digest(model: keras.Model) -> str:
   for value in model.get_weights():
     digest.update(np.ascontiguousarray(value).tobytes())
   return digest.hexdigest()
+
+
+def _check_writable(flag: str, directory: str) -> None:
+  try:
+    exchange.check_writable(directory)
+  except (tf.errors.OpError, OSError) as e:
+    reason = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
+    raise ConfigurationError(f"{flag}: cannot write to {directory} ({reason}): make it writable "
+                             "by this job or pass another directory") from None
+
+
+def _open_files(name: str, make: Callable[[], tf.data.Dataset]) -> tf.data.Dataset:
+  """``make()``, with a missing file or pattern reported as the binding to fix."""
+  try:
+    return make()
+  except FileNotFoundError as e:
+    raise ConfigurationError(f"trainer.train.{name}: {str(e).splitlines()[0]}") from None
+
+
+@contextlib.contextmanager
+def _data_errors() -> Iterator[None]:
+  """Turns a malformed-record error from the input pipeline into DataError naming file and line."""
+  try:
+    yield
+  except tf.errors.InvalidArgumentError as e:
+    match = _MALFORMED_RE.search(e.message or "")
+    if not match:
+      raise
+    raise DataError(f"{match.group(1).strip()}; fix the line, or bind "
+                    "criteo.make_dataset.bad_lines = 'skip' to skip malformed lines") from None
+  except DataError as e:
+    raise DataError(str(e).splitlines()[0]) from None  # without gin's "In call to" line
+
+
+def _check_train_data(dataset: tf.data.Dataset, train_files: Sequence[str], group: int,
+                      num_groups: int, data_split: str) -> None:
+  """Raises DataError if this group's training shard yields no example (every line bad)."""
+  for _ in dataset.take(1):
+    return
+  shard = f"group {group}'s shard of {num_groups}" if data_split == "disjoint" else "the data"
+  raise DataError(f"trainer.train.train_files {list(train_files)}: {shard} holds no valid "
+                  "example (empty files, or every line malformed and skipped)")
+
+
+def _non_finite_message(reason: str, model_dir: str, exchange_dir: Optional[str], group: int,
+                        strategy: str, publishes: bool) -> str:
+  """What stopped, and what was kept: the newest checkpoint and published version."""
+  if strategy == "parameter_server":
+    checkpoint = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+  else:
+    checkpoint = tf.train.latest_checkpoint(os.path.join(model_dir, "backup", "chief"))
+  kept = ["no checkpoint"]
+  if checkpoint:
+    kept = [f"last checkpoint {checkpoint} (step {callbacks_lib.checkpoint_step(checkpoint)}; a "
+            "restart resumes from it)"]
+  if publishes:
+    versions = exchange.list_versions(exchange_dir, group)
+    kept.append(f"last published version {versions[0].path if versions else 'none'}")
+  return (f"training stopped: {reason}; nothing of this step or later was checkpointed or "
+          f"published; kept: {', '.join(kept)}. Lower trainer.train.learning_rate or check the "
+          "input data")
+
+
+def _validate_numbers(**values: int) -> None:
+  for name, value in values.items():
+    if value < 1:
+      raise ConfigurationError(f"trainer.train.{name}={value} must be >= 1")
+
+
+def check_config(num_groups: int, groups: Sequence[int], exchange_dir: Optional[str]) -> None:
+  """Validates the gin-bound trainer.train settings for ``groups`` of ``num_groups`` (launcher)."""
+  bound: Dict[str, Any] = {}
+  try:
+    bound = gin.get_bindings("trainer.train")
+  except (ValueError, KeyError):
+    pass
+  defaults = {name: p.default for name, p in _signature_parameters().items()}
+  value = lambda name: bound.get(name, defaults[name])
+  for group in groups:
+    _validate(group, num_groups, value("codistill"), exchange_dir, value("data_split"),
+              value("optimizer"))
+
+
+def _signature_parameters():
+  import inspect
+  return inspect.signature(getattr(train, "__wrapped__", train)).parameters
 
 
 def _validate(group: int, num_groups: int, codistill: bool, exchange_dir: Optional[str],

@@ -14,7 +14,6 @@ import pytest
 import tensorflow as tf
 
 from data_pipelines import adult
-from data_pipelines import criteo
 from testing_utils import REPO, SMALL_BINDINGS
 from tf_codistill import config
 
@@ -159,21 +158,6 @@ def test_schema_mismatch_names_file_and_column(prepared, tmp_path, change, messa
   pq.write_table(change(pq.read_table(evaluation[0])), path)
   with pytest.raises(adult.SchemaError, match=f"{path}: {message}"):
     adult.make_dataset([evaluation[0], path], 256)
-
-
-def test_bad_labels_fail_naming_the_row_or_are_skipped(prepared, tmp_path):
-  _, _, evaluation = prepared
-  table = pq.read_table(evaluation[0]).slice(0, 3000)
-  labels = table["label"].to_pylist()
-  labels[1500] = 2
-  path = str(tmp_path / "labels.parquet")
-  pq.write_table(replaced(table, "label", pa.array(labels, pa.int64())), path)
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=f"malformed Adult Parquet row {path}:1501: label not in"):
-    collect(adult.make_dataset(path, 4096))
-  counter = criteo.BadLineCounter()
-  _, _, got = collect(adult.make_dataset(path, 4096, bad_lines="skip", bad_line_counter=counter))
-  assert len(got) == 2999 and counter.count == 1
 
 
 def test_gin_configs_plug_the_pipeline_into_the_trainer():

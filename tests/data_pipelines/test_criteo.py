@@ -1,4 +1,4 @@
-"""Tests of the Criteo input pipeline on small hand-written files."""
+"""Tests of the Criteo input pipeline on small hand-written files (malformed input: tests/reliability)."""
 
 import re
 
@@ -10,24 +10,12 @@ import pytest
 import tensorflow as tf
 
 from data_pipelines import criteo
+from testing_utils import CRITEO_ROWS, GOOD_LINES, collect, tsv_line
+from testing_utils import write_lines as write
 
 NUM_BUCKETS = 1000
 
-# (label, 13 integer fields, 26 categorical fields); '' is a missing value.
-ROWS = [
-    ("0", ["1", "-5", "", "0", "12", "", "3", "", "100", "7", "", "2", "999999999"],
-     ["68fd1e64", "80E51FF9", "", "deadBEEF", "a", "0123456789abcdef"] + ["05db9164"] * 20),
-    ("1", [""] * 13, [""] * 26),
-    ("1", ["-2", "0", "5"] + ["1"] * 9 + ["123456789012345678"],
-     ["ABCDEF01"] * 13 + ["fffffff"] * 13),
-]
-
-
-def tsv_line(label, ints, cats):
-  return "\t".join([label, *ints, *cats])
-
-
-GOOD_LINES = [tsv_line(*row) for row in ROWS]
+ROWS = CRITEO_ROWS
 
 
 def expected(rows, num_buckets=NUM_BUCKETS):
@@ -37,27 +25,6 @@ def expected(rows, num_buckets=NUM_BUCKETS):
   cats = tf.strings.to_hash_bucket_fast([[v.lower() for v in row[2]] for row in rows], num_buckets).numpy()
   labels = np.array([[float(row[0])] for row in rows], dtype=np.float32)
   return dense, cats, labels
-
-
-def write(path, lines, trailing_newline=True):
-  path.write_text("\n".join(lines) + ("\n" if trailing_newline else ""))
-  return str(path)
-
-
-def collect(dataset):
-  dense, cats, labels = [], [], []
-  for features, label in dataset:
-    dense.append(features["dense"].numpy())
-    cats.append(features["categorical"].numpy())
-    labels.append(label.numpy())
-  return np.concatenate(dense), np.concatenate(cats), np.concatenate(labels)
-
-
-def error_message(dataset):
-  with pytest.raises(tf.errors.InvalidArgumentError) as info:
-    for _ in dataset:
-      pass
-  return str(info.value)
 
 
 def test_parses_exact_values(tmp_path):
@@ -86,87 +53,6 @@ def test_drop_remainder_gives_static_batch(tmp_path):
   dataset = criteo.make_dataset(path, 2, drop_remainder=True)
   assert dataset.element_spec[1].shape.as_list() == [2, 1]
   assert len(list(dataset)) == 1
-
-
-BAD_LINES = [
-    (tsv_line(*ROWS[0])[:-(len(ROWS[0][2][-1]) + 1)], "expected 40 tab-separated fields, got 39"),
-    (GOOD_LINES[0] + "\tabc", "expected 40 tab-separated fields, got 41"),
-    (tsv_line("1", ["1", "12a"] + [""] * 11, [""] * 26), "non-numeric integer field I2"),
-    (tsv_line("1", [""] * 12 + ["1.5"], [""] * 26), "non-numeric integer field I13"),
-    (tsv_line("0", [""] * 13, ["abc"] * 25 + ["xyz1"]), "non-hex categorical field C26"),
-    (tsv_line("0", [""] * 13, ["0123456789abcdef0"] + [""] * 25), "non-hex categorical field C1"),
-    (tsv_line("2", [""] * 13, [""] * 26), "label not in {0,1}"),
-    (tsv_line("", [""] * 13, [""] * 26), "label not in {0,1}"),
-    ("", "expected 40 tab-separated fields, got 1"),
-]
-
-
-def test_error_names_file_line_and_reason(tmp_path):
-  lines = [GOOD_LINES[0]]
-  for bad_line, _ in BAD_LINES:
-    lines += [bad_line, GOOD_LINES[1]]
-  path = write(tmp_path / "bad.tsv", lines)
-  batches = iter(criteo.make_dataset(path, 1))
-  outcomes = []
-  for _ in lines:  # tf.data goes on after an element fails, so one pass checks every bad line
-    try:
-      next(batches)
-      outcomes.append("ok")
-    except tf.errors.InvalidArgumentError as error:
-      outcomes.append(str(error))
-  for line_number, (line, outcome) in enumerate(zip(lines, outcomes), start=1):
-    if line == GOOD_LINES[0] or line == GOOD_LINES[1]:
-      assert outcome == "ok"
-    else:
-      reason = BAD_LINES[line_number // 2 - 1][1]
-      assert f"{path}:{line_number}: {reason}" in outcome
-
-
-def test_error_on_truncated_last_line_without_newline(tmp_path):
-  path = write(tmp_path / "cut.tsv", GOOD_LINES + [GOOD_LINES[0][:30]], trailing_newline=False)
-  message = error_message(criteo.make_dataset(path, 100))
-  assert f"{path}:4: expected 40 tab-separated fields, got " in message
-
-
-def test_error_line_number_beyond_first_read_block(tmp_path):
-  lines = GOOD_LINES * 700  # 2100 lines, more than one read block
-  lines[1776] = tsv_line("7", [""] * 13, [""] * 26)
-  path = write(tmp_path / "long.tsv", lines)
-  message = error_message(criteo.make_dataset(path, 256))
-  assert f"{path}:1777: label not in {{0,1}}" in message
-
-
-def test_skip_drops_bad_lines_and_counts_them(tmp_path):
-  bad = [line for line, _ in BAD_LINES]
-  lines = [GOOD_LINES[0], bad[0], bad[2], GOOD_LINES[1], *bad[3:], GOOD_LINES[2], bad[1][:30]]
-  path = write(tmp_path / "mixed.tsv", lines, trailing_newline=False)
-  counter = criteo.BadLineCounter()
-  dense, cats, labels = collect(
-      criteo.make_dataset(path, 3, num_buckets=NUM_BUCKETS, bad_lines="skip", bad_line_counter=counter))
-  want_dense, want_cats, want_labels = expected(ROWS)
-  np.testing.assert_allclose(dense, want_dense, rtol=1e-6)
-  np.testing.assert_array_equal(cats, want_cats)
-  np.testing.assert_array_equal(labels, want_labels)
-  assert counter.count == len(lines) - len(GOOD_LINES)
-
-
-def test_skip_drops_batches_that_become_empty(tmp_path):
-  bad = BAD_LINES[6][0]
-  path = write(tmp_path / "mixed.tsv", [bad, bad, GOOD_LINES[0], bad, bad])
-  counter = criteo.BadLineCounter()
-  dataset = criteo.make_dataset(path, 2, bad_lines="skip", bad_line_counter=counter)
-  sizes = [label.shape[0] for _, label in dataset]
-  assert sizes == [1] and counter.count == 4
-
-
-def test_missing_files_raise_naming_the_pattern(tmp_path):
-  pattern = str(tmp_path / "nothing-*.tsv")
-  with pytest.raises(FileNotFoundError, match="nothing-"):
-    criteo.make_dataset(pattern, 2)
-  present = write(tmp_path / "day.tsv", GOOD_LINES)
-  with pytest.raises(FileNotFoundError, match="nothing-") as info:
-    criteo.make_dataset([present, pattern], 2)
-  assert present not in str(info.value)
 
 
 @pytest.mark.parametrize("kwargs,name", [

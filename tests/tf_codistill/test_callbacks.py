@@ -16,12 +16,15 @@ def test_step_timer_splits_steps_by_what_overlapped_them():
                      (0.30, 0.70, 1, True)]
   summary = timer.quantiles_ms({"refresh": [(0.03, 0.05), (0.22, 0.25)],
                                 "publish": [(0.21, 0.22), (0.5, 0.6)]})
-  assert summary["refresh"] == {"count": 1, "p50": pytest.approx(50.0), "p99": pytest.approx(50.0)}
+  assert summary["refresh"] == {"count": 1, "p50": pytest.approx(50.0), "p99": pytest.approx(50.0),
+                                "max": pytest.approx(50.0), "over_3x_median": 1}
   assert summary["refresh+publish"]["p50"] == pytest.approx(30.0)
   assert summary["epoch_end"]["p50"] == pytest.approx(400.0)
   assert summary["other"]["count"] == 4
   assert summary["other"]["p50"] == pytest.approx(10.0)
   assert summary["other"]["p99"] == pytest.approx(10.0 + 0.97 * 10.0)
+  # 'other' has a median of 10 ms: its 20 ms interval is not an outlier, the 400 ms epoch end is.
+  assert summary["other"]["over_3x_median"] == 0 and summary["epoch_end"]["over_3x_median"] == 1
   assert "publish" not in summary
 
 

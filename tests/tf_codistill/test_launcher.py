@@ -90,7 +90,7 @@ def test_launch_with_impossible_shape_is_a_usage_error_naming_the_flag(tmp_path)
       [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",
        f"--gin_file={REPO}/gin/criteo/async_2workers.gin", "--ps_per_group=0"],
       capture_output=True, text=True, cwd=REPO, timeout=120)
-  assert proc.returncode == 1
+  assert proc.returncode == 2  # a configuration error: one line, exit status 2
   assert "--strategy=parameter_server needs --workers_per_group >= 1 and --ps_per_group >= 1" \
       in proc.stderr
   assert not glob.glob(f"{tmp_path}/m/group_*")
@@ -102,7 +102,7 @@ def test_launch_with_only_train_files_bound_is_a_usage_error_naming_the_binding(
        f"--gin_file={REPO}/gin/criteo/codistill_2way_async.gin",
        "--gin_bindings=trainer.train.train_files = ['data/train-*']"],
       capture_output=True, text=True, cwd=REPO, timeout=120)
-  assert proc.returncode == 1
+  assert proc.returncode == 2  # a configuration error: one line, exit status 2
   assert "trainer.train.train_files is bound but trainer.train.eval_files is not" in proc.stderr
   assert not glob.glob(f"{tmp_path}/m/group_*")
 

@@ -1,4 +1,5 @@
-"""Teacher pool: finds peers' newest complete versions, loads them off-thread, refuses bad ones."""
+"""Teacher pool: finds peers' newest complete versions, loads them off-thread, refuses corrupt
+ones (signature, NaN, links: tests/reliability/test_teacher_trust.py)."""
 
 import logging
 import os
@@ -9,6 +10,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from testing_utils import activate_all, small_net, student_and_pool
 from tf_codistill import callbacks
 from tf_codistill import exchange
 from tf_codistill import teachers
@@ -17,39 +19,17 @@ from tf_codistill.model import CodistillModel
 SPEC = tf.TensorSpec([None, 4], tf.float32)
 
 
-def _net(seed=0, outputs=1):
-  inputs = keras.Input((4,))
-  hidden = keras.layers.Dense(8, activation="relu",
-                              kernel_initializer=keras.initializers.GlorotUniform(seed))(inputs)
-  out = keras.layers.Dense(outputs,
-                           kernel_initializer=keras.initializers.GlorotUniform(seed + 1))(hidden)
-  return keras.Model(inputs, out)
-
-
-def _student_and_pool(exchange_dir, peers=(1,), poll_interval_s=0.05):
-  model = CodistillModel(_net(), len(peers))
-  model(tf.zeros([1, 4]))
-  pool = teachers.TeacherPool(str(exchange_dir), list(peers), model, SPEC, [None, 1],
-                              poll_interval_s=poll_interval_s)
-  return model, pool
-
-
-def _activate_all(model, pool):
-  for update in pool.take_updates():
-    model.activate_teacher(update.index, update.step)
-
-
 def _active(model, index=0):
   return model.teacher_slots[index][int(model.active_slot[index].numpy())]
 
 
 def test_peer_without_versions_gives_no_teacher_then_its_publish_is_loaded(tmp_path):
-  model, pool = _student_and_pool(tmp_path)
+  model, pool = student_and_pool(tmp_path)
   assert pool.poll_once() == 0 and pool.take_updates() == []
-  peer = _net(seed=7)
+  peer = small_net(seed=7)
   exchange.publish(peer, str(tmp_path), 1, 50, SPEC)
   assert pool.poll_once() == 1
-  _activate_all(model, pool)
+  activate_all(model, pool)
   assert model.teacher_steps.numpy().tolist() == [50]
   for a, b in zip(_active(model).get_weights(), peer.get_weights()):
     np.testing.assert_array_equal(a, b)
@@ -57,29 +37,29 @@ def test_peer_without_versions_gives_no_teacher_then_its_publish_is_loaded(tmp_p
 
 
 def test_newest_corrupt_version_is_skipped_with_a_warning_naming_it(tmp_path, caplog):
-  model, pool = _student_and_pool(tmp_path)
-  good = _net(seed=3)
+  model, pool = student_and_pool(tmp_path)
+  good = small_net(seed=3)
   exchange.publish(good, str(tmp_path), 1, 10, SPEC, keep_last=5)
-  bad = exchange.publish(_net(seed=4), str(tmp_path), 1, 20, SPEC, keep_last=5)
+  bad = exchange.publish(small_net(seed=4), str(tmp_path), 1, 20, SPEC, keep_last=5)
   data = os.path.join(bad, "variables", "variables.data-00000-of-00001")
   with open(data, "r+b") as f:
     f.truncate(8)
   with caplog.at_level(logging.WARNING):
     assert pool.poll_once() == 1
   assert bad in caplog.text and "keeping the previous teacher" in caplog.text
-  _activate_all(model, pool)
+  activate_all(model, pool)
   assert model.teacher_steps.numpy().tolist() == [10]
   np.testing.assert_array_equal(_active(model).get_weights()[0], good.get_weights()[0])
   assert pool.rejections == 1
 
 
 def test_same_size_garbage_in_variables_is_refused_and_previous_teacher_kept(tmp_path, caplog):
-  model, pool = _student_and_pool(tmp_path)
-  exchange.publish(_net(seed=3), str(tmp_path), 1, 10, SPEC, keep_last=5)
+  model, pool = student_and_pool(tmp_path)
+  exchange.publish(small_net(seed=3), str(tmp_path), 1, 10, SPEC, keep_last=5)
   pool.poll_once()
-  _activate_all(model, pool)
+  activate_all(model, pool)
   kept = [w.copy() for w in _active(model).get_weights()]
-  bad = exchange.publish(_net(seed=4), str(tmp_path), 1, 20, SPEC, keep_last=5)
+  bad = exchange.publish(small_net(seed=4), str(tmp_path), 1, 20, SPEC, keep_last=5)
   index = os.path.join(bad, "variables", "variables.index")
   size = os.path.getsize(index)
   with open(index, "wb") as f:  # Same size, so the marker check passes; restore must fail.
@@ -87,38 +67,19 @@ def test_same_size_garbage_in_variables_is_refused_and_previous_teacher_kept(tmp
   with caplog.at_level(logging.WARNING):
     assert pool.poll_once() == 0
   assert bad in caplog.text
-  _activate_all(model, pool)
+  activate_all(model, pool)
   assert model.teacher_steps.numpy().tolist() == [10]
   for a, b in zip(_active(model).get_weights(), kept):
     np.testing.assert_array_equal(a, b)
 
 
-def test_signature_mismatch_is_refused(tmp_path, caplog):
-  model, pool = _student_and_pool(tmp_path)
-  exchange.publish(_net(outputs=2), str(tmp_path), 1, 10, SPEC)
-  with caplog.at_level(logging.WARNING):
-    assert pool.poll_once() == 0
-  assert "signature output 'logits'" in caplog.text
-  assert model.teacher_steps.numpy().tolist() == [-1]
-
-
-def test_nan_teacher_is_refused(tmp_path, caplog):
-  model, pool = _student_and_pool(tmp_path)
-  peer = _net()
-  peer.set_weights([np.full_like(w, np.nan) for w in peer.get_weights()])
-  exchange.publish(peer, str(tmp_path), 1, 10, SPEC)
-  with caplog.at_level(logging.WARNING):
-    assert pool.poll_once() == 0
-  assert "NaN/Inf" in caplog.text
-
-
 def test_three_groups_average_over_both_peers(tmp_path):
-  model, pool = _student_and_pool(tmp_path, peers=(0, 2))
-  peers = {0: _net(seed=11), 2: _net(seed=12)}
+  model, pool = student_and_pool(tmp_path, peers=(0, 2))
+  peers = {0: small_net(seed=11), 2: small_net(seed=12)}
   for group, net in peers.items():
     exchange.publish(net, str(tmp_path), group, 5, SPEC)
   assert pool.poll_once() == 2
-  _activate_all(model, pool)
+  activate_all(model, pool)
   x = tf.random.normal([6, 4])
   expected = (tf.sigmoid(peers[0](x)) + tf.sigmoid(peers[2](x))) / 2
   np.testing.assert_allclose(model.teacher_target(x).numpy(), expected.numpy(), rtol=1e-5)
@@ -145,12 +106,12 @@ class _PeerPublishes(keras.callbacks.Callback):
 
 
 def test_refresh_picks_up_newer_version_while_training_continues(tmp_path):
-  peer = _net(seed=21)
+  peer = small_net(seed=21)
   exchange.publish(peer, str(tmp_path), 1, 100, SPEC)
-  model, pool = _student_and_pool(tmp_path)
+  model, pool = student_and_pool(tmp_path)
   model.compile(optimizer="sgd", loss=keras.losses.BinaryCrossentropy(from_logits=True))
   refresh = teachers.TeacherRefresh(pool)
-  player = _PeerPublishes(str(tmp_path), _net(seed=22), at_batch=20)
+  player = _PeerPublishes(str(tmp_path), small_net(seed=22), at_batch=20)
   x = np.random.default_rng(0).normal(size=(200 * 8, 4)).astype("float32")
   y = (x[:, :1] > 0).astype("float32")
   data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
@@ -167,6 +128,6 @@ def test_refresh_picks_up_newer_version_while_training_continues(tmp_path):
 
 
 def test_pool_refuses_wrong_number_of_peers(tmp_path):
-  model = CodistillModel(_net(), 1)
+  model = CodistillModel(small_net(), 1)
   with pytest.raises(ValueError, match="2 peers for a model with 1 teachers"):
     teachers.TeacherPool(str(tmp_path), [0, 2], model, SPEC, [None, 1])

@@ -60,7 +60,8 @@ def _bound(name: str):
 
 
 def run():
-  app.run(main)
+  common.PROGRAM[0] = "tf-codistill-churn"
+  app.run(main, flags_parser=common.parse_flags_or_exit)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
-"""Flags and gin parsing shared by the binaries."""
+"""Flags, gin parsing and error exits shared by the binaries."""
 
-from typing import Sequence
+import sys
+from typing import NoReturn, Sequence
 
-from absl import app
 from absl import flags
 
 from tf_codistill import config
+from tf_codistill import errors
 
 
 def define_gin_flags() -> None:
@@ -13,9 +14,32 @@ def define_gin_flags() -> None:
   flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'train.train_steps = 100'.")
 
 
+def first_line(error: BaseException) -> str:
+  """The error's message without what gin appends ("In call to configurable ...")."""
+  text = str(error).strip()
+  return text.splitlines()[0] if text else type(error).__name__
+
+
+PROGRAM = ["tf-codistill"]  # set by each binary to its console-script name
+
+
+def exit_with_error(message: str, code: int = errors.CONFIGURATION_EXIT_CODE) -> NoReturn:
+  """Prints one line, ``<program>: error: <message>``, to stderr and exits with ``code``."""
+  print(f"{PROGRAM[0]}: error: {message}", file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def parse_flags_or_exit(argv: Sequence[str]) -> Sequence[str]:
+  """absl's flag parsing, with an unknown or malformed flag as a one-line error."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    exit_with_error(f"{first_line(e)} (--helpfull lists the flags)")
+
+
 def parse_gin_or_exit(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
-  """Parses gin; a bad file or binding becomes a one-line usage error before any work starts."""
+  """Parses gin; a bad file, binding or value type is a one-line error before any work starts."""
   try:
     config.parse_gin(gin_files, gin_bindings)
   except config.ConfigError as e:
-    raise app.UsageError(str(e)) from None
+    exit_with_error(first_line(e))

@@ -5,13 +5,16 @@ import sys
 from typing import List
 
 import gin
+import tensorflow as tf
 from absl import app
 from absl import flags
 from absl import logging
 
 from tf_codistill import demo
+from tf_codistill import exchange
 from tf_codistill import launcher
 from tf_codistill import topology
+from tf_codistill import trainer
 from tf_codistill.bin import common
 
 common.define_gin_flags()
@@ -40,17 +43,26 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    common.exit_with_error(f"unexpected arguments: {argv[1:]}")
   # Fail on a bad config here, once, rather than in every group's process.
   common.parse_gin_or_exit(FLAGS.gin_file, FLAGS.gin_bindings)
   strategy = FLAGS.strategy or _gin_strategy()
+  exchange_dir = FLAGS.exchange_dir or os.path.join(FLAGS.model_dir, "exchange")
   try:
     overrides = {name: value for name, value in (("workers_per_group", FLAGS.workers_per_group),
                                                  ("ps_per_group", FLAGS.ps_per_group))
                  if value is not None}
     shape = launcher.group_shape(strategy, **overrides)
+    trainer.check_config(FLAGS.num_groups, range(FLAGS.num_groups), exchange_dir)
   except ValueError as e:
-    raise app.UsageError(str(e)) from None
+    common.exit_with_error(common.first_line(e))
+  for flag, directory in (("--model_dir", FLAGS.model_dir), ("--exchange_dir", exchange_dir)):
+    try:
+      exchange.check_writable(directory)
+    except (OSError, tf.errors.OpError) as e:
+      reason = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
+      common.exit_with_error(f"{flag}: cannot write to {directory} ({reason}): make it writable "
+                             "by this job or pass another directory")
   gin_bindings = list(FLAGS.gin_bindings) + _data_bindings(FLAGS.model_dir)
   if FLAGS.teacher_graph:
     gin_bindings.append(f"trainer.train.teacher_graph = '{FLAGS.teacher_graph}'")
@@ -82,9 +94,9 @@ def _data_bindings(model_dir: str) -> List[str]:
     return []
   if bound:
     missing = ({"train_files", "eval_files"} - set(bound)).pop()
-    raise app.UsageError(f"trainer.train.{bound[0]} is bound but trainer.train.{missing} is not: "
-                         f"pass e.g. --gin_bindings=\"trainer.train.{missing} = "
-                         f"['data/{missing.split('_')[0]}-*']\"")
+    common.exit_with_error(f"trainer.train.{bound[0]} is bound but trainer.train.{missing} is "
+                           f"not: pass e.g. --gin_bindings=\"trainer.train.{missing} = "
+                           f"['data/{missing.split('_')[0]}-*']\"")
   data_dir = os.path.abspath(os.path.join(model_dir, "data"))
   logging.warning("trainer.train.train_files/eval_files are not bound: training on generated "
                   "Criteo-format sample data in %s (bind them to train on your data)", data_dir)
@@ -100,7 +112,8 @@ def _gin_strategy() -> str:
 
 
 def run():
-  app.run(main)
+  common.PROGRAM[0] = "tf-codistill-launch"
+  app.run(main, flags_parser=common.parse_flags_or_exit)
 
 
 if __name__ == "__main__":

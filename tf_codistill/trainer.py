@@ -22,8 +22,10 @@ from absl import logging
 
 from data_pipelines import criteo
 from tf_codistill import callbacks as callbacks_lib
+from tf_codistill import comm
 from tf_codistill import exchange
 from tf_codistill import filesystems
+from tf_codistill import fusion as fusion_lib
 from tf_codistill import losses
 from tf_codistill import metrics as metrics_lib
 from tf_codistill import strategies
@@ -80,6 +82,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
           data_split: str = "disjoint", label_smoothing: float = 0.0,
           smoothing_prior: str = "uniform", checkpoint_every_steps: int = 500,
           summary_every_steps: int = 50, seed: int = 0, save_eval_predictions: bool = False,
+          fusion: str = "none", allreduce_dtype: str = "float32", jit_compile: bool = False,
           intra_op_threads: int = 0,
           inter_op_threads: int = 0, verbose: int = 2) -> Dict[str, float]:
   """Runs this process's part of group ``group`` of ``num_groups``; the chief returns its metrics.
@@ -90,8 +93,12 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   ``exchange_every_steps`` steps and every training task distills from the other groups' newest
   published versions. ``data_split='disjoint'`` gives each group (and each of its input
   pipelines) its own shard of ``train_files``; ``batch_size`` is the global batch of one step.
+  ``fusion`` ('none', 'backward', 'forward') fuses the optimizer's updates (fusion.py);
+  ``allreduce_dtype`` ('float32', 'float16', 'bfloat16') is the precision of a synchronous
+  group's gradient all-reduce (comm.py).
   """
   _validate(group, num_groups, codistill, exchange_dir, data_split, optimizer)
+  _validate_comm(strategy, fusion, allreduce_dtype)
   for name, files in (("train_files", train_files), ("eval_files", eval_files)):
     if not files:
       raise ConfigurationError(
@@ -138,15 +145,25 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   peers = [g for g in range(num_groups) if g != group] if codistill else []
   with distribution.scope():
     student = model_fn()
+    reducer = (comm.GradientReducer(allreduce_dtype) if allreduce_dtype != "float32" else None)
     model = CodistillModel(student, len(peers), alpha=alpha, burn_in_steps=burn_in_steps,
-                           output="sigmoid", distill_kind=distill_kind, temperature=temperature)
-    model.compile(optimizer=OPTIMIZERS[optimizer](learning_rate=learning_rate),
-                  loss=make_task_loss(label_smoothing=label_smoothing,
-                                      smoothing_prior=smoothing_prior, positive_rate=positive_rate),
-                  metrics=metrics(), steps_per_execution=steps_per_execution)
+                           output="sigmoid", distill_kind=distill_kind, temperature=temperature,
+                           fusion=fusion, reducer=reducer, fusion_binding="trainer.train.fusion")
+    try:
+      model.compile(optimizer=OPTIMIZERS[optimizer](learning_rate=learning_rate),
+                    loss=make_task_loss(label_smoothing=label_smoothing,
+                                        smoothing_prior=smoothing_prior,
+                                        positive_rate=positive_rate),
+                    metrics=metrics(), steps_per_execution=steps_per_execution,
+                    jit_compile=jit_compile)
+    except fusion_lib.FusionError as e:
+      raise ConfigurationError(str(e)) from e
   # Create student and teacher variables now, so the teacher pool can restore into them.
   model(sample)
-  local = callbacks_lib.LocalCopy(student, clone_architecture(student))
+  # Pending forward-fusion updates are applied before every read of the weights for a
+  # checkpoint, a publish, an evaluation or the export.
+  local = callbacks_lib.LocalCopy(student, clone_architecture(student),
+                                  before_snapshot=model.flush_fusion)
   local.model(sample)
 
   summary_writer = None
@@ -167,12 +184,13 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
     ]
   initial_epoch = 0
   if strategy == "parameter_server":
-    checkpoints = callbacks_lib.EpochCheckpoint(os.path.join(model_dir, "checkpoints"), model)
+    checkpoints = callbacks_lib.EpochCheckpoint(os.path.join(model_dir, "checkpoints"), model,
+                                                before_save=model.flush_fusion)
     initial_epoch = checkpoints.restore() // steps_per_epoch
     epoch_callbacks.insert(0, checkpoints)
   else:
-    epoch_callbacks.insert(0, keras.callbacks.BackupAndRestore(
-        os.path.join(model_dir, "backup"), save_freq=checkpoint_every_steps))
+    epoch_callbacks.insert(0, fusion_lib.BackupAndRestore(
+        os.path.join(model_dir, "backup"), model.flush_fusion, save_freq=checkpoint_every_steps))
   refresh = publisher = None
   if codistill:
     pool = teachers_lib.TeacherPool(exchange_dir, peers, model, input_spec,
@@ -193,6 +211,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   history = model.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch,
                       initial_epoch=initial_epoch, callbacks=epoch_callbacks + [driver],
                       verbose=verbose if info.is_chief else 0)
+  model.flush_fusion()
   digest = weights_digest(student)
   logging.info("final student weights digest (%s:%d): %s", info.task_type or "local",
                info.task_id, digest)
@@ -264,6 +283,23 @@ def weights_digest(model: keras.Model) -> str:
   for value in model.get_weights():
     digest.update(np.ascontiguousarray(value).tobytes())
   return digest.hexdigest()
+
+
+def _validate_comm(strategy: str, fusion: str, allreduce_dtype: str) -> None:
+  if fusion not in fusion_lib.MODES:
+    raise ConfigurationError(f"trainer.train.fusion={fusion!r} is not one of {fusion_lib.MODES}")
+  if fusion == "forward" and strategy == "parameter_server":
+    raise ConfigurationError(
+        "trainer.train.fusion='forward' cannot run under strategy='parameter_server': "
+        "asynchronous workers would overwrite each other's pending gradients; use 'backward'")
+  if allreduce_dtype not in comm.DTYPES:
+    raise ConfigurationError(f"trainer.train.allreduce_dtype={allreduce_dtype!r} is not one of "
+                             f"{sorted(comm.DTYPES)}")
+  if allreduce_dtype != "float32" and strategy not in ("mirrored", "multi_worker_mirrored"):
+    raise ConfigurationError(
+        f"trainer.train.allreduce_dtype={allreduce_dtype!r} needs a synchronous group "
+        f"(strategy='multi_worker_mirrored' or 'mirrored'); strategy={strategy!r} has no "
+        "gradient all-reduce")
 
 
 def _validate(group: int, num_groups: int, codistill: bool, exchange_dir: Optional[str],

@@ -100,6 +100,9 @@ class GradientReducer:
         self._logged = True
       return list(grads)
     present = [g for g in grads if g is not None]
+    sparse = sum(isinstance(g, tf.IndexedSlices) for g in present)
+    logging.info("gradient all-reduce over %d replicas in %s: %d dense, %d IndexedSlices (%s)",
+                 replicas, self.dtype, len(present) - sparse, sparse, self.binding)
     if self.dtype == "float32":
       reduced = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
                                                                present)

@@ -395,9 +395,11 @@ class OptimizerFusion:
 
   @contextlib.contextmanager
   def forward(self, model: keras.Model, tape: Optional[tf.GradientTape] = None) -> Iterator[None]:
-    """Around the forward pass of ``model`` in a train step. Forward mode: each layer applies its
-    variables' pending update when it is first called, right before it reads them; variables of
-    no layer are updated on entry, those of layers not called at the step's top level on exit."""
+    """Around the forward pass of ``model`` in a train step. Forward mode: each layer applies the
+    pending update of its variables (its sublayers' included) when it is first called, right
+    before it reads them; variables of no layer are updated on entry, those of layers never
+    called on exit (a weight read by another layer before its own layer is called would be read
+    before its update: use 'backward' for such weight tying)."""
     if self.mode != "forward" or not self.built:
       yield
       return
@@ -409,7 +411,11 @@ class OptimizerFusion:
     owners: Dict[int, List[int]] = {}
     layers = {}
     for layer in model._flatten_layers(include_self=True, recursive=True):
-      own = [position[id(v)] for v in layer._trainable_weights if id(v) in position]
+      # Functional models only call their layers, which are hooked themselves; any other layer
+      # may read its sublayers' weights directly (an LSTM reads its cell's): it updates them all.
+      if getattr(layer, "_is_graph_network", False):
+        continue
+      own = [position[id(v)] for v in layer.trainable_weights if id(v) in position]
       if own:
         owners[id(layer)] = own
         layers[id(layer)] = layer

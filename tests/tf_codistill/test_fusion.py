@@ -92,6 +92,31 @@ def test_other_optimizers_and_per_variable_options_match(make):
   _assert_same(reference.get_weights(), fused.get_weights())
 
 
+@pytest.mark.parametrize("mode", ["backward", "forward"])
+def test_lstm_reading_its_cell_weights_gets_them_updated(mode):
+  def make():
+    tokens = keras.Input((5,), dtype=tf.int64)
+    x = keras.layers.Embedding(20, 4, embeddings_initializer=keras.initializers.RandomUniform(
+        -0.1, 0.1, seed=1))(tokens)
+    x = keras.layers.LSTM(6, return_sequences=True, kernel_initializer=keras.initializers
+                          .GlorotUniform(2), recurrent_initializer=keras.initializers
+                          .Orthogonal(seed=3))(x)
+    return keras.Model(tokens, keras.layers.Dense(20, kernel_initializer=keras.initializers
+                                                  .GlorotUniform(4))(x))
+
+  rng = np.random.default_rng(0)
+  ids = rng.integers(0, 20, size=(48, 6))
+  data = tf.data.Dataset.from_tensor_slices((ids[:, :-1], ids[:, 1:])).batch(8)
+  loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  reference = make()
+  reference.compile(keras.optimizers.Adam(0.01), loss)
+  reference.fit(data, epochs=1, verbose=0)
+  fused = make()
+  fused.compile(keras.optimizers.Adam(0.01), loss)
+  fusion.fuse(fused, mode).fit(data, epochs=1, verbose=0)
+  _assert_same(reference.get_weights(), fused.get_weights())
+
+
 def test_forward_fusion_defers_each_update_to_the_next_step_until_flushed():
   seen = []
   model = fusion.fuse(_compiled(OPTIMIZERS["adam"], False), "forward")

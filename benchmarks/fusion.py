@@ -1,0 +1,242 @@
+"""``fusion`` suite: step time of unfused vs backward- vs forward-fused optimizer updates.
+
+Models (synthetic data, static batch shapes): the project's CTR model with large embeddings
+(26 x Embedding(20000, 16), MLP 256-128) with Adam and with Adagrad, an MLP (3 x 1024) with
+Adam, and an LSTM language model (Embedding(10000, 64) -> LSTM(256) -> Dense softmax over the
+vocabulary) with Adam, which stands in for the project's LM until issue 5 lands (``lstm_lm`` is
+a small builder to swap). Each model trains as arms ``none``, ``backward``, ``forward`` and
+``grads_only`` (forward and backward pass without any update: the step time that fusion cannot
+touch), with ``jit_compile`` off and on. All arms run interleaved in one process: ``--rounds``
+rounds of ``--steps`` steps per arm, so machine noise hits them alike; the report is the best
+(least disturbed) and the median round per arm, and fused/unfused speedups from both.
+
+  .venv/bin/python -m benchmarks.fusion [--rounds=7 --steps=30 --models=ctr_adam,mlp_adam]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+from absl import app
+from absl import flags
+
+from tf_codistill import fusion as fusion_lib
+from tf_codistill.models import ctr
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+flags.DEFINE_integer("steps", 30, "Steps per arm per round.")
+flags.DEFINE_integer("rounds", 7, "Interleaved rounds.")
+flags.DEFINE_list("models", ["ctr_adam", "ctr_adagrad", "mlp_adam", "lstm_lm_adam"],
+                  "Models to measure.")
+flags.DEFINE_list("modes", ["none", "backward", "forward", "grads_only"], "Arms per model.")
+flags.DEFINE_list("jit", ["0", "1"], "jit_compile settings (0/1).")
+flags.DEFINE_float("scale", 1.0, "Scales model sizes and batches down for smoke runs (0 < s <= 1).")
+flags.DEFINE_string("out", os.path.join(REPO, "benchmarks", "results", "fusion", "summary.json"),
+                    "JSON output.")
+FLAGS = flags.FLAGS
+
+Arm = Tuple[Callable[[], keras.Model], tf.data.Dataset, Callable[[], keras.optimizers.Optimizer],
+            keras.losses.Loss]
+
+
+def _n(value: int) -> int:
+  return max(2, int(value * FLAGS.scale))
+
+
+def ctr_arm(optimizer: str) -> Arm:
+  """The project's CTR model at the DESIGN size: 26 tables of 20000 x 16, batch 512."""
+  buckets, batch = _n(20_000), _n(512)
+  rng = np.random.default_rng(0)
+  n = batch * 8
+  features = {"dense": rng.exponential(size=(n, 13)).astype("float32"),
+              "categorical": rng.zipf(1.3, size=(n, 26)).astype("int64") % buckets}
+  labels = rng.integers(0, 2, size=(n, 1)).astype("float32")
+  data = tf.data.Dataset.from_tensor_slices((features, labels))
+  make = {"adam": lambda: keras.optimizers.Adam(1e-3),
+          "adagrad": lambda: keras.optimizers.Adagrad(1e-2)}[optimizer]
+  return (lambda: ctr.ctr_model(num_buckets=buckets, embedding_dim=16, hidden_units=(256, 128),
+                                seed=1),
+          data.batch(batch, drop_remainder=True).repeat(), make,
+          keras.losses.BinaryCrossentropy(from_logits=True))
+
+
+def mlp_arm() -> Arm:
+  """Dense-only: 512 inputs -> 3 x Dense(1024, relu) -> 1 logit, batch 128."""
+  width, batch = _n(1024), _n(128)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(batch * 8, 512)).astype("float32")
+  y = (x[:, :1] > 0).astype("float32")
+
+  def make():
+    init = lambda i: keras.initializers.GlorotUniform(seed=i)
+    inputs = keras.Input((512,))
+    h = inputs
+    for i in range(3):
+      h = keras.layers.Dense(width, activation="relu", kernel_initializer=init(i))(h)
+    return keras.Model(inputs, keras.layers.Dense(1, kernel_initializer=init(9))(h))
+
+  data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).repeat()
+  return (make, data, lambda: keras.optimizers.Adam(1e-3),
+          keras.losses.BinaryCrossentropy(from_logits=True))
+
+
+def lstm_lm(vocab: int, embedding_dim: int = 64, units: int = 256, seed: int = 1) -> keras.Model:
+  """Next-token LSTM language model: token ids [B, T] -> logits [B, T, vocab]."""
+  tokens = keras.Input((None,), dtype=tf.int64, name="tokens")
+  x = keras.layers.Embedding(vocab, embedding_dim,
+                             embeddings_initializer=keras.initializers.RandomUniform(
+                                 -0.05, 0.05, seed=seed))(tokens)
+  x = keras.layers.LSTM(units, return_sequences=True,
+                        kernel_initializer=keras.initializers.GlorotUniform(seed + 1),
+                        recurrent_initializer=keras.initializers.Orthogonal(seed=seed + 2))(x)
+  logits = keras.layers.Dense(vocab, kernel_initializer=keras.initializers.GlorotUniform(seed + 3))(x)
+  return keras.Model(tokens, logits, name="lstm_lm")
+
+
+def lstm_lm_arm() -> Arm:
+  """The LM stand-in: vocabulary 10000, sequences of 20 synthetic (Zipf) token ids, batch 16."""
+  vocab, batch, length = _n(10_000), _n(16), 20
+  rng = np.random.default_rng(0)
+  ids = (rng.zipf(1.2, size=(batch * 8, length + 1)) % vocab).astype("int64")
+  data = tf.data.Dataset.from_tensor_slices((ids[:, :-1], ids[:, 1:]))
+  return (lambda: lstm_lm(vocab), data.batch(batch, drop_remainder=True).repeat(),
+          lambda: keras.optimizers.Adam(1e-3),
+          keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+MODELS: Dict[str, Callable[[], Arm]] = {
+    "ctr_adam": lambda: ctr_arm("adam"), "ctr_adagrad": lambda: ctr_arm("adagrad"),
+    "mlp_adam": mlp_arm, "lstm_lm_adam": lstm_lm_arm}
+
+
+class GradsOnly(keras.Model):
+  """Forward and backward pass of a model, no update (the gradients' sum is reported so that
+  nothing is pruned): the part of the step fusion cannot change."""
+
+  def __init__(self, inner: keras.Model):
+    super().__init__()
+    self.inner = inner
+
+  def call(self, x, training=None):
+    return self.inner(x, training=training)
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      loss = self.compiled_loss(y, self.inner(x, training=True))
+    grads = tape.gradient(loss, self.inner.trainable_variables)
+    values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    return {"grad_sum": tf.add_n([tf.reduce_sum(v) for v in values])}
+
+
+def build_arm(arm: Arm, mode: str, jit: bool, weights) -> keras.Model:
+  """One compiled model of ``arm`` in ``mode`` with the shared initial ``weights``."""
+  make, _, optimizer, loss = arm
+  model = make()
+  model.set_weights(weights)
+  if mode == "grads_only":
+    model = GradsOnly(model)
+  model.compile(optimizer(), loss, jit_compile=jit)
+  return fusion_lib.fuse(model, mode) if mode in ("backward", "forward") else model
+
+
+def measure(models: List[str], modes: List[str], jits: List[bool], steps: int,
+            rounds: int) -> Dict[str, dict]:
+  """Steps/sec per (model, jit, mode), interleaved round-robin over all arms."""
+  arms: Dict[str, keras.Model] = {}
+  data: Dict[str, tf.data.Dataset] = {}
+  for name in models:
+    arm = MODELS[name]()
+    weights = arm[0]().get_weights()
+    for jit in jits:
+      for mode in modes:
+        key = f"{name}/{'xla' if jit else 'graph'}/{mode}"
+        arms[key] = build_arm(arm, mode, jit, weights)
+        data[key] = arm[1]
+  for key, model in arms.items():  # warm-up: tracing, XLA compilation, first-touch allocations
+    start = time.perf_counter()
+    model.fit(data[key], steps_per_epoch=max(5, steps // 3), epochs=1, verbose=0)
+    print(f"warm-up {key}: {time.perf_counter() - start:.1f}s", flush=True)
+  rates: Dict[str, List[float]] = {key: [] for key in arms}
+  for r in range(rounds):
+    for key, model in arms.items():
+      start = time.perf_counter()
+      model.fit(data[key], steps_per_epoch=steps, epochs=1, verbose=0)
+      rates[key].append(steps / (time.perf_counter() - start))
+    print(f"round {r + 1}/{rounds} done, load {os.getloadavg()[0]:.1f}", flush=True)
+  return {key: {"ms_per_step_best": 1e3 / max(r), "ms_per_step_median": 1e3 / statistics.median(r),
+                "steps_per_sec": r} for key, r in rates.items()}
+
+
+def speedups(steps: Dict[str, dict]) -> Dict[str, dict]:
+  """Per model and jit setting: unfused / fused step time for each fused mode (best, median),
+  and the share of the unfused step spent outside the forward and backward pass."""
+  out: Dict[str, dict] = {}
+  for key in steps:
+    name, jit, mode = key.split("/")
+    base = steps.get(f"{name}/{jit}/none")
+    if base is None or mode == "none":
+      continue
+    group = out.setdefault(f"{name}/{jit}", {})
+    if mode == "grads_only":
+      for stat in ("best", "median"):
+        unfused, grads = base[f"ms_per_step_{stat}"], steps[key][f"ms_per_step_{stat}"]
+        group[f"update_share_{stat}"] = max(0.0, 1 - grads / unfused)
+      continue
+    group[mode] = {stat: base[f"ms_per_step_{stat}"] / steps[key][f"ms_per_step_{stat}"]
+                   for stat in ("best", "median")}
+  return out
+
+
+def main(argv):
+  del argv
+  load_before = os.getloadavg()
+  start = time.time()
+  steps = measure(FLAGS.models, FLAGS.modes, [bool(int(j)) for j in FLAGS.jit], FLAGS.steps,
+                  FLAGS.rounds)
+  ratios = speedups(steps)
+  best_key, best = None, 0.0
+  for group, figures in ratios.items():
+    for mode in ("backward", "forward"):
+      if mode in figures and figures[mode]["best"] > best:
+        best_key, best = f"{group}/{mode}", figures[mode]["best"]
+  summary = {
+      "suite": "fusion",
+      "command": "python -m benchmarks.fusion " + " ".join(
+          f"--{k}={','.join(v) if isinstance(v, list) else v}" for k, v in
+          (("rounds", FLAGS.rounds), ("steps", FLAGS.steps), ("models", FLAGS.models),
+           ("jit", FLAGS.jit), ("scale", FLAGS.scale))),
+      "config": {"steps": FLAGS.steps, "rounds": FLAGS.rounds, "scale": FLAGS.scale,
+                 "cpus": os.cpu_count(), "tensorflow": tf.__version__},
+      "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+      "wall_s": time.time() - start,
+      "step_time": steps,
+      "speedup_unfused_over_fused": ratios,
+      "goals": {"best_fusion_speedup": best, "best_fusion_arm": best_key,
+                "target": 1.10, "met": best >= 1.10},
+  }
+  print(f"\n{'model/jit':<22} {'unfused ms':>10} {'backward':>16} {'forward':>16} {'update share':>13}")
+  for group, figures in ratios.items():
+    unfused = steps[f"{group}/none"]
+    cells = [f"{figures[m]['best']:.2f} ({figures[m]['median']:.2f})" if m in figures else "n/a"
+             for m in ("backward", "forward")]
+    share = figures.get("update_share_best")
+    print(f"{group:<22} {unfused['ms_per_step_best']:>10.1f} {cells[0]:>16} {cells[1]:>16} "
+          f"{'n/a' if share is None else f'{share:.0%}':>13}")
+  print(f"speedups are unfused/fused step time, best round (median round); "
+        f"best_fusion_speedup {best:.3f} ({best_key})")
+  os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
+  with open(FLAGS.out, "w") as f:
+    json.dump(summary, f, indent=2)
+  print(f"wrote {FLAGS.out}")
+
+
+if __name__ == "__main__":
+  app.run(main)

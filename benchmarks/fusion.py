@@ -3,8 +3,8 @@
 Models (synthetic data, static batch shapes): the project's CTR model with large embeddings
 (26 x Embedding(20000, 16), MLP 256-128) with Adam and with Adagrad, an MLP (3 x 1024) with
 Adam, and an LSTM language model (Embedding(10000, 64) -> LSTM(256) -> Dense softmax over the
-vocabulary) with Adam, which stands in for the project's LM until issue 5 lands (``lstm_lm`` is
-a small builder to swap). Each model trains as arms ``none``, ``backward``, ``forward`` and
+vocabulary) with Adam, which stands in for the project's LM until issue 5 lands (builders in
+``benchmarks/models.py``). Each model trains as arms ``none``, ``backward``, ``forward`` and
 ``grads_only`` (forward and backward pass without any update: the step time that fusion cannot
 touch), with ``jit_compile`` off and on. All arms run interleaved in one process: ``--rounds``
 rounds of ``--steps`` steps per arm, so machine noise hits them alike; the report is the best
@@ -19,16 +19,15 @@ import json
 import os
 import statistics
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Dict, List
 
-import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 from absl import app
 from absl import flags
 
+from benchmarks.models import MODELS, Arm
 from tf_codistill import fusion as fusion_lib
-from tf_codistill.models import ctr
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 flags.DEFINE_integer("steps", 30, "Steps per arm per round.")
@@ -41,80 +40,6 @@ flags.DEFINE_float("scale", 1.0, "Scales model sizes and batches down for smoke 
 flags.DEFINE_string("out", os.path.join(REPO, "benchmarks", "results", "fusion", "summary.json"),
                     "JSON output.")
 FLAGS = flags.FLAGS
-
-Arm = Tuple[Callable[[], keras.Model], tf.data.Dataset, Callable[[], keras.optimizers.Optimizer],
-            keras.losses.Loss]
-
-
-def _n(value: int) -> int:
-  return max(2, int(value * FLAGS.scale))
-
-
-def ctr_arm(optimizer: str) -> Arm:
-  """The project's CTR model at the DESIGN size: 26 tables of 20000 x 16, batch 512."""
-  buckets, batch = _n(20_000), _n(512)
-  rng = np.random.default_rng(0)
-  n = batch * 8
-  features = {"dense": rng.exponential(size=(n, 13)).astype("float32"),
-              "categorical": rng.zipf(1.3, size=(n, 26)).astype("int64") % buckets}
-  labels = rng.integers(0, 2, size=(n, 1)).astype("float32")
-  data = tf.data.Dataset.from_tensor_slices((features, labels))
-  make = {"adam": lambda: keras.optimizers.Adam(1e-3),
-          "adagrad": lambda: keras.optimizers.Adagrad(1e-2)}[optimizer]
-  return (lambda: ctr.ctr_model(num_buckets=buckets, embedding_dim=16, hidden_units=(256, 128),
-                                seed=1),
-          data.batch(batch, drop_remainder=True).repeat(), make,
-          keras.losses.BinaryCrossentropy(from_logits=True))
-
-
-def mlp_arm() -> Arm:
-  """Dense-only: 512 inputs -> 3 x Dense(1024, relu) -> 1 logit, batch 128."""
-  width, batch = _n(1024), _n(128)
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(batch * 8, 512)).astype("float32")
-  y = (x[:, :1] > 0).astype("float32")
-
-  def make():
-    init = lambda i: keras.initializers.GlorotUniform(seed=i)
-    inputs = keras.Input((512,))
-    h = inputs
-    for i in range(3):
-      h = keras.layers.Dense(width, activation="relu", kernel_initializer=init(i))(h)
-    return keras.Model(inputs, keras.layers.Dense(1, kernel_initializer=init(9))(h))
-
-  data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).repeat()
-  return (make, data, lambda: keras.optimizers.Adam(1e-3),
-          keras.losses.BinaryCrossentropy(from_logits=True))
-
-
-def lstm_lm(vocab: int, embedding_dim: int = 64, units: int = 256, seed: int = 1) -> keras.Model:
-  """Next-token LSTM language model: token ids [B, T] -> logits [B, T, vocab]."""
-  tokens = keras.Input((None,), dtype=tf.int64, name="tokens")
-  x = keras.layers.Embedding(vocab, embedding_dim,
-                             embeddings_initializer=keras.initializers.RandomUniform(
-                                 -0.05, 0.05, seed=seed))(tokens)
-  x = keras.layers.LSTM(units, return_sequences=True,
-                        kernel_initializer=keras.initializers.GlorotUniform(seed + 1),
-                        recurrent_initializer=keras.initializers.Orthogonal(seed=seed + 2))(x)
-  logits = keras.layers.Dense(vocab, kernel_initializer=keras.initializers.GlorotUniform(seed + 3))(x)
-  return keras.Model(tokens, logits, name="lstm_lm")
-
-
-def lstm_lm_arm() -> Arm:
-  """The LM stand-in: vocabulary 10000, sequences of 20 synthetic (Zipf) token ids, batch 16."""
-  vocab, batch, length = _n(10_000), _n(16), 20
-  rng = np.random.default_rng(0)
-  ids = (rng.zipf(1.2, size=(batch * 8, length + 1)) % vocab).astype("int64")
-  data = tf.data.Dataset.from_tensor_slices((ids[:, :-1], ids[:, 1:]))
-  return (lambda: lstm_lm(vocab), data.batch(batch, drop_remainder=True).repeat(),
-          lambda: keras.optimizers.Adam(1e-3),
-          keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-
-
-MODELS: Dict[str, Callable[[], Arm]] = {
-    "ctr_adam": lambda: ctr_arm("adam"), "ctr_adagrad": lambda: ctr_arm("adagrad"),
-    "mlp_adam": mlp_arm, "lstm_lm_adam": lstm_lm_arm}
-
 
 class GradsOnly(keras.Model):
   """Forward and backward pass of a model, no update (the gradients' sum is reported so that
@@ -153,7 +78,7 @@ def measure(models: List[str], modes: List[str], jits: List[bool], steps: int,
   arms: Dict[str, keras.Model] = {}
   data: Dict[str, tf.data.Dataset] = {}
   for name in models:
-    arm = MODELS[name]()
+    arm = MODELS[name](FLAGS.scale)
     weights = arm[0]().get_weights()
     for jit in jits:
       for mode in modes:

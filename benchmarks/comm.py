@@ -52,26 +52,27 @@ VARIANTS = {"plain": ("float32", 1), "packed": ("float32", 0), "float16": ("floa
 WORKERS = (2, 4, 8)
 
 
-def _table_models(batch_per_worker: int) -> Dict[str, tuple]:
+def _table_models(batch_per_worker: int, scale: float = 1.0) -> Dict[str, tuple]:
   """name -> (model, one worker's batch of inputs, serving input spec)."""
   out = {}
-  model = ctr.ctr_model(num_buckets=20_000, embedding_dim=16, hidden_units=(256, 128), seed=1)
+  model = ctr.ctr_model(num_buckets=max(2, int(20_000 * scale)), embedding_dim=16,
+                        hidden_units=(256, 128), seed=1)
   batch = {"dense": tf.zeros([batch_per_worker, 13]),
            "categorical": tf.zeros([batch_per_worker, 26], tf.int64)}
   out["ctr"] = (model, batch, {"dense": tf.TensorSpec([None, 13], tf.float32),
                                "categorical": tf.TensorSpec([None, 26], tf.int64)})
-  make, data, _, _ = bench_models.mlp_arm()
+  make, data, _, _ = bench_models.mlp_arm(scale)
   out["mlp"] = (make(), next(iter(data))[0], tf.TensorSpec([None, 512], tf.float32))
-  make, data, _, _ = bench_models.lstm_lm_arm()
+  make, data, _, _ = bench_models.lstm_lm_arm(scale)
   out["lstm_lm"] = (make(), next(iter(data))[0], tf.TensorSpec([None, None], tf.int64))
   return out
 
 
-def bytes_table(batch_per_worker: int, exchange_every: int) -> Dict[str, dict]:
+def bytes_table(batch_per_worker: int, exchange_every: int, scale: float = 1.0) -> Dict[str, dict]:
   """Per model: all-reduce bytes per worker per step per variant and worker count, the dense
   (textbook) all-reduce, codistillation's bytes per step, and the reduction factors."""
   table = {}
-  for name, (model, batch, spec) in _table_models(batch_per_worker).items():
+  for name, (model, batch, spec) in _table_models(batch_per_worker, scale).items():
     infos = comm.gradient_infos(model, batch)
     entry = {"params": int(sum(v.shape.num_elements() for v in model.trainable_variables)),
              "sparse_gradients": sum(g.sparse for g in infos), "gradients": len(infos),

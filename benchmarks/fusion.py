@@ -72,13 +72,13 @@ def build_arm(arm: Arm, mode: str, jit: bool, weights) -> keras.Model:
   return fusion_lib.fuse(model, mode) if mode in ("backward", "forward") else model
 
 
-def measure(models: List[str], modes: List[str], jits: List[bool], steps: int,
-            rounds: int) -> Dict[str, dict]:
+def measure(models: List[str], modes: List[str], jits: List[bool], steps: int, rounds: int,
+            scale: float = 1.0) -> Dict[str, dict]:
   """Steps/sec per (model, jit, mode), interleaved round-robin over all arms."""
   arms: Dict[str, keras.Model] = {}
   data: Dict[str, tf.data.Dataset] = {}
   for name in models:
-    arm = MODELS[name](FLAGS.scale)
+    arm = MODELS[name](scale)
     weights = arm[0]().get_weights()
     for jit in jits:
       for mode in modes:
@@ -125,7 +125,7 @@ def main(argv):
   load_before = os.getloadavg()
   start = time.time()
   steps = measure(FLAGS.models, FLAGS.modes, [bool(int(j)) for j in FLAGS.jit], FLAGS.steps,
-                  FLAGS.rounds)
+                  FLAGS.rounds, FLAGS.scale)
   ratios = speedups(steps)
   best_key, best = None, 0.0
   for group, figures in ratios.items():

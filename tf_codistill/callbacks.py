@@ -36,14 +36,18 @@ def current_step(model: keras.Model) -> int:
 class LocalCopy:
   """A non-distributed copy of the student, refreshed from the (possibly distributed) student."""
 
-  def __init__(self, student: keras.Model, local: keras.Model):
+  def __init__(self, student: keras.Model, local: keras.Model,
+               before_snapshot: Optional[Callable[[], None]] = None):
     self.student = student
     self.model = local
+    self.before_snapshot = before_snapshot  # e.g. flush pending fused optimizer updates
     self._synced_step = None
     self._lock = threading.Lock()
 
   def snapshot(self) -> List[np.ndarray]:
     """The student's current values (read between two steps for a consistent copy)."""
+    if self.before_snapshot is not None:
+      self.before_snapshot()
     return self.student.get_weights()
 
   @contextlib.contextmanager
@@ -145,8 +149,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
   Saves are epoch-aligned, so a restart loses at most one epoch.
   """
 
-  def __init__(self, directory: str, model: keras.Model, max_to_keep: int = 2):
+  def __init__(self, directory: str, model: keras.Model, max_to_keep: int = 2,
+               before_save: Optional[Callable[[], None]] = None):
     super().__init__()
+    self.before_save = before_save  # e.g. flush pending fused optimizer updates
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     self.manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=max_to_keep)
 
@@ -164,6 +170,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
       logging.error("not checkpointing step %d: non-finite %s; the previous checkpoint is kept",
                     current_step(self.model), bad)
       return
+    if self.before_save is not None:
+      self.before_save()
     self.manager.save(checkpoint_number=current_step(self.model))
 
 

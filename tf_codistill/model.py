@@ -13,12 +13,15 @@ sees a half-written teacher, and the compiled train step is never retraced.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
+from tf_codistill import comm
+from tf_codistill import fusion as fusion_lib
 from tf_codistill import losses
 
 
@@ -47,8 +50,12 @@ class CodistillModel(keras.Model):
                teacher_factory: Optional[Callable[[], keras.Model]] = None,
                alpha: float = 1.0, burn_in_steps: int = 0, output: str = "sigmoid",
                distill_kind: str = "xent", temperature: float = 1.0,
-               teacher_weights: Optional[Sequence[float]] = None, **kwargs):
+               teacher_weights: Optional[Sequence[float]] = None, fusion: str = "none",
+               reducer: Optional[comm.GradientReducer] = None, fusion_binding: str = "fusion",
+               **kwargs):
     super().__init__(**kwargs)
+    if fusion not in fusion_lib.MODES:
+      raise fusion_lib.FusionError(f"{fusion_binding}={fusion!r} is not one of {fusion_lib.MODES}")
     if temperature <= 0:
       raise ValueError(f"temperature={temperature} must be > 0")
     if burn_in_steps < 0:
@@ -82,6 +89,33 @@ class CodistillModel(keras.Model):
     self.loss_tracker = keras.metrics.Mean(name="loss")
     self.task_loss_tracker = keras.metrics.Mean(name="task_loss")
     self.distill_loss_tracker = keras.metrics.Mean(name="distill_loss")
+    # Optimizer fusion (fusion.py) and the cross-replica gradient reduction (comm.py): with
+    # fusion='none' and no reducer the step is tf_keras' own `optimizer.minimize`.
+    self.fusion_mode = fusion
+    self._fusion_binding = fusion_binding
+    self._fusion: Optional[fusion_lib.OptimizerFusion] = None
+    self._reducer = reducer
+
+  def compile(self, *args, **kwargs):
+    """tf_keras ``compile``; then checks the optimizer against the fusion mode."""
+    super().compile(*args, **kwargs)
+    self._fusion = None
+    if self.fusion_mode != "none":
+      self._fusion = fusion_lib.OptimizerFusion(self.optimizer, self.fusion_mode,
+                                                binding=self._fusion_binding,
+                                                jit_compile=bool(self.jit_compile))
+
+  def flush_fusion(self) -> None:
+    """Applies pending forward-fusion updates (call before reading or saving the weights)."""
+    if self._fusion is not None:
+      self._fusion.flush()
+
+  def fit(self, *args, callbacks=None, **kwargs):
+    """tf_keras ``fit``; with forward fusion, pending updates are flushed at epoch and train end
+    and before validation (``fusion.FusionFlush`` runs first)."""
+    if self._fusion is not None and self._fusion.mode == "forward":
+      callbacks = [fusion_lib.FusionFlush(self._fusion)] + list(callbacks or [])
+    return super().fit(*args, callbacks=callbacks, **kwargs)
 
   @property
   def num_teachers(self) -> int:
@@ -188,13 +222,19 @@ class CodistillModel(keras.Model):
   def train_step(self, data):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     alpha_eff = self._effective_alpha()
+    fusion = self._fusion
+    variables = self.student.trainable_variables
+    if fusion is not None and not fusion.built:
+      fusion.build(variables, fusion_lib.probe_gradients(self.student, x)
+                   if fusion.mode == "forward" else None)
     with tf.GradientTape() as tape:
-      logits = self.student(x, training=True)
+      with fusion.forward(self.student, tape) if fusion else contextlib.nullcontext():
+        logits = self.student(x, training=True)
       task_loss = self.compiled_loss(y, logits, sample_weight,
                                      regularization_losses=self.student.losses)
       distill_loss = self._distill_term(x, logits, alpha_eff)
       loss = task_loss + tf.cast(alpha_eff, task_loss.dtype) * distill_loss
-    self.optimizer.minimize(loss, self.student.trainable_variables, tape=tape)
+    fusion_lib.minimize(self.optimizer, loss, tape, variables, fusion, self._reducer)
     return self._update_metrics(y, logits, sample_weight, loss, task_loss, distill_loss, alpha_eff)
 
   def test_step(self, data):

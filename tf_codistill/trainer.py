@@ -25,8 +25,10 @@ from absl import logging
 from data_pipelines import criteo
 from tf_codistill import callbacks as callbacks_lib
 from tf_codistill import errors
+from tf_codistill import comm
 from tf_codistill import exchange
 from tf_codistill import filesystems
+from tf_codistill import fusion as fusion_lib
 from tf_codistill import losses
 from tf_codistill import metrics as metrics_lib
 from tf_codistill import strategies
@@ -83,6 +85,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
           smoothing_prior: str = "uniform", checkpoint_every_steps: int = 500,
           summary_every_steps: int = 50, seed: int = 0, save_eval_predictions: bool = False,
           prediction_batches: Optional[int] = None,
+          fusion: str = "none", allreduce_dtype: str = "float32", jit_compile: bool = False,
           intra_op_threads: int = 0, inter_op_threads: int = 0, heartbeat_every_s: float = 5.0,
           max_wall_seconds: Optional[float] = None, verbose: int = 2) -> Dict[str, float]:
   """Runs this process's part of group ``group`` of ``num_groups``; the chief returns its metrics.
@@ -96,7 +99,9 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   each group (and each of its input pipelines) its own shard of ``train_files``; ``batch_size``
   is the global batch of one step. ``task`` (default ``tasks.BinaryTask()``) sets the loss,
   metrics and results keys; ``prediction_batches`` caps the eval batches whose predictions
-  ``save_eval_predictions`` keeps.
+  ``save_eval_predictions`` keeps. ``fusion`` ('none', 'backward', 'forward') fuses the
+  optimizer's updates (fusion.py); ``allreduce_dtype`` ('float32', 'float16', 'bfloat16') is the
+  precision of a synchronous group's gradient all-reduce (comm.py).
 
   Failures that a restart cannot fix raise before training starts where they can be seen then:
   ConfigurationError (flags, bindings, TF_CONFIG, unwritable directories, missing files) and
@@ -107,6 +112,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   training early, as if ``train_steps`` were reached (not for ``multi_worker_mirrored``).
   """
   _validate(group, num_groups, codistill, exchange_dir, data_split, optimizer)
+  _validate_comm(strategy, fusion, allreduce_dtype)
   _validate_numbers(train_steps=train_steps, steps_per_epoch=steps_per_epoch,
                     batch_size=batch_size, steps_per_execution=steps_per_execution,
                     exchange_every_steps=exchange_every_steps, keep_last=keep_last,
@@ -184,15 +190,24 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
     student = model_fn()
     teacher_factory = (None if teacher_precision == "float32" else
                        lambda: clone_architecture(student, dtype_policy=PRECISIONS[teacher_precision]))
+    reducer = (comm.GradientReducer(allreduce_dtype) if allreduce_dtype != "float32" else None)
     model = CodistillModel(student, len(peers), alpha=alpha, burn_in_steps=burn_in_steps,
                            output=task.output, distill_kind=distill_kind, temperature=temperature,
-                           teacher_factory=teacher_factory)
-    model.compile(optimizer=OPTIMIZERS[optimizer](learning_rate=learning_rate),
-                  loss=task_loss, metrics=metrics(), steps_per_execution=steps_per_execution)
+                           teacher_factory=teacher_factory, fusion=fusion, reducer=reducer,
+                           fusion_binding="trainer.train.fusion")
+    try:
+      model.compile(optimizer=OPTIMIZERS[optimizer](learning_rate=learning_rate),
+                    loss=task_loss, metrics=metrics(), steps_per_execution=steps_per_execution,
+                    jit_compile=jit_compile)
+    except fusion_lib.FusionError as e:
+      raise ConfigurationError(str(e)) from e
   # Create student and teacher variables now, so the teacher pool can restore into them.
   # The published signature's output shape: the student's on the data's input spec.
   output_shape = [None] + model(sample).shape.as_list()[1:]
-  local = callbacks_lib.LocalCopy(student, clone_architecture(student))
+  # Pending forward-fusion updates are applied before every read of the weights for a
+  # checkpoint, a publish, an evaluation or the export.
+  local = callbacks_lib.LocalCopy(student, clone_architecture(student),
+                                  before_snapshot=model.flush_fusion)
   local.model(sample)
 
   summary_writer = None
@@ -221,12 +236,13 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
     ]
   initial_epoch = 0
   if strategy == "parameter_server":
-    checkpoints = callbacks_lib.EpochCheckpoint(os.path.join(model_dir, "checkpoints"), model)
+    checkpoints = callbacks_lib.EpochCheckpoint(os.path.join(model_dir, "checkpoints"), model,
+                                                before_save=model.flush_fusion)
     initial_epoch = checkpoints.restore() // steps_per_epoch
     epoch_callbacks.insert(0, checkpoints)
   else:
-    epoch_callbacks.insert(0, keras.callbacks.BackupAndRestore(
-        os.path.join(model_dir, "backup"), save_freq=checkpoint_every_steps))
+    epoch_callbacks.insert(0, fusion_lib.BackupAndRestore(
+        os.path.join(model_dir, "backup"), model.flush_fusion, save_freq=checkpoint_every_steps))
   refresh = publisher = None
   if codistill:
     pool = teachers_lib.TeacherPool(exchange_dir, peers, model, input_spec,
@@ -265,6 +281,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
     raise NonFiniteLossError(_non_finite_message(str(e), model_dir, exchange_dir, group,
                                                  strategy, codistill and info.is_chief),
                              e.step) from None
+  model.flush_fusion()
   digest = weights_digest(student)
   logging.info("final student weights digest (%s:%d): %s", info.task_type or "local",
                info.task_id, digest)
@@ -431,6 +448,23 @@ def check_config(num_groups: int, groups: Sequence[int], exchange_dir: Optional[
 def _signature_parameters():
   import inspect
   return inspect.signature(getattr(train, "__wrapped__", train)).parameters
+
+
+def _validate_comm(strategy: str, fusion: str, allreduce_dtype: str) -> None:
+  if fusion not in fusion_lib.MODES:
+    raise ConfigurationError(f"trainer.train.fusion={fusion!r} is not one of {fusion_lib.MODES}")
+  if fusion == "forward" and strategy == "parameter_server":
+    raise ConfigurationError(
+        "trainer.train.fusion='forward' cannot run under strategy='parameter_server': "
+        "asynchronous workers would overwrite each other's pending gradients; use 'backward'")
+  if allreduce_dtype not in comm.DTYPES:
+    raise ConfigurationError(f"trainer.train.allreduce_dtype={allreduce_dtype!r} is not one of "
+                             f"{sorted(comm.DTYPES)}")
+  if allreduce_dtype != "float32" and strategy not in ("mirrored", "multi_worker_mirrored"):
+    raise ConfigurationError(
+        f"trainer.train.allreduce_dtype={allreduce_dtype!r} needs a synchronous group "
+        f"(strategy='multi_worker_mirrored' or 'mirrored'); strategy={strategy!r} has no "
+        "gradient all-reduce")
 
 
 def _validate(group: int, num_groups: int, codistill: bool, exchange_dir: Optional[str],

@@ -1,0 +1,205 @@
+"""``comm`` suite: a synchronous group's gradient all-reduce vs codistillation's exchange.
+
+1. Bytes per step per worker (computed from the gradients' sizes and dtypes as TF's ring
+   collectives send them, ``tf_codistill.comm.allreduce_bytes``) for a float32 all-reduce with
+   one collective per gradient (``plain``), with TF's packing (``packed``), and compressed to
+   float16 / bfloat16, for the CTR model (at ``gin/criteo/common.gin`` size), the MLP and the
+   LSTM LM stand-in of ``benchmarks/models.py``, at 2, 4 and 8 workers; next to it the bytes a
+   codistillation group publishes per step (its SavedModel / exchange interval, default 100
+   steps of ``gin/criteo/codistill_2way.gin``, and 2500 as in Sodhani et al.).
+2. Throughput of one synchronous group on a local 2-worker cluster (chief + 1 worker,
+   MultiWorkerMirroredStrategy, real processes on 127.0.0.1 through ``tf-codistill-launch``) for
+   the same all-reduce variants, rounds interleaved, as ratios to ``plain``.
+
+  .venv/bin/python -m benchmarks.comm [--rounds=2 --train_steps=300]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import tensorflow as tf
+from absl import app
+from absl import flags
+
+from benchmarks import models as bench_models
+from data_pipelines import make_criteo_like
+from tf_codistill import comm
+from tf_codistill.models import ctr
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+flags.DEFINE_integer("rounds", 2, "Interleaved rounds of the cluster arms (0: bytes table only).")
+flags.DEFINE_integer("train_steps", 300, "Training steps per cluster arm.")
+flags.DEFINE_integer("batch_per_worker", 512, "Examples per worker step.")
+flags.DEFINE_integer("train_rows", 200_000, "Generated training rows.")
+flags.DEFINE_integer("exchange_every_steps", 100, "Codistillation's default exchange interval.")
+flags.DEFINE_string("work_dir", None, "Where data and runs go (default: a temporary directory).")
+flags.DEFINE_string("out", os.path.join(REPO, "benchmarks", "results", "comm", "summary.json"),
+                    "JSON output.")
+FLAGS = flags.FLAGS
+
+# name -> (allreduce dtype, bytes_per_pack)
+VARIANTS = {"plain": ("float32", 1), "packed": ("float32", 0), "float16": ("float16", 0),
+            "bfloat16": ("bfloat16", 0)}
+WORKERS = (2, 4, 8)
+
+
+def _table_models(batch_per_worker: int, scale: float = 1.0) -> Dict[str, tuple]:
+  """name -> (model, one worker's batch of inputs, serving input spec)."""
+  out = {}
+  model = ctr.ctr_model(num_buckets=max(2, int(20_000 * scale)), embedding_dim=16,
+                        hidden_units=(256, 128), seed=1)
+  batch = {"dense": tf.zeros([batch_per_worker, 13]),
+           "categorical": tf.zeros([batch_per_worker, 26], tf.int64)}
+  out["ctr"] = (model, batch, {"dense": tf.TensorSpec([None, 13], tf.float32),
+                               "categorical": tf.TensorSpec([None, 26], tf.int64)})
+  make, data, _, _ = bench_models.mlp_arm(scale)
+  out["mlp"] = (make(), next(iter(data))[0], tf.TensorSpec([None, 512], tf.float32))
+  make, data, _, _ = bench_models.lstm_lm_arm(scale)
+  out["lstm_lm"] = (make(), next(iter(data))[0], tf.TensorSpec([None, None], tf.int64))
+  return out
+
+
+def bytes_table(batch_per_worker: int, exchange_every: int, scale: float = 1.0) -> Dict[str, dict]:
+  """Per model: all-reduce bytes per worker per step per variant and worker count, the dense
+  (textbook) all-reduce, codistillation's bytes per step, and the reduction factors."""
+  table = {}
+  for name, (model, batch, spec) in _table_models(batch_per_worker, scale).items():
+    infos = comm.gradient_infos(model, batch)
+    entry = {"params": int(sum(v.shape.num_elements() for v in model.trainable_variables)),
+             "sparse_gradients": sum(g.sparse for g in infos), "gradients": len(infos),
+             "allreduce": {}, "dense_allreduce": {}}
+    for workers in WORKERS:
+      entry["allreduce"][str(workers)] = {
+          variant: comm.allreduce_bytes(infos, workers, dtype, pack)
+          for variant, (dtype, pack) in VARIANTS.items()}
+      entry["dense_allreduce"][str(workers)] = comm.dense_allreduce_bytes(model, workers)
+    entry["codistill"] = {str(k): comm.codistill_bytes(model, spec, k)
+                          for k in (exchange_every, 2500)}
+    per_step = entry["codistill"][str(exchange_every)]["bytes_per_step"]
+    entry["reduction_at_default_interval"] = {
+        str(w): {"vs_packed_float32_as_sent": entry["allreduce"][str(w)]["packed"]["bytes_per_step"]
+                 / per_step,
+                 "vs_float16": entry["allreduce"][str(w)]["float16"]["bytes_per_step"] / per_step,
+                 "vs_dense_float32": entry["dense_allreduce"][str(w)] / per_step}
+        for w in WORKERS}
+    table[name] = entry
+  return table
+
+
+def _launch(model_dir: str, data: str, variant: str) -> dict:
+  """One synchronous group (chief + 1 worker) with ``variant``'s all-reduce; its results."""
+  dtype, pack = VARIANTS[variant]
+  shutil.rmtree(model_dir, ignore_errors=True)
+  bindings = [
+      f"trainer.train.train_files = ['{data}/train-*']",
+      f"trainer.train.eval_files = ['{data}/eval-*']",
+      f"trainer.train.train_steps = {FLAGS.train_steps}",
+      f"trainer.train.steps_per_epoch = {FLAGS.train_steps}",
+      f"trainer.train.batch_size = {2 * FLAGS.batch_per_worker}",
+      "trainer.train.summary_every_steps = 20", "trainer.train.eval_steps = 5",
+      "trainer.train.verbose = 0", f"trainer.train.checkpoint_every_steps = {10 ** 6}",
+      f"trainer.train.allreduce_dtype = '{dtype}'", f"strategies.make_strategy.bytes_per_pack = {pack}"]
+  args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
+          f"--gin_file={REPO}/gin/criteo/sync_2workers.gin", "--num_groups=1"]
+  args += [f"--gin_bindings={b}" for b in bindings]
+  start = time.monotonic()
+  proc = subprocess.run(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                        text=True, check=False)
+  if proc.returncode:
+    raise RuntimeError(f"{variant} arm exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+  with open(os.path.join(model_dir, "group_0", "results.json")) as f:
+    results = json.load(f)
+  return {"examples_per_sec": results["examples_per_sec"], "wall_s": time.monotonic() - start,
+          "val_logloss": results["val_logloss"], "loss": results["history"]["loss"][-1]}
+
+
+def cluster_throughput(work: str, rounds: int) -> Dict[str, dict]:
+  """examples/sec of a 2-worker synchronous group per all-reduce variant, rounds interleaved."""
+  data = os.path.join(work, "data")
+  if not os.path.exists(os.path.join(data, "eval-00000-of-00001.tsv")):
+    make_criteo_like.generate(data, FLAGS.train_rows, num_files=4, seed=0, prefix="train")
+    make_criteo_like.generate(data, 10_000, num_files=1, seed=1, prefix="eval")
+  runs: Dict[str, List[dict]] = {v: [] for v in VARIANTS}
+  for r in range(rounds):
+    for variant in VARIANTS:
+      result = _launch(os.path.join(work, variant), data, variant)
+      runs[variant].append(result)
+      print(f"round {r + 1} {variant:>9}: {result['examples_per_sec']:8.0f} examples/s, "
+            f"val logloss {result['val_logloss']:.4f}, load {os.getloadavg()[0]:.1f}", flush=True)
+  out = {}
+  for variant, results in runs.items():
+    rates = [r["examples_per_sec"] for r in results]
+    out[variant] = {"examples_per_sec_best": max(rates),
+                    "examples_per_sec_median": statistics.median(rates), "runs": results}
+  for variant in VARIANTS:
+    for stat in ("best", "median"):
+      out[variant][f"ratio_to_plain_{stat}"] = (out[variant][f"examples_per_sec_{stat}"]
+                                                / out["plain"][f"examples_per_sec_{stat}"])
+  return out
+
+
+def main(argv):
+  del argv
+  load_before = os.getloadavg()
+  table = bytes_table(FLAGS.batch_per_worker, FLAGS.exchange_every_steps)
+  print(f"\nbytes sent per worker per step (batch {FLAGS.batch_per_worker} per worker); "
+        f"codistillation publishes SavedModel/{FLAGS.exchange_every_steps} per step")
+  print(f"{'model':<8} {'n':>2} " + " ".join(f"{v:>10}" for v in VARIANTS)
+        + f" {'dense f32':>10} {'codistill':>10} {'reduction':>10}")
+  for name, entry in table.items():
+    codistill = entry["codistill"][str(FLAGS.exchange_every_steps)]["bytes_per_step"]
+    for w in WORKERS:
+      sent = entry["allreduce"][str(w)]
+      print(f"{name:<8} {w:>2} " + " ".join(f"{sent[v]['bytes_per_step'] / 1e3:>8.0f}kB"
+                                            for v in VARIANTS)
+            + f" {entry['dense_allreduce'][str(w)] / 1e3:>8.0f}kB {codistill / 1e3:>8.0f}kB "
+            f"{entry['reduction_at_default_interval'][str(w)]['vs_packed_float32_as_sent']:>9.1f}x")
+  throughput = {}
+  if FLAGS.rounds:
+    work = FLAGS.work_dir or tempfile.mkdtemp(prefix="comm_bench_")
+    throughput = cluster_throughput(work, FLAGS.rounds)
+    print("\nlocal 2-worker synchronous group, examples/sec (best, median) and ratio to plain:")
+    for variant, figures in throughput.items():
+      print(f"{variant:>9}: {figures['examples_per_sec_best']:8.0f} "
+            f"{figures['examples_per_sec_median']:8.0f}   x{figures['ratio_to_plain_best']:.3f} "
+            f"(median x{figures['ratio_to_plain_median']:.3f})")
+  headline = table["ctr"]["reduction_at_default_interval"]["2"]["vs_packed_float32_as_sent"]
+  summary = {
+      "suite": "comm",
+      "command": (f"python -m benchmarks.comm --rounds={FLAGS.rounds} "
+                  f"--train_steps={FLAGS.train_steps} --batch_per_worker={FLAGS.batch_per_worker}"),
+      "config": {"batch_per_worker": FLAGS.batch_per_worker, "workers": list(WORKERS),
+                 "variants": {k: {"allreduce_dtype": d, "bytes_per_pack": p}
+                              for k, (d, p) in VARIANTS.items()},
+                 "exchange_every_steps": FLAGS.exchange_every_steps,
+                 "train_steps": FLAGS.train_steps, "rounds": FLAGS.rounds,
+                 "cpus": os.cpu_count(), "tensorflow": tf.__version__},
+      "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+      "bytes": table, "cluster_throughput": throughput,
+      "goals": {
+          # The project's CTR model, 2 workers (the measured cluster), TF's packed float32
+          # all-reduce as it really sends embedding gradients (all-gathered IndexedSlices).
+          "codistill_traffic_reduction": headline,
+          "target": 100.0, "met": headline >= 100.0,
+          "codistill_traffic_reduction_by_model": {
+              name: entry["reduction_at_default_interval"] for name, entry in table.items()},
+      },
+  }
+  os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
+  with open(FLAGS.out, "w") as f:
+    json.dump(summary, f, indent=2)
+  print(f"codistill_traffic_reduction (ctr, 2 workers, K={FLAGS.exchange_every_steps}): "
+        f"{headline:.1f}x; wrote {FLAGS.out}")
+
+
+if __name__ == "__main__":
+  app.run(main)

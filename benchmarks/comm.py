@@ -41,6 +41,8 @@ flags.DEFINE_integer("train_steps", 300, "Training steps per cluster arm.")
 flags.DEFINE_integer("batch_per_worker", 512, "Examples per worker step.")
 flags.DEFINE_integer("train_rows", 200_000, "Generated training rows.")
 flags.DEFINE_integer("exchange_every_steps", 100, "Codistillation's default exchange interval.")
+flags.DEFINE_boolean("report_only", False, "Only rewrite report.md from the summary.json at "
+                     "--out (after a change of the report's layout).")
 flags.DEFINE_string("work_dir", None, "Where data and runs go (default: a temporary directory).")
 flags.DEFINE_string("out", os.path.join(REPO, "benchmarks", "results", "comm", "summary.json"),
                     "JSON output.")
@@ -204,6 +206,30 @@ def write_report(summary: dict, path: str) -> None:
   lines += ["", "SavedModel sizes (MB): " + ", ".join(
       f"{name} {entry['codistill'][str(k)]['saved_model_bytes'] / 1e6:.1f}"
       for name, entry in table.items()), ""]
+  ctr = table["ctr"]
+  two = ctr["allreduce"]["2"]["packed"]["bytes_per_step"]
+  lines += [
+      "## Reading the goal", "",
+      f"- A dense ring all-reduce sends 2(n-1)/n x the model per worker per step; codistillation "
+      f"sends about 1 model per K steps. So the reduction is about K x 2(n-1)/n x (gradient bytes "
+      f"/ SavedModel bytes): at K={k} and 2 workers, about {k}x for a dense model, a little less "
+      f"because a SavedModel is slightly larger than the weights (the MLP: "
+      f"x{table['mlp']['reduction_at_default_interval']['2']['vs_dense_float32']:.1f}; the CTR "
+      f"model against a dense all-reduce: "
+      f"x{ctr['reduction_at_default_interval']['2']['vs_dense_float32']:.1f}); it grows with the "
+      "number of workers and with K.",
+      f"- The CTR model's embedding gradients are IndexedSlices: TF all-gathers only the looked-up "
+      f"rows, so what a 2-worker group really sends is {_kb(two)} kB per step, not the "
+      f"{_kb(ctr['dense_allreduce']['2'])} kB of a dense all-reduce, and codistillation "
+      f"(re-publishing all {ctr['params']:,} parameters every {k} steps) saves "
+      f"x{headline:.1f} at K={k} and "
+      f"x{two / ctr['codistill']['2500']['bytes_per_step']:.1f} at K=2500 (Sodhani et al.'s "
+      "interval). The headline goal uses this as-sent figure, so it is "
+      + ("met." if headline >= GOAL else "**not met** for the CTR model at the default "
+         "interval: against what TF really sends, 100x needs a longer exchange interval or "
+         "more workers (the factor grows about linearly with both: table above); against a "
+         "dense all-reduce of the same gradients it is about 100x at 2 workers and more beyond."),
+      ""]
   throughput = summary["cluster_throughput"]
   if throughput:
     lines += ["## Local 2-worker synchronous group (CTR model)", "",
@@ -227,6 +253,10 @@ def write_report(summary: dict, path: str) -> None:
 
 def main(argv):
   del argv
+  if FLAGS.report_only:
+    with open(FLAGS.out) as f:
+      write_report(json.load(f), os.path.join(os.path.dirname(FLAGS.out), "report.md"))
+    return
   load_before = os.getloadavg()
   table = bytes_table(FLAGS.batch_per_worker, FLAGS.exchange_every_steps)
   print(f"\nbytes sent per worker per step (batch {FLAGS.batch_per_worker} per worker); "

@@ -36,17 +36,23 @@ from tf_codistill import comm
 from tf_codistill.models import ctr
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-flags.DEFINE_integer("rounds", 2, "Interleaved rounds of the cluster arms (0: bytes table only).")
-flags.DEFINE_integer("train_steps", 300, "Training steps per cluster arm.")
-flags.DEFINE_integer("batch_per_worker", 512, "Examples per worker step.")
-flags.DEFINE_integer("train_rows", 200_000, "Generated training rows.")
-flags.DEFINE_integer("exchange_every_steps", 100, "Codistillation's default exchange interval.")
-flags.DEFINE_boolean("report_only", False, "Only rewrite report.md from the summary.json at "
-                     "--out (after a change of the report's layout).")
-flags.DEFINE_string("work_dir", None, "Where data and runs go (default: a temporary directory).")
-flags.DEFINE_string("out", os.path.join(REPO, "benchmarks", "results", "comm", "summary.json"),
-                    "JSON output.")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line (defined only when run as a script, so that the suites' modules can be
+  imported side by side)."""
+  flags.DEFINE_integer("rounds", 2, "Interleaved rounds of the cluster arms (0: bytes table only).")
+  flags.DEFINE_integer("train_steps", 300, "Training steps per cluster arm.")
+  flags.DEFINE_integer("batch_per_worker", 512, "Examples per worker step.")
+  flags.DEFINE_integer("train_rows", 200_000, "Generated training rows.")
+  flags.DEFINE_integer("exchange_every_steps", 100, "Codistillation's default exchange interval.")
+  flags.DEFINE_boolean("report_only", False, "Only rewrite report.md from the summary.json at "
+                       "--out (after a change of the report's layout).")
+  flags.DEFINE_string("work_dir", None, "Where data and runs go (default: a temporary directory).")
+  flags.DEFINE_string("out", os.path.join(REPO, "benchmarks", "results", "comm", "summary.json"),
+                      "JSON output.")
+
 
 # name -> (allreduce dtype, bytes_per_pack)
 VARIANTS = {"plain": ("float32", 1), "packed": ("float32", 0), "float16": ("float16", 0),
@@ -319,4 +325,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -37,20 +37,26 @@ from benchmarks.models import MODELS, Arm
 from tf_codistill import fusion as fusion_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-flags.DEFINE_integer("steps", 10, "Steps per arm per round.")
-flags.DEFINE_integer("rounds", 7, "Interleaved rounds.")
-flags.DEFINE_list("models", ["ctr_adam", "ctr_adagrad", "mlp_adam", "lstm_lm_adam"],
-                  "Models to measure.")
-flags.DEFINE_list("modes", ["none", "backward", "forward", "grads_only"], "Arms per model.")
-flags.DEFINE_list("jit", ["0", "1"], "jit_compile settings (0/1).")
-flags.DEFINE_float("scale", 1.0, "Scales model sizes and batches down for smoke runs (0 < s <= 1).")
-flags.DEFINE_string("out", os.path.join(REPO, "benchmarks", "results", "fusion", "summary.json"),
-                    "JSON output (report.md goes next to it).")
-flags.DEFINE_boolean("report_only", False, "Only rewrite report.md from the summary.json at "
-                     "--out (after a change of the report's layout).")
-flags.DEFINE_string("group", None, "Internal: measure only this 'model/jit' group in this "
-                    "process and write its step times to --out.")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line (defined only when run as a script, so that the suites' modules can be
+  imported side by side)."""
+  flags.DEFINE_integer("steps", 10, "Steps per arm per round.")
+  flags.DEFINE_integer("rounds", 7, "Interleaved rounds.")
+  flags.DEFINE_list("models", ["ctr_adam", "ctr_adagrad", "mlp_adam", "lstm_lm_adam"],
+                    "Models to measure.")
+  flags.DEFINE_list("modes", ["none", "backward", "forward", "grads_only"], "Arms per model.")
+  flags.DEFINE_list("jit", ["0", "1"], "jit_compile settings (0/1).")
+  flags.DEFINE_float("scale", 1.0, "Scales model sizes and batches down for smoke runs (0 < s <= 1).")
+  flags.DEFINE_string("out", os.path.join(REPO, "benchmarks", "results", "fusion", "summary.json"),
+                      "JSON output (report.md goes next to it).")
+  flags.DEFINE_boolean("report_only", False, "Only rewrite report.md from the summary.json at "
+                       "--out (after a change of the report's layout).")
+  flags.DEFINE_string("group", None, "Internal: measure only this 'model/jit' group in this "
+                      "process and write its step times to --out.")
+
 
 class GradsOnly(keras.Model):
   """Forward and backward pass of a model, no update (the gradients' sum is reported so that
@@ -344,4 +350,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

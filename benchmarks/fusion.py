@@ -179,6 +179,10 @@ def _explain(group: str, figures: dict) -> str:
   if share is not None:
     facts.append(f"the update is {share:.0%} of the unfused step (paired `none` vs `grads_only`), "
                  f"so even a free update could give at most x{1 / max(1e-9, 1 - share):.2f}")
+  if share is not None and speedup > 1.05 / max(1e-9, 1 - share):
+    return (f"`{group}`: **not credible**: {best_mode} x{speedup:.2f} (paired median) exceeds "
+            f"what a free update could give; {'; '.join(facts)}. The rounds were disturbed by "
+            "other jobs on this shared machine (its load is above); no conclusion from this group.")
   if speedup >= GOAL:
     return (f"`{group}`: **fusion helps**: {best_mode} x{speedup:.2f} (paired median; best "
             f"rounds x{figures[best_mode]['best']:.2f}); {'; '.join(facts)}. The fused kernels "

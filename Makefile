@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv clean
+.PHONY: demo test test-fast bazel-test venv clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,14 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests -m "not e2e"
+
+# Bazel (README "Bazel"): Debian's bazel-bootstrap 4.2.3, offline; runs the unit test targets.
+BAZEL ?= bazel
+bazel-test: $(STAMP)
+	@command -v $(firstword $(BAZEL)) >/dev/null || { echo "bazel not found; installing Debian's bazel-bootstrap"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bazel-bootstrap; }
+	$(PY) tests/check_bazel_targets.py
+	$(BAZEL) test //...
 
 clean:
 	rm -rf $(VENV) demo_run .pytest_cache

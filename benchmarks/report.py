@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Dict, List, Optional, Sequence
 
@@ -84,6 +85,12 @@ def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
     lines.append(f"- target validation log loss: {summary['target_loss']:.4f}{origin}")
   if summary.get("simulated"):
     lines.append(f"- simulated: {summary['simulated']}")
+  loads = [r["load_avg_1m_at_end"] for a in summary["arms"].values() for r in a["runs"]
+           if r.get("load_avg_1m_at_end") is not None]
+  if loads:
+    lines.append(f"- machine load (1-minute load average at the end of each run, "
+                 f"{os.cpu_count()} cores): {min(loads):.1f} to {max(loads):.1f}; wall times and "
+                 f"examples/s are only comparable between runs at similar load")
   lines.append("")
   if summary["goals"]:
     lines += ["## Goals", "", "| goal | value | spread over runs (mean ± std [min, max]) | goal | met |",
@@ -155,3 +162,41 @@ def write_report(summary: dict, results_dir: str, command: str) -> Dict[str, Lis
   with open(path, "w") as f:
     f.write(markdown(summary, command, plots))
   return {"report": [path], "plots": plots}
+
+
+def index_markdown(results_root: str) -> str:
+  """One table of every suite's goal figures, read from each ``<suite>/summary.json``."""
+  lines = ["# Benchmark results", "",
+           "Generated from each suite's `summary.json` by `benchmarks.run` after every suite run "
+           "(numbers are never typed in). Each suite's `report.md` starts with the command that "
+           "regenerates it.", "",
+           "| suite | goal figure | value | spread (mean ± std [min, max]) | goal | met |",
+           "| --- | --- | --- | --- | --- | --- |"]
+  for name in sorted(os.listdir(results_root)):
+    path = os.path.join(results_root, name, "summary.json")
+    if not os.path.isfile(path):
+      continue
+    with open(path) as f:
+      summary = json.load(f)
+    goals = summary.get("goals") or {}
+    link = f"[`{name}`]({name}/report.md)" if os.path.exists(
+        os.path.join(results_root, name, "report.md")) else f"`{name}`"
+    if not goals:
+      lines.append(f"| {link} | (no goal figures) | | | | |")
+    for goal, value in goals.items():
+      verdict = (summary.get("goal_verdicts") or {}).get(goal)
+      threshold = f"{verdict['threshold'][0]} {verdict['threshold'][1]}" if verdict else ""
+      met = ("yes" if verdict["met"] else "**no**") if verdict else ""
+      shown = "not reached" if value is None else (f"{value:.4f}" if isinstance(value, float)
+                                                   else str(value))
+      spread = _fmt((summary.get("goal_spreads") or {}).get(goal))
+      lines.append(f"| {link} | `{goal}` | {shown} | {spread} | {threshold} | {met} |")
+  return "\n".join(lines) + "\n"
+
+
+def write_index(results_root: str) -> str:
+  """Writes ``results_root/README.md`` (the index of all suites' goals); returns its path."""
+  path = os.path.join(results_root, "README.md")
+  with open(path, "w") as f:
+    f.write(index_markdown(results_root))
+  return path

@@ -4,10 +4,12 @@
   python -m benchmarks.run --suite=codistill_vs_sync --work_dir=/tmp/bench
 
 A suite is ``benchmarks/suites/<suite>.gin`` (or any file given by --suite_file). Results go to
-``--results_dir/<suite>/``; models and data to ``--work_dir/<suite>/`` (reused across runs).
+``--results_dir/<suite>/``; models to ``--work_dir/<suite>/``, data to ``--work_dir/data/`` (shared
+by the suites and reused across runs).
 """
 
 import os
+import shlex
 import sys
 
 from absl import app
@@ -26,9 +28,17 @@ flags.DEFINE_string("results_dir", os.path.join(os.path.dirname(os.path.abspath(
                                                 "results"),
                     "Results root; the suite writes <results_dir>/<suite>/.")
 flags.DEFINE_string("work_dir", "/tmp/tf_codistill_bench",
-                    "Models, exchange directories and data; <work_dir>/<suite>/.")
+                    "Models and exchange directories (<work_dir>/<suite>/) and the data the suites "
+                    "share (<work_dir>/data/).")
 flags.DEFINE_bool("force", False, "Rerun arms that already have recorded results.")
 FLAGS = flags.FLAGS
+
+
+def _shell_quote(value: str) -> str:
+  """Shell quoting that keeps gin's single-quoted strings readable: "x = 'a'"."""
+  if "'" in value and not set(value) & set('"$`\\!'):
+    return f'"{value}"'
+  return shlex.quote(value)
 
 
 def main(argv):
@@ -47,12 +57,13 @@ def main(argv):
   except (config.ConfigError, ValueError, TypeError) as e:
     raise app.UsageError(f"suite {path}: {e}") from None
   paths = runner.RunPaths(work_dir=os.path.join(FLAGS.work_dir, suite.name),
-                          results_dir=os.path.join(FLAGS.results_dir, suite.name))
+                          results_dir=os.path.join(FLAGS.results_dir, suite.name),
+                          data_dir=os.path.join(FLAGS.work_dir, "data"))
   summary = runner.run_suite(suite, paths, force=FLAGS.force,
                              progress=lambda line: print(line, flush=True))
   command = "python -m benchmarks.run " + " ".join(
       [f"--suite={FLAGS.suite}" if FLAGS.suite else f"--suite_file={FLAGS.suite_file}"]
-      + [f"--gin_bindings='{b}'" for b in FLAGS.gin_bindings] + ["--force"])
+      + [f"--gin_bindings={_shell_quote(b)}" for b in FLAGS.gin_bindings] + ["--force"])
   written = report.write_report(summary, paths.results_dir, command)
   for name, value in summary["goals"].items():
     verdict = summary["goal_verdicts"].get(name)
@@ -60,8 +71,9 @@ def main(argv):
     print(f"goal {name} = {shown}" + (f" (goal {verdict['threshold'][0]} "
                                       f"{verdict['threshold'][1]}: "
                                       f"{'met' if verdict['met'] else 'MISSED'})" if verdict else ""))
-  print(f"wrote {os.path.join(paths.results_dir, 'summary.json')}, {written['report'][0]} and "
-        f"{len(written['plots'])} plot(s)")
+  index = report.write_index(FLAGS.results_dir)
+  print(f"wrote {os.path.join(paths.results_dir, 'summary.json')}, {written['report'][0]}, "
+        f"{len(written['plots'])} plot(s) and the index {index}")
 
 
 def run():

@@ -179,6 +179,18 @@ def loss_minus_best(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
           [r["final_val_loss"] - best for r in arms[arm]["runs"]])
 
 
+@gin.configurable(module="bench", denylist=["arms"])
+def metric_ratio(arms: Mapping[str, dict], metric: str = gin.REQUIRED,
+                 numerator: str = gin.REQUIRED,
+                 denominator: str = gin.REQUIRED) -> Tuple[Optional[float], List[float]]:
+  """Mean ``metric`` (a per-run figure, e.g. examples_per_sec) of ``numerator`` / ``denominator``."""
+  num, den = arms[numerator][metric], arms[denominator][metric]
+  if not num or not den or not den["mean"]:
+    return None, []
+  return num["mean"] / den["mean"], [r[metric] / den["mean"] for r in arms[numerator]["runs"]
+                                     if r[metric] is not None]
+
+
 # ----------------------------------------------------------------------------------------------
 # Running.
 
@@ -188,6 +200,10 @@ class RunPaths:
   """Where a suite's work (models, data) and results (committed files) go."""
   work_dir: str
   results_dir: str
+  data_dir: str = ""  # shared by suites (generated data is reused); default work_dir/data
+
+  def __post_init__(self):
+    self.data_dir = self.data_dir or os.path.join(self.work_dir, "data")
 
   def run_dir(self, arm: str, seed: int) -> str:
     return os.path.join(self.work_dir, "runs", arm, f"seed_{seed}")
@@ -206,24 +222,42 @@ def _gin_path(path: str) -> str:
   return path if os.path.isabs(path) else os.path.join(config.REPO_GIN_DIR, path)
 
 
-def data_bindings(suite: Suite, work_dir: str) -> List[str]:
-  """Prepares the suite's data under ``work_dir/data`` (reused when there) and binds its files."""
+def data_bindings(suite: Suite, data_root: str) -> List[str]:
+  """Prepares the suite's data under ``data_root`` (reused when there) and binds its files."""
   if suite.data == "adult":
     from data_pipelines import adult  # pylint: disable=g-import-not-at-top
-    data_dir = os.path.join(work_dir, "data", "adult")
+    data_dir = os.path.join(data_root, "adult")
     adult.prepare(data_dir)
     return [f"trainer.train.train_files = ['{data_dir}/train-*']",
             f"trainer.train.eval_files = ['{data_dir}/eval-*']"]
-  data_dir = os.path.join(work_dir, "data", f"criteo_like_{suite.train_rows}_{suite.eval_rows}")
+  data_dir = os.path.join(data_root, f"criteo_like_{suite.train_rows}_{suite.eval_rows}")
   train, evaluation = demo.sample_data(data_dir, suite.train_rows, suite.eval_rows)
   return [f"trainer.train.train_files = {train!r}", f"trainer.train.eval_files = {evaluation!r}"]
 
 
-def _arm_done(arm: Arm, paths: RunPaths) -> bool:
+def arm_config(arm: Arm, suite: Suite, data: Sequence[str]) -> dict:
+  """Everything that determines an arm's runs: reuse is only safe while this is unchanged."""
+  return {"arm": {k: list(v) if isinstance(v, tuple) else v
+                  for k, v in dataclasses.asdict(arm).items() if k != "label"},
+          "common_bindings": list(suite.common_bindings), "data": list(data),
+          "threads_per_group": suite.threads_per_group}
+
+
+def _config_path(arm: Arm, paths: RunPaths) -> str:
+  return os.path.join(paths.results_dir, "runs", arm.name, "config.json")
+
+
+def _arm_done(arm: Arm, paths: RunPaths, config: dict) -> bool:
+  """Whether every run of the arm is recorded, from the same configuration."""
   groups = arm.num_groups if arm.kind == "train" else 1
-  seeds = arm.seeds
+  try:
+    with open(_config_path(arm, paths)) as f:
+      if json.load(f) != config:
+        return False
+  except (OSError, ValueError):
+    return False
   return all(os.path.exists(paths.result(arm.name, s, g)) and os.path.exists(paths.curve(arm.name, s, g))
-             for s in range(seeds) for g in range(groups))
+             for s in range(arm.seeds) for g in range(groups))
 
 
 def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str) -> dict:
@@ -231,6 +265,8 @@ def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str
   with open(os.path.join(group_dir, "results.json")) as f:
     results = json.load(f)
   results.pop("history", None)  # the curve below carries it, with steps and wall time
+  # Wall times and examples/sec mean little without the machine's load while the run trained.
+  results["load_avg_1m_at_end"] = os.getloadavg()[0]
   os.makedirs(os.path.dirname(paths.result(arm.name, seed, group)), exist_ok=True)
   keep = ("step", "wall_time_s", "loss", "task_loss", "distill_loss", "alpha", "teacher_staleness",
           "val_loss", "val_logloss", "val_auc", "examples_per_sec")
@@ -268,9 +304,12 @@ def run_arm(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], force:
 
   Returns whether it ran (False: reused).
   """
-  if not force and _arm_done(arm, paths):
+  config = arm_config(arm, suite, data)
+  if not force and _arm_done(arm, paths, config):
     progress(f"[{suite.name}] {arm.name}: reusing {arm.seeds} recorded run(s) (--force reruns)")
     return False
+  # Whatever was recorded for this arm before is stale from here on.
+  shutil.rmtree(os.path.join(paths.results_dir, "runs", arm.name), ignore_errors=True)
   for seed in range(arm.seeds):
     start = time.time()
     if arm.kind == "train":
@@ -283,6 +322,8 @@ def run_arm(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], force:
     summary = ", ".join(f"group {r.get('group', 0)} {LOSS_KEY} {r[LOSS_KEY]:.4f}" for r in results)
     progress(f"[{suite.name}] {arm.name} seed {seed + 1}/{arm.seeds}: {summary} "
              f"({time.time() - start:.0f}s)")
+  with open(_config_path(arm, paths), "w") as f:
+    json.dump(config, f, indent=1, sort_keys=True)
   churn = _churn(arm, paths)
   if churn:
     progress(f"[{suite.name}] {arm.name}: churn mean |pa-pb| {churn['mean_abs_diff']['mean']:.5f} "
@@ -407,6 +448,7 @@ def summarize(suite: Suite, paths: RunPaths) -> dict:
                    "final_val_loss": result[LOSS_KEY], "final_val_auc": result.get("val_auc"),
                    "steps": result["steps"], "wall_time_s": result["wall_time_s"],
                    "examples_per_sec": result.get("examples_per_sec"),
+                   "load_avg_1m_at_end": result.get("load_avg_1m_at_end"),
                    "steps_to_target": steps, "wall_time_to_target_s": wall,
                    "curve": run["curve_file"]})
     churn_path = os.path.join(paths.results_dir, "runs", arm.name, "churn.json")
@@ -426,6 +468,7 @@ def summarize(suite: Suite, paths: RunPaths) -> dict:
         "wall_time_to_target_s": _stat([r["wall_time_to_target_s"] for r in runs]),
         "wall_time_s": _stat([r["wall_time_s"] for r in runs]),
         "examples_per_sec": _stat([r["examples_per_sec"] for r in runs]),
+        "load_avg_1m_at_end": _stat([r["load_avg_1m_at_end"] for r in runs]),
         "churn": churn,
     }
   goals, spreads, verdicts = {}, {}, {}
@@ -447,7 +490,7 @@ def run_suite(suite: Suite, paths: RunPaths, force: bool = False,
               progress: Callable[[str], None] = print) -> dict:
   """Runs (or reuses) every arm, then writes summary.json and returns it."""
   os.makedirs(paths.results_dir, exist_ok=True)
-  data = data_bindings(suite, paths.work_dir)
+  data = data_bindings(suite, paths.data_dir)
   start = time.time()
   ran = set()
   for arm in suite.arms:

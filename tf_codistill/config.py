@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import inspect
+import logging
 import os
 import typing
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import gin
 
@@ -27,6 +29,24 @@ class ConfigError(errors.ConfigurationError):
   """A gin file or binding that cannot be applied."""
 
 
+def _is_include_probe(record: logging.LogRecord) -> bool:
+  """gin logs an ERROR for every search-path candidate of an `include` that is not there."""
+  return (record.name == "root" and record.pathname.endswith(os.path.join("gin", "resource_reader.py"))
+          and record.getMessage().startswith("Path not found"))
+
+
+@contextlib.contextmanager
+def _quiet_include_probes() -> Iterator[None]:
+  """Drops gin's per-candidate 'Path not found' errors; a real missing include still raises."""
+  log_filter = lambda record: not _is_include_probe(record)
+  root = logging.getLogger()
+  root.addFilter(log_filter)
+  try:
+    yield
+  finally:
+    root.removeFilter(log_filter)
+
+
 def parse_gin(gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = ()) -> None:
   """Parses gin files and bindings; `include`s resolve next to each file and under gin/."""
   for path in list(gin_files):
@@ -39,7 +59,9 @@ def parse_gin(gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = ()) -
   for directory in sorted(search):
     gin.add_config_file_search_path(directory)
   try:
-    gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings), finalize_config=False)
+    with _quiet_include_probes():
+      gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
+                                          finalize_config=False)
   except (ValueError, TypeError, SyntaxError, IOError) as e:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ConfigError(f"gin configuration error: {first}") from e

@@ -1,5 +1,8 @@
 """Benchmark runner pieces that need no training: suite validation, steps to target, goals."""
 
+import json
+import os
+
 import pytest
 
 from benchmarks import runner
@@ -55,3 +58,38 @@ def test_bad_arms_are_refused():
     runner.Arm("e", kind="ensemble")
   with pytest.raises(ValueError, match="kind='bagging' is not one of"):
     runner.Arm("e", kind="bagging")
+
+
+def test_metric_ratio_divides_arm_means_and_skips_missing_figures():
+  arms = {"async": {"runs": [{"examples_per_sec": 300.0}, {"examples_per_sec": None}],
+                    "examples_per_sec": runner._stat([300.0])},
+          "sync": {"runs": [{"examples_per_sec": 100.0}, {"examples_per_sec": 200.0}],
+                   "examples_per_sec": runner._stat([100.0, 200.0])},
+          "never": {"runs": [{"examples_per_sec": None}], "examples_per_sec": None}}
+  value, per_run = runner.metric_ratio(arms, metric="examples_per_sec", numerator="async",
+                                       denominator="sync")
+  assert value == pytest.approx(2.0) and per_run == pytest.approx([2.0])
+  assert runner.metric_ratio(arms, metric="examples_per_sec", numerator="never",
+                             denominator="sync") == (None, [])
+
+
+def test_recorded_runs_are_reused_only_while_the_arm_configuration_is_unchanged(tmp_path):
+  paths = runner.RunPaths(work_dir=str(tmp_path / "work"), results_dir=str(tmp_path / "results"))
+  arm = runner.Arm("a", seeds=1)
+  suite = runner.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 10"])
+  data = ["trainer.train.train_files = ['x']"]
+  config = runner.arm_config(arm, suite, data)
+  for path in (paths.result("a", 0, 0), paths.curve("a", 0, 0)):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+      f.write("{}\n")
+  assert not runner._arm_done(arm, paths, config)  # runs without a recorded configuration
+  with open(runner._config_path(arm, paths), "w") as f:
+    json.dump(config, f)
+  assert runner._arm_done(arm, paths, config)
+  relabelled = runner.Arm("a", seeds=1, label="new words")
+  assert runner._arm_done(relabelled, paths, runner.arm_config(relabelled, suite, data))
+  changed = runner.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 20"])
+  assert not runner._arm_done(arm, paths, runner.arm_config(arm, changed, data))
+  more_seeds = runner.Arm("a", seeds=2)
+  assert not runner._arm_done(more_seeds, paths, runner.arm_config(more_seeds, suite, data))

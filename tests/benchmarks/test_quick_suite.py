@@ -1,0 +1,46 @@
+"""`python -m benchmarks.run --suite=quick` end to end: every arm trained or computed, recorded."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from testing_utils import REPO
+
+pytestmark = pytest.mark.e2e
+
+
+def test_quick_suite_writes_every_arm_goals_report_and_plots(tmp_path):
+  results, work = tmp_path / "results", tmp_path / "work"
+  command = [sys.executable, "-m", "benchmarks.run", "--suite=quick", f"--results_dir={results}",
+             f"--work_dir={work}"]
+  proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  with open(results / "quick" / "summary.json") as f:
+    summary = json.load(f)
+  expected = {"baseline", "codistill", "ls_uniform", "ls_unigram", "ensemble", "offline_distill",
+              "sync_2x", "async_1w"}
+  assert set(summary["arms"]) == expected
+  for name, arm in summary["arms"].items():
+    assert arm["runs"], name
+    for run in arm["runs"]:
+      assert math.isfinite(run["final_val_loss"]) and 0 < run["final_val_loss"] < 1.0, (name, run)
+  assert len(summary["arms"]["codistill"]["runs"]) == 2 * 2  # 2 seeds x 2 groups
+  assert summary["arms"]["baseline"]["churn"]["pairs"]
+  assert set(summary["goals"]) == {"codistill_steps_ratio", "churn_reduction",
+                                   "codistill_minus_best_label_smoothing_loss"}
+  assert summary["goals"]["churn_reduction"] is not None
+  # Progress lines, one per run, and the report with its plots.
+  assert proc.stdout.count("[quick] ") >= len(expected)
+  report = (results / "quick" / "report.md").read_text()
+  assert "python -m benchmarks.run --suite=quick" in report
+  for plot in ("val_loss_vs_steps.png", "val_loss_vs_wall_time.png"):
+    assert os.path.getsize(results / "quick" / plot) > 1000
+    assert f"]({plot})" in report
+  # A second invocation reuses every arm instead of training again.
+  again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stderr[-4000:]
+  assert again.stdout.count("reusing") == len(expected)

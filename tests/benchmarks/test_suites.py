@@ -1,0 +1,45 @@
+"""Every committed suite file parses into a valid Suite whose goals name existing arms."""
+
+import os
+
+import gin
+import pytest
+
+from benchmarks import runner
+from benchmarks import run as run_binary
+from tf_codistill import config
+
+SUITES = sorted(f[:-4] for f in os.listdir(run_binary.SUITES_DIR)
+                if f.endswith(".gin") and not f.startswith("_"))
+
+
+def test_the_issue_suites_are_all_there():
+  assert {"quick", "sync_scaling", "codistill_vs_sync", "baselines", "churn", "staleness",
+          "data_split", "sync_vs_async", "adult"} <= set(SUITES)
+
+
+@pytest.mark.parametrize("name", SUITES)
+def test_suite_parses_and_its_goals_evaluate_on_its_arms(name):
+  gin.clear_config()
+  try:
+    config.parse_gin([os.path.join(run_binary.SUITES_DIR, f"{name}.gin")])
+    suite = runner.Suite()
+    arms = {arm.name for arm in suite.arms}
+    # Goals are gin-bound partials: evaluate each on made-up arm summaries (while the suite's
+    # bindings are in force, as in a run), so a goal naming an arm the suite does not have fails
+    # here rather than after hours of training.
+    fake = {a: {"runs": [{"final_val_loss": 0.5, "steps_to_target": 100,
+                          "examples_per_sec": 10.0, "wall_time_to_target_s": 1.0}],
+                "final_val_loss": runner._stat([0.5]), "steps_to_target": runner._stat([100]),
+                "examples_per_sec": runner._stat([10.0]),
+                "wall_time_to_target_s": runner._stat([1.0]),
+                "churn": {"mean_abs_diff": {"mean": 0.1}, "pairs": [{"mean_abs_diff": 0.1}]}}
+            for a in arms}
+    values = {goal_name: goal(fake)[0] for goal_name, goal in suite.goals.items()}
+  finally:
+    gin.clear_config()
+  assert suite.name == name
+  assert all(value is not None for value in values.values()), values
+  for arm in suite.arms:
+    for path in arm.gin_files:
+      assert os.path.exists(os.path.join(config.REPO_GIN_DIR, path)), (name, arm.name, path)

@@ -338,13 +338,17 @@ def markdown_table(summary_json: dict) -> str:
   return "\n".join(lines)
 
 
-flags.DEFINE_integer("trials", 10, "Trials per kind (seeds 0..trials-1).")
-flags.DEFINE_list("kinds", list(KINDS), f"Which faults, of {KINDS}.")
-flags.DEFINE_integer("train_steps", 240, "Training steps per trial.")
-flags.DEFINE_integer("steps_per_epoch", 40, "Steps per epoch (= checkpoint interval).")
-flags.DEFINE_string("work_dir", None, "Where data and runs go (default: a temporary directory).")
-flags.DEFINE_string("out", DEFAULT_OUT, "JSON output.")
-flags.DEFINE_bool("table", False, "Only print the Markdown table of --out and exit.")
+def _define_flags() -> None:
+  """Flags of the script (defined only when run as one, so importing defines none)."""
+  flags.DEFINE_integer("trials", 10, "Trials per kind (seeds 0..trials-1).")
+  flags.DEFINE_list("kinds", list(KINDS), f"Which faults, of {KINDS}.")
+  flags.DEFINE_integer("train_steps", 240, "Training steps per trial.")
+  flags.DEFINE_integer("steps_per_epoch", 40, "Steps per epoch (= checkpoint interval).")
+  flags.DEFINE_string("work_dir", None, "Where data and runs go (default: a temporary directory).")
+  flags.DEFINE_string("out", DEFAULT_OUT, "JSON output.")
+  flags.DEFINE_bool("table", False, "Only print the Markdown table of --out and exit.")
+
+
 FLAGS = flags.FLAGS
 
 
@@ -380,4 +384,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

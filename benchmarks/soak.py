@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -92,6 +91,7 @@ def run_soak(work_dir: str, duration_s: float, exchange_every_steps: int = 40,
   launch = fault_trials._Launch(args)  # pylint: disable=protected-access
   start = time.monotonic()
   samples: Dict[str, List[List[float]]] = {}  # process -> [[t, rss_mib], ...]
+  train_start: Dict[int, float] = {}  # group -> seconds after launch its training started
   stop = threading.Event()
 
   def sample():
@@ -99,6 +99,10 @@ def run_soak(work_dir: str, duration_s: float, exchange_every_steps: int = 40,
       now = time.monotonic() - start
       procs = {"launcher": launch.proc.pid}
       procs.update({f"group_{g}/{t}_{k}": pid for (g, t, k), pid in list(launch.pids.items())})
+      for group in (0, 1):  # training starts when the chief writes its first heartbeat
+        if group not in train_start and os.path.exists(
+            os.path.join(model_dir, f"group_{group}", "heartbeat.json")):
+          train_start[group] = round(now, 1)
       for name, pid in procs.items():
         rss = rss_kib(pid)
         if rss is not None:
@@ -135,6 +139,7 @@ def run_soak(work_dir: str, duration_s: float, exchange_every_steps: int = 40,
           "strategy": strategy, "exchange_every_steps": exchange_every_steps,
           "poll_interval_s": poll_interval_s, "sample_s": sample_s, "warmup_s": warmup_s,
           "groups": groups, "rss_mib": samples,
+          "train_start_s": {str(g): t for g, t in train_start.items()},
           "stderr_tail": launch.stderr[-3000:] if code else ""}
 
 
@@ -143,10 +148,17 @@ def judge(run: dict, rss_tolerance_mib: float = 40.0, rss_tolerance_frac: float 
   """Adds the verdicts: per-process RSS growth after warm-up, step-time outliers, refreshes."""
   rss = {}
   for name, series in run["rss_mib"].items():
-    # Only the samples of the training phase after warm-up (the process's own start + warmup_s;
-    # not its last sample, taken during its final evaluation and shutdown).
-    t0 = series[0][0]
-    values = [v for t, v in series[:-1] if t >= t0 + run["warmup_s"]]
+    # Only the samples of the training phase after warm-up: from the group's training start
+    # (its chief's first heartbeat; the launcher: the earlier group) + warmup_s until training
+    # ends (start + duration_s), not the final evaluation, export and shutdown.
+    starts = run["train_start_s"]
+    group = name.split("/")[0].replace("group_", "") if name.startswith("group_") else None
+    start = starts.get(group) if group is not None else min(starts.values(), default=None)
+    if start is None:
+      rss[name] = {"samples": 0, "flat": None}
+      continue
+    values = [v for t, v in series
+              if start + run["warmup_s"] <= t <= start + run["duration_s"]]
     if len(values) < 5:
       rss[name] = {"samples": len(values), "flat": None}
       continue
@@ -202,14 +214,18 @@ def markdown_row(summary: dict) -> str:
           f"step intervals over 3x the median | - | - |")
 
 
-flags.DEFINE_float("duration_s", 1200.0, "Training time (trainer.train.max_wall_seconds).")
-flags.DEFINE_integer("exchange_every_steps", 40, "Publish interval (steps).")
-flags.DEFINE_float("poll_interval_s", 0.5, "How often each task looks for new teachers.")
-flags.DEFINE_float("sample_s", 5.0, "RSS sampling interval.")
-flags.DEFINE_string("strategy", "parameter_server", "Each group's strategy.")
-flags.DEFINE_string("work_dir", None, "Where data and the job go (default: a temporary dir).")
-flags.DEFINE_string("out", DEFAULT_OUT, "JSON output.")
-flags.DEFINE_bool("table", False, "Only print the Markdown row of --out and exit.")
+def _define_flags() -> None:
+  """Flags of the script (defined only when run as one, so importing defines none)."""
+  flags.DEFINE_float("duration_s", 1200.0, "Training time (trainer.train.max_wall_seconds).")
+  flags.DEFINE_integer("exchange_every_steps", 40, "Publish interval (steps).")
+  flags.DEFINE_float("poll_interval_s", 0.5, "How often each task looks for new teachers.")
+  flags.DEFINE_float("sample_s", 5.0, "RSS sampling interval.")
+  flags.DEFINE_string("strategy", "parameter_server", "Each group's strategy.")
+  flags.DEFINE_string("work_dir", None, "Where data and the job go (default: a temporary dir).")
+  flags.DEFINE_string("out", DEFAULT_OUT, "JSON output.")
+  flags.DEFINE_bool("table", False, "Only print the Markdown row of --out and exit.")
+
+
 FLAGS = flags.FLAGS
 
 
@@ -238,4 +254,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

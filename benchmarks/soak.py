@@ -211,7 +211,8 @@ def markdown_row(summary: dict) -> str:
           f"{'finished' if v['finished'] else 'FAILED'}; {sum(v['refreshes'])} teacher loads; "
           f"RSS {'flat' if v['rss_flat'] else 'NOT flat'} after warm-up (largest growth "
           f"{growth} MiB, {worst}, over {len(v['rss'])} processes); {outliers} of {plain} plain "
-          f"step intervals over 3x the median | - | - |")
+          f"step intervals over 3x the median (allowed {v['outlier_frac_allowed']:.0%}: "
+          f"{'ok' if v['step_times_ok'] else 'NOT ok'}) | - | - |")
 
 
 def _define_flags() -> None:

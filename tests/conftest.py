@@ -12,3 +12,19 @@ def criteo_dir(tmp_path_factory):
   make_criteo_like.generate(path, 40_000, num_files=4, seed=0, prefix="train", vocab_size=2000)
   make_criteo_like.generate(path, 4_000, num_files=1, seed=1, prefix="eval", vocab_size=2000)
   return path
+
+
+def pytest_addoption(parser):
+  parser.addoption("--soak", action="store_true", default=False,
+                   help="also run the long `soak` tests (20-minute soak, repeated kill trials)")
+
+
+def pytest_collection_modifyitems(config, items):
+  """`soak` tests run only with --soak or a -m expression that names them."""
+  expression = config.option.markexpr or ""
+  if config.getoption("--soak") or ("soak" in expression and "not soak" not in expression):
+    return
+  skip = pytest.mark.skip(reason="long soak test: run with --soak (or -m soak)")
+  for item in items:
+    if "soak" in item.keywords:
+      item.add_marker(skip)

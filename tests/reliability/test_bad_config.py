@@ -40,6 +40,22 @@ CASES = {
         "strategy='one_device' runs in one process, but TF_CONFIG describes a cluster of 1 chief, "
         "1 worker, 1 ps tasks: use 'multi_worker_mirrored' or 'parameter_server', or unset "
         "TF_CONFIG"),
+    "cluster_strategy_without_tf_config": (
+        "train", [], "baseline.gin", ["trainer.train.strategy = 'parameter_server'"], {},
+        "strategy='parameter_server' needs TF_CONFIG with a 'cluster' (and 'task')"),
+    "sync_strategy_with_ps_in_tf_config": (
+        "train", [], "baseline.gin", ["trainer.train.strategy = 'multi_worker_mirrored'"],
+        {"TF_CONFIG": PS_TF_CONFIG},
+        "strategy='multi_worker_mirrored' but TF_CONFIG has ps tasks: use 'parameter_server'"),
+    "one_group_with_codistillation_train": (
+        "train", ["--group=0", "--num_groups=1", "--exchange_dir={root}/exchange"],
+        "codistill_2way.gin", [], {},
+        "codistillation needs --num_groups >= 2 (or bind trainer.train.codistill = False)"),
+    "negative_group": (
+        "train", ["--group=-1", "--num_groups=2"], "codistill_2way.gin", [], {},
+        "--group=-1 is out of range for --num_groups=2"),
+    "unknown_flag_train": (
+        "train", ["--grup=1"], "baseline.gin", [], {}, "Unknown command line flag 'grup'"),
     "one_group_with_codistillation": (
         "launch", ["--num_groups=1"], "codistill_2way.gin", [], {},
         "codistillation needs --num_groups >= 2 (or bind trainer.train.codistill = False)"),
@@ -70,7 +86,7 @@ def outcomes(tmp_path_factory, criteo_dir):
       model_dir = root / case
       args = [sys.executable, "-m", f"tf_codistill.bin.{binary}", f"--model_dir={model_dir}",
               f"--gin_file={REPO}/gin/criteo/{gin_file}"]
-      args += [flag.format(locked=locked) for flag in flags]
+      args += [flag.format(locked=locked, root=root) for flag in flags]
       all_bindings = list(SMALL_BINDINGS) + [
           f"trainer.train.train_files = ['{criteo_dir}/train-*']",
           f"trainer.train.eval_files = ['{criteo_dir}/eval-*']", *bindings]

@@ -1,0 +1,388 @@
+"""Process faults on real local clusters, repeated: kill -9 of a worker, a ps task, a chief, and
+a whole group at seeded random steps; for each trial: did the job finish, did the killed group
+resume correctly, how many steps it lost, and how long it took to recover.
+
+Every trial runs ``tf-codistill-launch`` as users do (one process per task, TF_CONFIG, ports on
+127.0.0.1) on generated Criteo-format files:
+
+- ``worker``, ``ps``, ``chief``: one parameter-server group (chief, 2 workers, 1 ps), baseline
+  config; the launcher restarts a dead worker alone (the coordinator reschedules its steps
+  meanwhile), and restarts the whole group from its last checkpoint after a dead ps or chief;
+- ``group``: 2-way codistillation, each group a parameter-server cluster (chief, 1 worker, 1 ps);
+  every task of group 1 is killed at once; it restarts from its checkpoint while group 0 goes on.
+
+The kill step is drawn from [25%, 70%] of the training steps by ``random.Random(seed)``; the
+killed group's chief writes ``heartbeat.json`` (step, step it started from, pid) every 0.1 s,
+which is how the kill point and the recovery are seen:
+
+- steps lost: the heartbeat step just before the kill minus the step the restarted chief
+  started from (0 when nothing restarts: a dead parameter-server worker);
+- restart_s: kill -> the launcher has started a new process for every killed task (for a
+  parameter-server worker: the new worker serves in the cluster again);
+- progress_s: kill -> the killed group's step is past the step at the kill again;
+- recovery_s: the later of the two (back at full strength and past the kill point).
+
+  .venv/bin/python -m benchmarks.fault_trials --trials=10 [--kinds=worker,ps,chief,group]
+
+writes benchmarks/results/fault_trials/summary.json (every trial and a summary per kind), from
+which ``python -m benchmarks.fault_trials --table`` prints the table of docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+from absl import app
+from absl import flags
+
+from data_pipelines import make_criteo_like
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KINDS = ("worker", "ps", "chief", "group")
+DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results", "fault_trials", "summary.json")
+
+# Small sizes: a trial trains in tens of seconds per process on a 2-core machine.
+BINDINGS = (
+    "NUM_BUCKETS = 1000",
+    "models.ctr_model.embedding_dim = 4",
+    "models.ctr_model.hidden_units = (32,)",
+    "trainer.train.batch_size = 120",
+    "trainer.train.exchange_every_steps = 40",
+    "trainer.train.burn_in_steps = 40",
+    "trainer.train.poll_interval_s = 0.2",
+    "trainer.train.shuffle_buffer = 1000",
+    "trainer.train.eval_steps = 5",
+    "trainer.train.verbose = 0",
+    "trainer.train.intra_op_threads = 1",
+    "trainer.train.inter_op_threads = 1",
+    "trainer.train.heartbeat_every_s = 0.1",
+)
+
+
+def ensure_data(data_dir: str) -> str:
+  """Generated Criteo-format training (4 files, 40k rows) and eval files under ``data_dir``."""
+  if not os.path.exists(os.path.join(data_dir, "eval-00000-of-00001.tsv")):
+    make_criteo_like.generate(data_dir, 40_000, num_files=4, seed=0, prefix="train",
+                              vocab_size=2000)
+    make_criteo_like.generate(data_dir, 4_000, num_files=1, seed=1, prefix="eval",
+                              vocab_size=2000)
+  return data_dir
+
+
+def trial_command(kind: str, model_dir: str, data_dir: str, train_steps: int,
+                  steps_per_epoch: int) -> List[str]:
+  """The tf-codistill-launch command line of one trial of ``kind``."""
+  if kind == "group":
+    shape = ["--num_groups=2", "--workers_per_group=1", "--ps_per_group=1"]
+    gin = "codistill_2way.gin"
+  else:
+    shape = ["--num_groups=1", "--workers_per_group=2", "--ps_per_group=1"]
+    gin = "baseline.gin"
+  args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
+          f"--gin_file={REPO}/gin/criteo/{gin}", "--strategy=parameter_server",
+          "--max_restarts=3", *shape]
+  bindings = list(BINDINGS) + [
+      f"trainer.train.train_steps = {train_steps}",
+      f"trainer.train.steps_per_epoch = {steps_per_epoch}",
+      f"trainer.train.train_files = ['{data_dir}/train-*']",
+      f"trainer.train.eval_files = ['{data_dir}/eval-*']"]
+  return args + [f"--gin_bindings={b}" for b in bindings]
+
+
+class _Launch:
+  """A running launcher; its stderr is kept in the background and its tasks' pids tracked."""
+
+  def __init__(self, args: Sequence[str]):
+    self.proc = subprocess.Popen(list(args), cwd=REPO, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+    self.lines: List[str] = []
+    self.pids: Dict[tuple, int] = {}  # (group, task, index) -> newest pid
+    self.started: Dict[tuple, float] = {}  # (group, task, index) -> when that pid was launched
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
+
+  def _read(self):
+    for line in self.proc.stderr:
+      self.lines.append(line)
+      match = re.search(r"launched group (\d+) (\w+):(\d+) \(pid (\d+)\)", line)
+      if match:
+        key = (int(match[1]), match[2], int(match[3]))
+        self.pids[key] = int(match[4])
+        self.started[key] = time.monotonic()
+
+  def wait(self, timeout: float) -> Optional[int]:
+    try:
+      self.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      self.proc.send_signal(signal.SIGTERM)  # the launcher stops every task it started
+      try:
+        self.proc.wait(timeout=60)
+      except subprocess.TimeoutExpired:
+        self.proc.kill()
+        self.proc.wait()
+      self._reader.join(timeout=10)
+      return None
+    self._reader.join(timeout=10)
+    return self.proc.returncode
+
+  @property
+  def stderr(self) -> str:
+    return "".join(self.lines)
+
+
+def _heartbeat(group_dir: str) -> Optional[dict]:
+  try:
+    with open(os.path.join(group_dir, "heartbeat.json")) as f:
+      return json.load(f)
+  except (OSError, ValueError):  # not written yet, or replaced while read
+    return None
+
+
+def _wait(condition, timeout: float, what: str, poll: float = 0.05):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    value = condition()
+    if value:
+      return value
+    time.sleep(poll)
+  raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _serving_count(model_dir: str, task: tuple) -> int:
+  """How many times the task's log says it started serving (it is appended to on restarts)."""
+  group, task_type, index = task
+  try:
+    with open(os.path.join(model_dir, f"group_{group}", f"{task_type}_{index}.log"),
+              errors="replace") as f:
+      return f.read().count(f"serving {task_type}:{index} of")
+  except OSError:
+    return 0
+
+
+def _results(group_dir: str) -> Optional[dict]:
+  try:
+    with open(os.path.join(group_dir, "results.json")) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def run_trial(kind: str, seed: int, work_dir: str, data_dir: str, train_steps: int = 240,
+              steps_per_epoch: int = 40, timeout: float = 600.0) -> dict:
+  """One kill -9 trial of ``kind``; returns its record (``ok`` says whether it recovered)."""
+  if kind not in KINDS:
+    raise ValueError(f"kind={kind!r} is not one of {KINDS}")
+  rng = random.Random(f"{kind}-{seed}")
+  kill_step = rng.randint(int(0.25 * train_steps), int(0.7 * train_steps))
+  model_dir = os.path.join(work_dir, f"{kind}_{seed}")
+  shutil.rmtree(model_dir, ignore_errors=True)
+  victim_group = 1 if kind == "group" else 0
+  group_dir = os.path.join(model_dir, f"group_{victim_group}")
+  record = {"kind": kind, "seed": seed, "train_steps": train_steps,
+            "checkpoint_every_steps": steps_per_epoch, "kill_step_target": kill_step}
+  started = time.monotonic()
+  launch = _Launch(trial_command(kind, model_dir, data_dir, train_steps, steps_per_epoch))
+  try:
+    def reached():
+      beat = _heartbeat(group_dir)
+      return beat if beat and beat["step"] >= kill_step else None
+    beat = _wait(reached, timeout, f"step {kill_step} of group {victim_group}")
+    if kind == "group":
+      victims = [key for key in launch.pids if key[0] == victim_group]
+    else:
+      victims = [(0, {"worker": "worker", "ps": "ps", "chief": "chief"}[kind],
+                  rng.randrange(2) if kind == "worker" else 0)]
+    old_pids = {key: launch.pids[key] for key in victims}
+    chief_pid = beat["pid"]
+    step_at_kill = beat["step"]
+    killed_at = time.monotonic()
+    for key in victims:
+      try:
+        os.kill(old_pids[key], signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    record.update(step_at_kill=step_at_kill, killed=[f"group {g} {t}:{k}" for g, t, k in victims],
+                  killed_after_s=round(killed_at - started, 2))
+    peer_step_at_kill = None
+    if kind == "group":
+      peer = _heartbeat(os.path.join(model_dir, "group_0"))
+      peer_step_at_kill = peer["step"] if peer else None
+
+    # Recovery: every killed task relaunched, and the group's step past the kill point again.
+    restart_s = progress_s = start_step = None
+    resumed_pid = None
+    deadline = killed_at + timeout
+    while time.monotonic() < deadline and (restart_s is None or progress_s is None):
+      now = time.monotonic()
+      if restart_s is None and all(launch.pids.get(k) != old_pids[k] for k in victims):
+        if kind != "worker":
+          restart_s = max(launch.started[k] for k in victims) - killed_at
+        elif _serving_count(model_dir, victims[0]) >= 2:  # the new worker serves again
+          restart_s = now - killed_at
+      beat = _heartbeat(group_dir)
+      if beat and beat["pid"] != chief_pid and start_step is None:
+        start_step, resumed_pid = beat["start_step"], beat["pid"]
+      if progress_s is None and beat and beat["step"] > step_at_kill and (
+          kind == "worker" or beat["pid"] != chief_pid):
+        progress_s = now - killed_at
+      if launch.proc.poll() is not None:
+        break
+      time.sleep(0.05)
+    if kind == "group":
+      peer = _heartbeat(os.path.join(model_dir, "group_0"))
+      record["peer_steps_while_down"] = (peer["step"] - peer_step_at_kill
+                                         if peer and peer_step_at_kill is not None else None)
+    remaining = max(60.0, deadline - time.monotonic())
+    code = launch.wait(remaining)
+  except TimeoutError as e:
+    launch.proc.send_signal(signal.SIGTERM)
+    code = launch.wait(60)
+    record.update(ok=False, error=str(e), stderr_tail=launch.stderr[-3000:],
+                  wall_s=round(time.monotonic() - started, 1))
+    return record
+  record["wall_s"] = round(time.monotonic() - started, 1)
+  record["exit_code"] = code
+  groups = (0, 1) if kind == "group" else (0,)
+  finished = {g: _results(os.path.join(model_dir, f"group_{g}")) for g in groups}
+  record["final_steps"] = {str(g): (r or {}).get("steps") for g, r in finished.items()}
+  if kind == "worker":
+    steps_lost = 0
+    # ClusterCoordinator retries the step the dead worker ran; one may count (and apply) twice.
+    resumed_ok = True
+  else:
+    steps_lost = None if start_step is None else step_at_kill - start_step
+    # Resumed from a checkpoint at most one interval (plus the steps in flight) behind the kill,
+    # never from scratch once a checkpoint existed, never from the future.
+    resumed_ok = (start_step is not None and 0 <= step_at_kill - start_step
+                  and (step_at_kill < steps_per_epoch or start_step > 0)
+                  and step_at_kill - start_step <= steps_per_epoch + 20)
+  restarted = f"exited with status -9; restarting" in launch.stderr
+  finished_ok = (code == 0 and all(r is not None and train_steps <= r["steps"] <= train_steps + 2
+                                   for r in finished.values()))
+  record.update(
+      steps_lost=steps_lost, resumed_from_step=start_step, restart_s=_round(restart_s),
+      progress_s=_round(progress_s),
+      recovery_s=_round(None if restart_s is None or progress_s is None
+                        else max(restart_s, progress_s)),
+      launcher_restarted=restarted, finished=finished_ok, resumed_correctly=resumed_ok,
+      ok=bool(finished_ok and resumed_ok and restarted and progress_s is not None
+              and restart_s is not None))
+  if not record["ok"]:
+    record["stderr_tail"] = launch.stderr[-3000:]
+  return record
+
+
+def _round(value: Optional[float]) -> Optional[float]:
+  return None if value is None else round(value, 2)
+
+
+def summarize(trials: Sequence[dict]) -> Dict[str, dict]:
+  """Per kind: trials, how many finished and resumed correctly, steps lost and recovery times."""
+  summary = {}
+  for kind in KINDS:
+    rows = [t for t in trials if t["kind"] == kind]
+    if not rows:
+      continue
+    lost = [t["steps_lost"] for t in rows if t.get("steps_lost") is not None]
+    recovery = [t["recovery_s"] for t in rows if t.get("recovery_s") is not None]
+    summary[kind] = {
+        "trials": len(rows),
+        "finished": sum(bool(t.get("finished")) for t in rows),
+        "resumed_correctly": sum(bool(t.get("resumed_correctly")) for t in rows),
+        "ok": sum(bool(t.get("ok")) for t in rows),
+        "steps_lost": _spread(lost),
+        "recovery_s": _spread(recovery),
+        "kill_steps": [t.get("step_at_kill") for t in rows],
+    }
+  return summary
+
+
+def _spread(values: Sequence[float]) -> Optional[dict]:
+  if not values:
+    return None
+  return {"median": round(statistics.median(values), 2), "min": min(values),
+          "max": max(values)}
+
+
+CASES = {
+    "worker": "kill -9 of a parameter-server worker (1 group: chief, 2 workers, 1 ps)",
+    "ps": "kill -9 of the ps task (1 group: chief, 2 workers, 1 ps)",
+    "chief": "kill -9 of the chief (1 group: chief, 2 workers, 1 ps)",
+    "group": "kill -9 of every task of group 1 of 2-way codistillation (each: chief, 1 worker, 1 ps)",
+}
+
+
+def markdown_table(summary_json: dict) -> str:
+  """The docs/reliability.md table from a summary.json."""
+  lines = ["| case | trials | outcome | steps lost (median, min-max) | recovery time s "
+           "(median, min-max) |", "|---|---|---|---|---|"]
+  for kind, row in summary_json["summary"].items():
+    lost, rec = row["steps_lost"], row["recovery_s"]
+    outcome = (f"{row['finished']}/{row['trials']} finished, "
+               f"{row['resumed_correctly']}/{row['trials']} resumed correctly")
+    lost_text = "-" if lost is None else f"{lost['median']:g} ({lost['min']:g}-{lost['max']:g})"
+    rec_text = "-" if rec is None else f"{rec['median']:.1f} ({rec['min']:.1f}-{rec['max']:.1f})"
+    lines.append(f"| {CASES[kind]} | {row['trials']} | {outcome} | {lost_text} | {rec_text} |")
+  return "\n".join(lines)
+
+
+def _define_flags() -> None:
+  """Flags of the script (defined only when run as one, so importing defines none)."""
+  flags.DEFINE_integer("trials", 10, "Trials per kind (seeds 0..trials-1).")
+  flags.DEFINE_list("kinds", list(KINDS), f"Which faults, of {KINDS}.")
+  flags.DEFINE_integer("train_steps", 240, "Training steps per trial.")
+  flags.DEFINE_integer("steps_per_epoch", 40, "Steps per epoch (= checkpoint interval).")
+  flags.DEFINE_string("work_dir", None, "Where data and runs go (default: a temporary directory).")
+  flags.DEFINE_string("out", DEFAULT_OUT, "JSON output.")
+  flags.DEFINE_bool("table", False, "Only print the Markdown table of --out and exit.")
+
+
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  del argv
+  if FLAGS.table:
+    with open(FLAGS.out) as f:
+      print(markdown_table(json.load(f)))
+    return
+  work = FLAGS.work_dir or tempfile.mkdtemp(prefix="fault_trials_")
+  data = ensure_data(os.path.join(work, "data"))
+  trials = []
+  start = time.time()
+  for seed in range(FLAGS.trials):  # kinds interleaved: machine load drifts over the run
+    for kind in FLAGS.kinds:
+      record = run_trial(kind, seed, work, data, FLAGS.train_steps, FLAGS.steps_per_epoch)
+      trials.append(record)
+      print(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}), flush=True)
+      shutil.rmtree(os.path.join(work, f"{kind}_{seed}"), ignore_errors=True)
+  result = {"command": "python -m benchmarks.fault_trials " + " ".join(sys.argv[1:]),
+            "cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
+            "wall_s": round(time.time() - start, 1),
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
+            "summary": summarize(trials), "trials": trials}
+  os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
+  with open(FLAGS.out, "w") as f:
+    json.dump(result, f, indent=1)
+  print(markdown_table(result))
+  failed = [t for t in trials if not t.get("ok")]
+  if failed:
+    print(f"{len(failed)} trial(s) did not recover", file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,75 @@
+"""Regenerates the measured table of docs/reliability.md from the fault-trial and soak summaries.
+
+  .venv/bin/python -m benchmarks.fault_trials --trials=10   # benchmarks/results/fault_trials/
+  .venv/bin/python -m benchmarks.soak --duration_s=1200     # benchmarks/results/soak/
+  .venv/bin/python -m benchmarks.reliability_doc            # rewrites the table in the doc
+
+Only the part of docs/reliability.md between the ``<!-- measured:begin -->`` and
+``<!-- measured:end -->`` markers is replaced; the numbers come from the summaries, never by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from benchmarks import fault_trials
+from benchmarks import soak
+
+REPO = fault_trials.REPO
+DOC = os.path.join(REPO, "docs", "reliability.md")
+BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
+
+
+def measured_section(faults_path: str = fault_trials.DEFAULT_OUT,
+                     soak_path: str = soak.DEFAULT_OUT) -> str:
+  parts = []
+  if os.path.exists(faults_path):
+    with open(faults_path) as f:
+      faults = json.load(f)
+    table = fault_trials.markdown_table(faults).splitlines()
+    lines = table
+    if os.path.exists(soak_path):
+      with open(soak_path) as f:
+        lines = table + [soak.markdown_row(json.load(f))]
+    parts.append("\n".join(lines))
+    parts.append(
+        f"Kill trials: `{faults['command']}`, {faults['started_utc']}, {faults['wall_s'] / 60:.0f} "
+        f"min, {faults['cpus']} CPUs, load average at the end {faults['load_avg_at_end'][0]:.1f} "
+        f"(machine shared with other jobs). Kill steps per kind: " + "; ".join(
+            f"{kind} {row['kill_steps']}" for kind, row in faults["summary"].items()) + ".")
+  if os.path.exists(soak_path):
+    with open(soak_path) as f:
+      summary = json.load(f)
+    run, verdict = summary["run"], summary["verdict"]
+    rss = "; ".join(f"{name} {r['after_warmup_mib']:.0f} -> {r['end_mib']:.0f} MiB"
+                    for name, r in sorted(verdict["rss"].items()) if r.get("flat") is not None)
+    times = "; ".join(
+        f"group {g}: plain step p50 {s['plain_p50_ms']:.1f} ms, max {s['plain_max_ms']:.1f} ms, "
+        f"{s['plain_over_3x_median']} of {s['plain_intervals']} over 3x the median, "
+        f"{s['refresh_intervals']} intervals overlapping a refresh/publish"
+        for g, s in sorted(verdict["step_times"].items()) if s["plain_intervals"])
+    parts.append(
+        f"Soak: `{summary['command']}`, {summary['started_utc']}, {run['duration_s'] / 60:g} min "
+        f"of training ({run['wall_s'] / 60:.1f} min wall), warm-up {run['warmup_s']:g} s, RSS "
+        f"sampled every {run['sample_s']:g} s; load average at the end "
+        f"{summary['load_avg_at_end'][0]:.1f}. RSS after warm-up -> end: {rss}. Step times "
+        f"(chief's view, one interval per poll of the step counter): {times}.")
+  return "\n\n".join(parts) if parts else "(no measurements yet)"
+
+
+def main() -> None:
+  with open(DOC) as f:
+    text = f.read()
+  if BEGIN not in text or END not in text:
+    sys.exit(f"{DOC} has no {BEGIN} ... {END} section")
+  head, rest = text.split(BEGIN, 1)
+  _, tail = rest.split(END, 1)
+  with open(DOC, "w") as f:
+    f.write(f"{head}{BEGIN}\n{measured_section()}\n{END}{tail}")
+  print(f"updated {DOC}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,259 @@
+"""Soak: a long 2-way codistillation run on a local cluster with a teacher refresh every few
+seconds; the resident memory (RSS) of every process must stay flat after warm-up (no leak from
+reloading teachers) and no step may take more than 3x the median step except at refresh points
+(and epoch ends, which run evaluation and checkpoints).
+
+The job is ``tf-codistill-launch`` as users run it: 2 groups, each a parameter-server cluster
+(chief, 1 worker, 1 ps) on 127.0.0.1 ports, generated Criteo-format data, and
+``trainer.train.max_wall_seconds`` ending training after ``--duration_s``. Every ``--sample_s`` the
+RSS of every task (from /proc/<pid>/status) and of the launcher is sampled. Step times come from
+each chief's StepTimer (results.json ``step_time_ms``: per category 'other' = plain steps,
+'refresh'/'publish' = steps that overlapped a teacher refresh or a publish, 'epoch_end').
+
+RSS is flat when, for every process, the median of the last fifth of the samples after warm-up
+exceeds the median of the first fifth by at most max(``--rss_tolerance_mib``,
+``--rss_tolerance_frac`` x RSS).
+
+  .venv/bin/python -m benchmarks.soak --duration_s=1200
+
+writes benchmarks/results/soak/summary.json; ``--table`` prints its row of docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List, Optional
+
+from absl import app
+from absl import flags
+
+from benchmarks import fault_trials
+
+REPO = fault_trials.REPO
+DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results", "soak", "summary.json")
+
+BINDINGS = (
+    "NUM_BUCKETS = 1000",
+    "models.ctr_model.embedding_dim = 4",
+    "models.ctr_model.hidden_units = (32,)",
+    "trainer.train.batch_size = 120",
+    "trainer.train.train_steps = 100000000",
+    "trainer.train.burn_in_steps = 20",
+    "trainer.train.keep_last = 2",
+    "trainer.train.shuffle_buffer = 1000",
+    "trainer.train.eval_steps = 5",
+    "trainer.train.verbose = 0",
+    "trainer.train.intra_op_threads = 1",
+    "trainer.train.inter_op_threads = 1",
+)
+
+
+def rss_kib(pid: int) -> Optional[int]:
+  """VmRSS of ``pid`` in KiB (None once it has exited)."""
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      for line in f:
+        if line.startswith("VmRSS:"):
+          return int(line.split()[1])
+  except (OSError, ValueError):
+    return None
+  return None
+
+
+def run_soak(work_dir: str, duration_s: float, exchange_every_steps: int = 40,
+             poll_interval_s: float = 0.5, steps_per_epoch: int = 2000, sample_s: float = 5.0,
+             warmup_s: Optional[float] = None, strategy: str = "parameter_server") -> dict:
+  """Runs the soak job; returns its measurements (not yet judged: see ``judge``)."""
+  data = fault_trials.ensure_data(os.path.join(work_dir, "data"))
+  model_dir = os.path.join(work_dir, "job")
+  shutil.rmtree(model_dir, ignore_errors=True)
+  shape = (["--workers_per_group=1", "--ps_per_group=1"] if strategy == "parameter_server"
+           else [])
+  args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
+          f"--gin_file={REPO}/gin/criteo/codistill_2way.gin", f"--strategy={strategy}",
+          "--num_groups=2", *shape]
+  bindings = list(BINDINGS) + [
+      f"trainer.train.max_wall_seconds = {float(duration_s)}",
+      f"trainer.train.exchange_every_steps = {exchange_every_steps}",
+      f"trainer.train.poll_interval_s = {poll_interval_s}",
+      f"trainer.train.steps_per_epoch = {steps_per_epoch}",
+      f"trainer.train.train_files = ['{data}/train-*']",
+      f"trainer.train.eval_files = ['{data}/eval-*']"]
+  args += [f"--gin_bindings={b}" for b in bindings]
+  launch = fault_trials._Launch(args)  # pylint: disable=protected-access
+  start = time.monotonic()
+  samples: Dict[str, List[List[float]]] = {}  # process -> [[t, rss_mib], ...]
+  train_start: Dict[int, float] = {}  # group -> seconds after launch its training started
+  stop = threading.Event()
+
+  def sample():
+    while not stop.is_set():
+      now = time.monotonic() - start
+      procs = {"launcher": launch.proc.pid}
+      procs.update({f"group_{g}/{t}_{k}": pid for (g, t, k), pid in list(launch.pids.items())})
+      for group in (0, 1):  # training starts when the chief writes its first heartbeat
+        if group not in train_start and os.path.exists(
+            os.path.join(model_dir, f"group_{group}", "heartbeat.json")):
+          train_start[group] = round(now, 1)
+      for name, pid in procs.items():
+        rss = rss_kib(pid)
+        if rss is not None:
+          samples.setdefault(name, []).append([round(now, 1), round(rss / 1024.0, 1)])
+      stop.wait(sample_s)
+
+  sampler = threading.Thread(target=sample, daemon=True)
+  sampler.start()
+  # Training ends at max_wall_seconds after the chiefs start; startup and the final evaluation
+  # come on top.
+  code = launch.wait(timeout=duration_s + 600)
+  stop.set()
+  sampler.join(timeout=10)
+  wall = time.monotonic() - start
+  groups = {}
+  for group in (0, 1):
+    group_dir = os.path.join(model_dir, f"group_{group}")
+    results = fault_trials._results(group_dir) or {}  # pylint: disable=protected-access
+    chief_log = os.path.join(group_dir, "chief_0.log")
+    log = open(chief_log, errors="replace").read() if os.path.exists(chief_log) else ""
+    # When each chief started training (its first heartbeat), to place warm-up after it.
+    groups[str(group)] = {
+        "steps": results.get("steps"),
+        "teacher_loads": results.get("teacher_loads"),
+        "teacher_loads_logged": len(re.findall(r"teacher: loaded peer group", log)),
+        "publishes_logged": len(re.findall(r"exchange: published step", log)),
+        "step_time_ms": results.get("step_time_ms"),
+        "examples_per_sec": results.get("examples_per_sec"),
+        "val_logloss": results.get("val_logloss"),
+    }
+  if warmup_s is None:
+    warmup_s = min(180.0, 0.25 * duration_s)
+  return {"exit_code": code, "duration_s": duration_s, "wall_s": round(wall, 1),
+          "strategy": strategy, "exchange_every_steps": exchange_every_steps,
+          "poll_interval_s": poll_interval_s, "sample_s": sample_s, "warmup_s": warmup_s,
+          "groups": groups, "rss_mib": samples,
+          "train_start_s": {str(g): t for g, t in train_start.items()},
+          "stderr_tail": launch.stderr[-3000:] if code else ""}
+
+
+def judge(run: dict, rss_tolerance_mib: float = 40.0, rss_tolerance_frac: float = 0.05,
+          outlier_frac: float = 0.01) -> dict:
+  """Adds the verdicts: per-process RSS growth after warm-up, step-time outliers, refreshes."""
+  rss = {}
+  for name, series in run["rss_mib"].items():
+    # Only the samples of the training phase after warm-up: from the group's training start
+    # (its chief's first heartbeat; the launcher: the earlier group) + warmup_s until training
+    # ends (start + duration_s), not the final evaluation, export and shutdown.
+    starts = run["train_start_s"]
+    group = name.split("/")[0].replace("group_", "") if name.startswith("group_") else None
+    start = starts.get(group) if group is not None else min(starts.values(), default=None)
+    if start is None:
+      rss[name] = {"samples": 0, "flat": None}
+      continue
+    values = [v for t, v in series
+              if start + run["warmup_s"] <= t <= start + run["duration_s"]]
+    if len(values) < 5:
+      rss[name] = {"samples": len(values), "flat": None}
+      continue
+    fifth = max(1, len(values) // 5)
+    first, last = statistics.median(values[:fifth]), statistics.median(values[-fifth:])
+    growth = last - first
+    tolerance = max(rss_tolerance_mib, rss_tolerance_frac * first)
+    rss[name] = {"samples": len(values), "after_warmup_mib": first, "end_mib": last,
+                 "growth_mib": round(growth, 1), "max_mib": max(values),
+                 "tolerance_mib": round(tolerance, 1), "flat": growth <= tolerance}
+  steps = {}
+  for group, g in run["groups"].items():
+    times = g.get("step_time_ms") or {}
+    plain = times.get("other", {})
+    outliers = plain.get("over_3x_median", 0) if plain.get("count") else None
+    steps[group] = {
+        "plain_intervals": plain.get("count"), "plain_p50_ms": plain.get("p50"),
+        "plain_max_ms": plain.get("max"), "plain_over_3x_median": outliers,
+        "refresh_intervals": sum(v.get("count", 0) for k, v in times.items()
+                                 if "refresh" in k or "publish" in k),
+        "ok": (outliers is not None and outliers <= max(1, outlier_frac * plain["count"]))}
+  loads = [g.get("teacher_loads") or 0 for g in run["groups"].values()]
+  verdict = {
+      "rss": rss, "step_times": steps,
+      "rss_flat": all(r["flat"] for r in rss.values() if r["flat"] is not None)
+      and any(r["flat"] is not None for r in rss.values()),
+      "step_times_ok": all(s["ok"] for s in steps.values()),
+      "refreshes": loads,
+      "refresh_every_s": [round(run["duration_s"] / n, 2) if n else None for n in loads],
+      "finished": run["exit_code"] == 0,
+      "outlier_frac_allowed": outlier_frac,
+  }
+  verdict["ok"] = bool(verdict["finished"] and verdict["rss_flat"] and verdict["step_times_ok"]
+                       and min(loads) >= 3)
+  return verdict
+
+
+def markdown_row(summary: dict) -> str:
+  """The soak row of the docs/reliability.md table."""
+  v = summary["verdict"]
+  growth = max((r["growth_mib"] for r in v["rss"].values() if r.get("flat") is not None),
+               default=None)
+  worst = max(v["rss"].items(), key=lambda kv: kv[1].get("growth_mib", -1e9))[0]
+  outliers = sum(s["plain_over_3x_median"] or 0 for s in v["step_times"].values())
+  plain = sum(s["plain_intervals"] or 0 for s in v["step_times"].values())
+  minutes = summary["run"]["duration_s"] / 60.0
+  return (f"| soak: 2-way codistillation, {summary['run']['strategy']} groups, "
+          f"{minutes:g} min, teacher refresh every "
+          f"{'/'.join(str(x) for x in v['refresh_every_s'])} s | 1 | "
+          f"{'finished' if v['finished'] else 'FAILED'}; {sum(v['refreshes'])} teacher loads; "
+          f"RSS {'flat' if v['rss_flat'] else 'NOT flat'} after warm-up (largest growth "
+          f"{growth} MiB, {worst}, over {len(v['rss'])} processes); {outliers} of {plain} plain "
+          f"step intervals over 3x the median (allowed {v['outlier_frac_allowed']:.0%}: "
+          f"{'ok' if v['step_times_ok'] else 'NOT ok'}) | - | - |")
+
+
+def _define_flags() -> None:
+  """Flags of the script (defined only when run as one, so importing defines none)."""
+  flags.DEFINE_float("duration_s", 1200.0, "Training time (trainer.train.max_wall_seconds).")
+  flags.DEFINE_integer("exchange_every_steps", 40, "Publish interval (steps).")
+  flags.DEFINE_float("poll_interval_s", 0.5, "How often each task looks for new teachers.")
+  flags.DEFINE_float("sample_s", 5.0, "RSS sampling interval.")
+  flags.DEFINE_string("strategy", "parameter_server", "Each group's strategy.")
+  flags.DEFINE_string("work_dir", None, "Where data and the job go (default: a temporary dir).")
+  flags.DEFINE_string("out", DEFAULT_OUT, "JSON output.")
+  flags.DEFINE_bool("table", False, "Only print the Markdown row of --out and exit.")
+
+
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  del argv
+  if FLAGS.table:
+    with open(FLAGS.out) as f:
+      print(markdown_row(json.load(f)))
+    return
+  work = FLAGS.work_dir or tempfile.mkdtemp(prefix="soak_")
+  started = time.time()
+  run = run_soak(work, FLAGS.duration_s, FLAGS.exchange_every_steps, FLAGS.poll_interval_s,
+                 sample_s=FLAGS.sample_s, strategy=FLAGS.strategy)
+  summary = {"command": "python -m benchmarks.soak " + " ".join(sys.argv[1:]),
+             "cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
+             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+             "verdict": judge(run), "run": run}
+  os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
+  with open(FLAGS.out, "w") as f:
+    json.dump(summary, f, indent=1)
+  print(json.dumps(summary["verdict"], indent=1))
+  print(markdown_row(summary))
+  shutil.rmtree(os.path.join(work, "job"), ignore_errors=True)
+  if not summary["verdict"]["ok"]:
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)

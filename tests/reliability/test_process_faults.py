@@ -1,0 +1,58 @@
+"""Process faults on real local clusters: kill -9 of a parameter-server worker, of a ps task, of a
+chief and of a whole codistillation group, each at a seeded random step (benchmarks/fault_trials).
+
+The reduced form (one trial per kind, marked ``cluster``) runs with the other cluster tests; the
+repeated trials (``soak``, deselected by default) are ``python -m benchmarks.fault_trials
+--trials=10``, whose summary is the table of docs/reliability.md.
+"""
+
+import pytest
+
+from benchmarks import fault_trials
+
+TRAIN_STEPS = 240
+CHECKPOINT_EVERY = 40
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+  work = tmp_path_factory.mktemp("faults")
+  fault_trials.ensure_data(str(work / "data"))
+  return work
+
+
+def _check(record):
+  shown = {k: v for k, v in record.items() if k != "stderr_tail"}
+  assert record["ok"], (shown, record.get("stderr_tail", "")[-3000:])
+  assert record["finished"] and record["exit_code"] == 0, shown
+  assert record["launcher_restarted"], shown
+  assert record["recovery_s"] is not None and record["recovery_s"] < 600, shown
+  if record["kind"] == "worker":
+    # Nothing restarts but the worker: the coordinator reschedules its steps; no step is lost.
+    assert record["steps_lost"] == 0, shown
+  else:
+    # The group restarted from its newest checkpoint (every CHECKPOINT_EVERY steps): it lost at
+    # most one interval and the steps in flight, and did not start over.
+    assert 0 <= record["steps_lost"] <= CHECKPOINT_EVERY + 20, shown
+    # (A retried parameter-server step may count twice: checkpoints sit at k*40, maybe +1 or 2.)
+    assert record["resumed_from_step"] % CHECKPOINT_EVERY <= 2, shown
+    if record["step_at_kill"] >= CHECKPOINT_EVERY + 20:
+      assert record["resumed_from_step"] > 0, shown
+  if record["kind"] == "group":
+    assert record["final_steps"] == {"0": TRAIN_STEPS, "1": TRAIN_STEPS} or all(
+        TRAIN_STEPS <= s <= TRAIN_STEPS + 2 for s in record["final_steps"].values()), shown
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("kind", fault_trials.KINDS)
+def test_kill_9_at_a_random_step_recovers(work, kind):
+  _check(fault_trials.run_trial(kind, seed=0, work_dir=str(work), data_dir=str(work / "data"),
+                                train_steps=TRAIN_STEPS, steps_per_epoch=CHECKPOINT_EVERY))
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("kind", fault_trials.KINDS)
+@pytest.mark.parametrize("seed", range(1, 4))
+def test_repeated_kill_9_trials_recover(work, kind, seed):
+  _check(fault_trials.run_trial(kind, seed=seed, work_dir=str(work), data_dir=str(work / "data"),
+                                train_steps=TRAIN_STEPS, steps_per_epoch=CHECKPOINT_EVERY))

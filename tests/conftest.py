@@ -3,6 +3,7 @@
 import pytest
 
 from data_pipelines import make_criteo_like
+from testing_utils import Launch
 
 
 @pytest.fixture(scope="session")
@@ -12,6 +13,14 @@ def criteo_dir(tmp_path_factory):
   make_criteo_like.generate(path, 40_000, num_files=4, seed=0, prefix="train", vocab_size=2000)
   make_criteo_like.generate(path, 4_000, num_files=1, seed=1, prefix="eval", vocab_size=2000)
   return path
+
+
+@pytest.fixture(autouse=True)
+def stop_launches_left_running():
+  """A test that fails mid-launch leaves no training processes behind for the next tests."""
+  yield
+  while Launch.running:
+    Launch.running[-1].stop()
 
 
 def pytest_addoption(parser):

@@ -6,6 +6,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -209,9 +210,13 @@ def small_filesystem(directory, size_bytes):
 class Launch:
   """A running launcher whose stderr is collected in the background; knows its tasks' pids."""
 
+  running = []  # every Launch not yet waited for; conftest stops them after each test
+
   def __init__(self, args):
     self.proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
+    self.model_dir = next((a.split("=", 1)[1] for a in args if a.startswith("--model_dir=")), None)
+    Launch.running.append(self)
     self.lines = []
     self.pids = {}  # (group, task, index) -> newest pid
     self._reader = threading.Thread(target=self._read, daemon=True)
@@ -232,20 +237,53 @@ class Launch:
       if self.proc.poll() is None:
         self.proc.kill()
     self._reader.join(timeout=10)
+    if self in Launch.running:
+      Launch.running.remove(self)
     return self.proc.returncode
+
+  def stop(self):
+    """SIGTERM to the launcher (which stops its tasks); SIGKILL if it is not gone in 60 s."""
+    if self.proc.poll() is None:
+      self.proc.send_signal(signal.SIGTERM)
+    return self.wait(timeout=60)
+
+  def wait_for(self, condition, timeout, what):
+    """Waits for ``condition`` while the launcher runs; else fails with its stderr and task logs.
+
+    On a timeout every task first dumps its Python stacks into its log (SIGUSR1), so the
+    failure shows where training stood.
+    """
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+      if condition():
+        return
+      if self.proc.poll() is not None:
+        self._fail(f"the launcher exited with status {self.proc.returncode} before {what}")
+      time.sleep(0.2)
+    for pid in self.pids.values():
+      try:
+        os.kill(pid, signal.SIGUSR1)
+      except OSError:
+        pass
+    time.sleep(3)
+    self._fail(f"timed out after {timeout}s waiting for {what}")
+
+  def _fail(self, message):
+    self.stop()
+    logs = sorted(glob.glob(os.path.join(self.model_dir or "/nonexistent", "group_*", "*.log")))
+    tails = "".join(f"\n--- {path} (tail) ---\n{_tail(path)}" for path in logs)
+    raise AssertionError(f"{message}\nlauncher stderr (tail):\n{self.stderr[-3000:]}{tails}")
 
   @property
   def stderr(self):
     return "".join(self.lines)
 
 
-def wait_for(condition, timeout, what):
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    if condition():
-      return
-    time.sleep(0.2)
-  raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+def _tail(path, size=6000):
+  with open(path, "rb") as f:
+    f.seek(0, os.SEEK_END)
+    f.seek(max(0, f.tell() - size))
+    return f.read().decode("utf-8", "replace")
 
 
 def progress_steps(group_dir):

@@ -24,12 +24,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import gin
 from absl import logging
@@ -85,20 +86,56 @@ def group_shape(strategy: str, workers_per_group: int = 0, ps_per_group: int = 0
   return GroupShape(strategy, workers_per_group, ps_per_group)
 
 
-def free_port() -> int:
-  """A free TCP port on 127.0.0.1 (the only interface the launcher uses)."""
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+def _ephemeral_ports() -> range:
+  """The kernel's range for outgoing connections' local ports (Linux; a common default else)."""
+  try:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+      low, high = (int(x) for x in f.read().split())
+    return range(low, high + 1)
+  except (OSError, ValueError):
+    return range(32768, 61000)
 
 
-def cluster_spec(shape: GroupShape) -> Dict[str, List[str]]:
-  """A TF cluster for ``shape`` on fresh 127.0.0.1 ports ({} for a single process)."""
+def free_port(taken: Set[int], rng: Optional[random.Random] = None) -> int:
+  """A port that is free on 127.0.0.1 now, outside the ephemeral range and ``taken`` (joins it).
+
+  Outside the ephemeral range, the outgoing connections of tasks already running cannot take
+  the port in the seconds before its server binds it (bind(0) ports are ephemeral ones).
+  """
+  rng = rng or random.Random()
+  ephemeral = _ephemeral_ports()
+  if ephemeral.start > 11000:
+    candidates = range(10000, ephemeral.start)
+  elif ephemeral.stop < 64536:
+    candidates = range(ephemeral.stop, 65536)
+  else:  # the ephemeral range is (nearly) everything: take what is free
+    candidates = range(10000, 65536)
+  for _ in range(200):
+    port = rng.choice(candidates)
+    if port in taken:
+      continue
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+      try:
+        s.bind(("127.0.0.1", port))
+      except OSError:
+        continue
+    taken.add(port)
+    return port
+  raise RuntimeError(f"no free port on 127.0.0.1 in {candidates} after 200 tries")
+
+
+def cluster_spec(shape: GroupShape, taken: Optional[Set[int]] = None) -> Dict[str, List[str]]:
+  """A TF cluster for ``shape`` on unused 127.0.0.1 ports ({} for a single process).
+
+  ``taken``: ports handed out earlier in the same launch (other groups' tasks, which may not
+  have bound theirs yet); the new ports are added to it.
+  """
   if not shape.is_cluster:
     return {}
+  taken = set() if taken is None else taken
   spec: Dict[str, List[str]] = {}
   for task_type, _ in shape.tasks():
-    spec.setdefault(task_type, []).append(f"127.0.0.1:{free_port()}")
+    spec.setdefault(task_type, []).append(f"127.0.0.1:{free_port(taken)}")
   return spec
 
 
@@ -152,8 +189,10 @@ class _Group:
   """The processes of one group and its restart bookkeeping."""
 
   def __init__(self, index: int, num_groups: int, shape: GroupShape, model_dir: str,
-               exchange_dir: str, gin_files: Sequence[str], gin_bindings: Sequence[str]):
+               exchange_dir: str, gin_files: Sequence[str], gin_bindings: Sequence[str],
+               ports: Set[int]):
     self.index = index
+    self.ports = ports  # every port of this launch, shared by its groups
     self.shape = shape
     self.dir = group_model_dir(model_dir, index)
     self.command = train_command(self.dir, index, num_groups, exchange_dir, gin_files,
@@ -170,7 +209,7 @@ class _Group:
 
   def start_all(self) -> None:
     os.makedirs(self.dir, exist_ok=True)
-    self.cluster = cluster_spec(self.shape)
+    self.cluster = cluster_spec(self.shape, self.ports)
     self.chief_done_at = None
     for task in self.shape.tasks():
       self.start(task)
@@ -215,8 +254,9 @@ def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = Non
     raise ValueError(f"--on_group_failure={on_group_failure!r} is not one of {FAILURE_POLICIES}")
   exchange_dir = exchange_dir or os.path.join(model_dir, "exchange")
   os.makedirs(model_dir, exist_ok=True)
-  groups = [_Group(g, num_groups, shape, model_dir, exchange_dir, gin_files, list(gin_bindings))
-            for g in indices]
+  ports: Set[int] = set()
+  groups = [_Group(g, num_groups, shape, model_dir, exchange_dir, gin_files, list(gin_bindings),
+                   ports) for g in indices]
 
   def on_signal(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")

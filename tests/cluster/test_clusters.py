@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from testing_utils import Launch, alive, launch_args, progress_steps, wait_for
+from testing_utils import Launch, alive, launch_args, progress_steps
 
 pytestmark = pytest.mark.cluster
 
@@ -69,7 +69,7 @@ def test_killed_parameter_server_worker_is_rescheduled_and_training_completes(tm
                               "--strategy=parameter_server", "--workers_per_group=2",
                               "--ps_per_group=1", gin="baseline.gin"))
   group_dir = os.path.join(model_dir, "group_0")
-  wait_for(lambda: progress_steps(group_dir), 240, "the first epoch")
+  launch.wait_for(lambda: progress_steps(group_dir), 240, "the first epoch")
   os.kill(launch.pids[(0, "worker", 0)], signal.SIGKILL)
   assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
   # Every scheduled step ran; ClusterCoordinator retries a step the dead worker was running, so
@@ -92,7 +92,7 @@ def test_killed_chief_restarts_from_its_last_checkpoint(tmp_path, criteo_dir, st
                               f"--strategy={strategy}", *extra, gin="baseline.gin",
                               bindings=["trainer.train.checkpoint_every_steps = 80"]))
   group_dir = os.path.join(model_dir, "group_0")
-  wait_for(lambda: progress_steps(group_dir), 240, "the first epoch")
+  launch.wait_for(lambda: progress_steps(group_dir), 240, "the first epoch")
   first_pid = launch.pids[(0, "chief", 0)]
   os.kill(first_pid, signal.SIGKILL)
   before = progress_steps(group_dir)  # epochs (and their checkpoints) finished before the kill
@@ -114,9 +114,9 @@ def test_dead_group_does_not_stop_its_peer_which_reports_growing_staleness(tmp_p
   launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2",
                               "--on_group_failure=continue",
                               bindings=["trainer.train.train_steps = 480"]))
-  wait_for(lambda: glob.glob(f"{model_dir}/exchange/group_1/step_*/COMPLETE"), 240,
+  launch.wait_for(lambda: glob.glob(f"{model_dir}/exchange/group_1/step_*/COMPLETE"), 240,
            "group 1's first published version")
-  wait_for(lambda: _loaded_peers(f"{model_dir}/group_0/chief_0.log"), 120,
+  launch.wait_for(lambda: _loaded_peers(f"{model_dir}/group_0/chief_0.log"), 120,
            "group 0 loading group 1's version")
   os.kill(launch.pids[(1, "chief", 0)], signal.SIGKILL)
   code = launch.wait(timeout=420)
@@ -134,9 +134,10 @@ def test_sigterm_to_the_launcher_stops_every_task_it_started(tmp_path, criteo_di
   launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2",
                               "--strategy=parameter_server", "--workers_per_group=2",
                               "--ps_per_group=1", bindings=["trainer.train.train_steps = 100000"]))
-  wait_for(lambda: len(launch.pids) == 8, 60, "8 tasks to start")
+  launch.wait_for(lambda: len(launch.pids) == 8, 60, "8 tasks to start")
   # Interrupt mid-training, while the parameter-server workers and ps tasks serve.
-  wait_for(lambda: progress_steps(os.path.join(model_dir, "group_0")), 240, "the first epoch")
+  launch.wait_for(lambda: progress_steps(os.path.join(model_dir, "group_0")), 420,
+                  "the first epoch")
   pids = list(launch.pids.values())
   launch.proc.send_signal(signal.SIGTERM)
   assert launch.wait(timeout=60) == 130, launch.stderr[-4000:]

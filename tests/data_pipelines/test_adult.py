@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from data_pipelines import adult
-from testing_utils import REPO, SMALL_BINDINGS
+from testing_utils import REPO, SMALL_BINDINGS, collect
 from tf_codistill import config
 
 NUM_BUCKETS = 2000
@@ -32,15 +32,6 @@ def prepared(tmp_path_factory):
 
 def read(paths):
   return pa.concat_tables([pq.read_table(p) for p in paths])
-
-
-def collect(dataset):
-  dense, cats, labels = [], [], []
-  for features, label in dataset:
-    dense.append(features["dense"].numpy())
-    cats.append(features["categorical"].numpy())
-    labels.append(label.numpy())
-  return np.concatenate(dense), np.concatenate(cats), np.concatenate(labels)
 
 
 def test_prepare_writes_the_official_split_without_nulls(prepared):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from testing_utils import REPO, Launch, alive, launch_args, tb_scalars, wait_for
+from testing_utils import REPO, Launch, alive, launch_args, tb_scalars
 
 pytestmark = pytest.mark.e2e
 
@@ -80,8 +80,8 @@ def test_a_failing_group_fails_the_launcher_with_its_log(tmp_path, criteo_dir):
 def test_ctrl_c_stops_every_group(tmp_path, criteo_dir):
   launch = Launch(launch_args(str(tmp_path / "job"), criteo_dir, "--num_groups=2",
                               bindings=["trainer.train.train_steps = 100000"]))
-  wait_for(lambda: len(launch.pids) == 2, 120, "both groups to start")
-  wait_for(lambda: glob.glob(f"{tmp_path}/job/group_*/tb"), 120, "training to start")
+  launch.wait_for(lambda: len(launch.pids) == 2, 120, "both groups to start")
+  launch.wait_for(lambda: glob.glob(f"{tmp_path}/job/group_*/tb"), 120, "training to start")
   launch.proc.send_signal(signal.SIGINT)
   assert launch.wait(timeout=60) == 130, launch.stderr[-2000:]
   assert "interrupted" in launch.stderr

@@ -38,6 +38,16 @@ def test_cluster_spec_uses_distinct_free_ports_on_localhost_only():
   assert launcher.cluster_spec(launcher.GroupShape("one_device")) == {}
 
 
+def test_groups_of_one_launch_never_share_a_port():
+  taken = set()
+  shape = launcher.GroupShape("parameter_server", 4, 2)
+  ports = [int(a.rsplit(":", 1)[1]) for _ in range(20)
+           for tasks in launcher.cluster_spec(shape, taken).values() for a in tasks]
+  assert len(ports) == 20 * 7 and len(set(ports)) == len(ports) and taken == set(ports)
+  # Outside the range the kernel gives outgoing connections, which could take a port first.
+  assert not set(ports) & set(launcher._ephemeral_ports())
+
+
 def test_every_task_resolves_its_role_from_the_generated_tf_config():
   shape = launcher.GroupShape("parameter_server", 2, 1)
   spec = launcher.cluster_spec(shape)

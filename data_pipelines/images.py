@@ -9,7 +9,9 @@ with ``image/encoded`` (JPEG or PNG bytes), ``image/class/label`` (int64), and i
 ``models.resnet``: images decoded (JPEG or PNG), resized to ``image_size`` when they differ, and,
 for training (``augment``, default ``repeat``), randomly flipped left-right and randomly cropped
 back to size after padding by ``pad`` pixels. Shards are disjoint: by file when there are at least
-``num_shards`` files, else by record within every file.
+``num_shards`` files, else by record within every file. Records whose image bytes are not a
+complete PNG or JPEG or whose label is out of range, and empty files, fail naming the file (and
+record) or are skipped and counted (``bad_lines``).
 
 ``convert_fashion_mnist`` (``python -m data_pipelines.images --output_dir=data/fashion_mnist``)
 reads the IDX files of Debian's ``dataset-fashion-mnist`` (``/usr/share/datasets/fashion-mnist``)
@@ -19,6 +21,7 @@ and writes ``train-0000k-of-0000N.tfrecord`` (60,000 images, in order) and
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 import uuid
@@ -30,6 +33,8 @@ import tensorflow as tf
 from absl import app
 from absl import flags
 from absl import logging
+
+from data_pipelines import records
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_PACKAGE = "dataset-fashion-mnist"
@@ -111,26 +116,59 @@ def convert_fashion_mnist(output_dir: str, num_train_files: int = 8,
 
 _FEATURES = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
              "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+_MESSAGE_PREFIX = "malformed image record "
+_CHECK_BATCH = 256  # records parsed and checked together, before decoding one by one
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_END = b"\x00\x00\x00\x00IEND"  # the last chunk's length and type (its CRC follows)
+_JPEG_START, _JPEG_END = b"\xff\xd8\xff", b"\xff\xd9"
 
 
-def _files(file_pattern) -> List[str]:
-  patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
-  files = sorted({f for p in patterns for f in tf.io.gfile.glob(p)})
-  if not files:
-    raise FileNotFoundError(f"no TFRecord files match {patterns}")
-  return files
+def _complete_image(encoded: tf.Tensor) -> tf.Tensor:
+  """[B] bool: whether each of ``encoded`` ([B] string) starts and ends like a PNG or a JPEG."""
+  length = tf.strings.length(encoded)
+  png_end = tf.strings.substr(encoded, tf.maximum(length - 12, 0), tf.fill(tf.shape(length), 8))
+  jpeg_end = tf.strings.substr(encoded, tf.maximum(length - 2, 0), tf.fill(tf.shape(length), 2))
+  png = tf.equal(tf.strings.substr(encoded, 0, 8), _PNG_SIGNATURE) & tf.equal(png_end, _PNG_END)
+  jpeg = (tf.equal(tf.strings.substr(encoded, 0, 3), _JPEG_START) & tf.equal(jpeg_end, _JPEG_END)
+          & (length >= 5))
+  return png | jpeg
 
 
-def decode(record: tf.Tensor, image_size: Optional[int], channels: int, label_offset: int
-           ) -> Tuple[tf.Tensor, tf.Tensor]:
-  """One serialized Example -> (float32 [H, W, C] in [0, 1], int32 label + label_offset)."""
-  parsed = tf.io.parse_single_example(record, _FEATURES)
-  image = tf.io.decode_image(parsed["image/encoded"], channels=channels, expand_animations=False)
+def _check_records(parsed: Dict[str, tf.Tensor], enforce, label_offset: int,
+                   num_classes: Optional[int]) -> Tuple[tf.Tensor, tf.Tensor]:
+  """(encoded images, int32 labels + label_offset) of parsed records, bad ones failing or masked.
+
+  ``enforce(ok, describe, tensors)`` applies the bad-record policy (``records.enforce``).
+  """
+  encoded, stored = parsed["image/encoded"], parsed["image/class/label"]
+  image_ok = _complete_image(encoded)
+  low = -label_offset
+  label_ok = stored >= low
+  valid = f"below {low}"
+  if num_classes is not None:
+    label_ok &= stored < num_classes + low
+    valid = f"not in [{low}, {num_classes + low})"
+
+  def describe(i: tf.Tensor) -> tf.Tensor:
+    image_reason = tf.strings.join([
+        "image/encoded is not a complete PNG or JPEG image (",
+        tf.strings.as_string(tf.strings.length(encoded[i])), " bytes)"])
+    label_reason = tf.strings.join([f"image/class/label {valid} (got: ",
+                                    tf.strings.as_string(stored[i]), ")"])
+    return tf.where(image_ok[i], label_reason, image_reason)
+
+  encoded, stored = enforce(image_ok & label_ok, describe, [encoded, stored])
+  return encoded, tf.cast(stored + label_offset, tf.int32)
+
+
+def decode(encoded: tf.Tensor, image_size: Optional[int], channels: int) -> tf.Tensor:
+  """JPEG or PNG bytes -> float32 [H, W, C] in [0, 1], resized to ``image_size`` if given."""
+  image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
   image = tf.image.convert_image_dtype(image, tf.float32)
   if image_size:
     image = tf.image.resize(image, [image_size, image_size])
     image.set_shape([image_size, image_size, channels])
-  return image, tf.cast(parsed["image/class/label"], tf.int32) + label_offset
+  return image
 
 
 def augment_image(image: tf.Tensor, pad: int, seed: Optional[int]) -> tf.Tensor:
@@ -148,27 +186,41 @@ def make_dataset(file_pattern, batch_size: int, *, image_size: Optional[int] = 2
                  channels: int = 1, label_offset: int = 0, augment: Optional[bool] = None,
                  pad: int = 2, shard_index: int = 0, num_shards: int = 1, repeat: bool = False,
                  shuffle_buffer: int = 0, seed: Optional[int] = None,
-                 drop_remainder: Optional[bool] = None, bad_line_counter=None
-                 ) -> tf.data.Dataset:
+                 drop_remainder: Optional[bool] = None, num_classes: Optional[int] = None,
+                 bad_lines: str = "error",
+                 bad_line_counter: Optional[records.BadLineCounter] = None) -> tf.data.Dataset:
   """Batches of ``({'image': float32 [B, H, W, C]}, int32 [B])`` from ImageNet-style TFRecords.
 
   ``label_offset`` is added to ``image/class/label`` (-1 for ImageNet's 1-based labels).
-  ``augment`` and ``drop_remainder`` default to ``repeat`` (training). ``bad_line_counter`` is
-  accepted for the dataset_fn contract and unused (a corrupt record fails, naming the error).
+  ``augment`` and ``drop_remainder`` default to ``repeat`` (training).
+
+  Bad records are found before decoding, by cheap checks: ``image/encoded`` that is not a
+  complete PNG (its signature, and the IEND chunk ending it) or JPEG (starting ``FF D8 FF``,
+  ending ``FF D9``; a JPEG with bytes after that end marker counts as bad too), and a label
+  (after ``label_offset``) outside ``[0, num_classes)`` (below 0, when ``num_classes`` is None).
+  ``bad_lines='error'`` fails iteration naming the file, 1-based record number and reason, and
+  raises DataError here for an empty (0-byte) file; ``'skip'`` drops such records, adding
+  their number to ``bad_line_counter``, and skips empty files with a warning. An image whose
+  start and end are intact but whose inside is corrupt still fails inside ``tf.io.decode_image``
+  with TensorFlow's own message, which names neither file nor record, under either policy.
   """
-  del bad_line_counter
+  records.check_choice("bad_lines", bad_lines, records.BAD_LINE_POLICIES)
   if not 0 <= shard_index < num_shards:
     raise ValueError(f"shard_index={shard_index} is out of range for num_shards={num_shards}")
-  files = _files(file_pattern)
-  by_file = len(files) >= num_shards
-  data = tf.data.TFRecordDataset(files[shard_index::num_shards] if by_file else files)
-  if not by_file:
-    data = data.shard(num_shards, shard_index)
-  if repeat:
-    data = data.repeat()
-  if shuffle_buffer:
-    data = data.shuffle(shuffle_buffer, seed=seed)
-  data = data.map(lambda r: decode(r, image_size, channels, label_offset),
+  files = records.drop_empty_files(records.resolve_files(file_pattern, "TFRecord"), bad_lines,
+                                   file_pattern, binding="images.make_dataset.bad_lines")
+  tagged = records.read_tagged_files(files, tf.data.TFRecordDataset, _CHECK_BATCH,
+                                     shard_index=shard_index, num_shards=num_shards, repeat=repeat,
+                                     shuffle_buffer=shuffle_buffer, seed=seed)
+
+  def check(file_ids: tf.Tensor, numbers: tf.Tensor, serialized: tf.Tensor):
+    enforce = functools.partial(records.enforce, where=records.locator(files, file_ids, numbers),
+                                prefix=_MESSAGE_PREFIX, policy=bad_lines, counter=bad_line_counter)
+    return _check_records(tf.io.parse_example(serialized, _FEATURES), enforce, label_offset,
+                          num_classes)
+
+  data = tagged.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
+  data = data.map(lambda x, y: (decode(x, image_size, channels), y),
                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   if repeat if augment is None else augment:
     data = data.map(lambda x, y: (augment_image(x, pad, seed), y),

@@ -17,7 +17,8 @@ Windows (``make_dataset``): each shard's token stream (its lines in file order) 
 windows of ``sequence_length + 1`` tokens that overlap by one, so every token but the first is a
 target exactly once: features ``{'tokens': int32 [B, T]}`` and labels int32 [B, T] (the same
 window shifted by one). Shards are disjoint: by file when there are at least ``num_shards``
-files, else by line within every file.
+files, else by line within every file. A line with non-UTF-8 bytes and an empty file fail,
+naming the file (and line), or are skipped and counted (``bad_lines``).
 
 Corpus (``prepare``): the King James Bible from Debian's ``bible-kjv-text`` package (read with
 the ``bible`` program of ``bible-kjv``), or any plain-text files (``--text_files``); see
@@ -41,6 +42,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from data_pipelines import records
+
 UNK = "<unk>"
 EOS = "<eos>"
 LEVELS = ("word", "char")
@@ -49,6 +52,8 @@ KJV_INSTALL = f"apt-get install -y {' '.join(KJV_PACKAGES)}"
 KJV_VERSES = 31_102
 BLOCK_LINES = 100   # the split: blocks of 100 consecutive lines,
 EVAL_EVERY = 20     # every 20th block (5%) is evaluation text
+_BATCH_LINES = 1024
+_MESSAGE_PREFIX = "malformed text line "
 _PUNCT = r"([^a-z0-9'\s])"
 _VERSE_REF = re.compile(r"^\S+?\d+:\d+ ")
 
@@ -77,29 +82,57 @@ def tokenize(lines: tf.Tensor, level: str = "word") -> tf.RaggedTensor:
   return tf.concat([tokens, tf.RaggedTensor.from_tensor(eos)], axis=1)
 
 
-def _files(file_pattern) -> List[str]:
-  patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
-  files = sorted({f for p in patterns for f in tf.io.gfile.glob(p)})
-  if not files:
-    raise FileNotFoundError(f"no text files match {patterns}")
-  return files
+def _numbered_lines(files: Sequence[str]) -> tf.data.Dataset:
+  """``(file id, 1-based line number, line)`` of every line of ``files``, file after file."""
+
+  def read(file_id: tf.Tensor, path: tf.Tensor) -> tf.data.Dataset:
+    return tf.data.TextLineDataset(path).enumerate(start=1).map(
+        lambda number, line: (file_id, number, line))
+
+  ids = tf.range(len(files), dtype=tf.int64)
+  return tf.data.Dataset.from_tensor_slices((ids, list(files))).flat_map(read)
 
 
-def _count_tokens(files: Sequence[str], level: str) -> collections.Counter:
+def _utf8_lines(numbered: tf.data.Dataset, files: Sequence[str], bad_lines: str,
+                counter: Optional[records.BadLineCounter]) -> tf.data.Dataset:
+  """Batches of the lines of ``numbered`` (from ``files``), non-UTF-8 ones failing or skipped."""
+
+  def check(file_ids: tf.Tensor, numbers: tf.Tensor, lines: tf.Tensor) -> tf.Tensor:
+    ok = tf.equal(records.valid_utf8(lines), lines)
+    describe = lambda i: tf.strings.join(["non-UTF-8 bytes in the line", records.shown(lines[i])])
+    [lines] = records.enforce(ok, describe, [lines],
+                              where=records.locator(files, file_ids, numbers),
+                              prefix=_MESSAGE_PREFIX, policy=bad_lines, counter=counter)
+    return lines
+
+  return numbered.batch(_BATCH_LINES).map(check)
+
+
+def _count_tokens(files: Sequence[str], level: str, bad_lines: str) -> collections.Counter:
   counts: collections.Counter = collections.Counter()
-  lines = tf.data.TextLineDataset(list(files)).batch(4096)
+  files = records.drop_empty_files(files, "skip", list(files))
+  skipped = records.BadLineCounter()
+  lines = _utf8_lines(_numbered_lines(files), files, bad_lines, skipped)
   for batch in lines.map(lambda b: tokenize(b, level).flat_values):
     counts.update(batch.numpy().tolist())
+  if skipped.count:
+    logging.warning("vocabulary: skipped %d lines with non-UTF-8 bytes (bad_lines='skip')",
+                    skipped.count)
   return counts
 
 
-def build_vocab(files: Sequence[str], vocab_size: int, level: str = "word"
-                ) -> List[Tuple[str, int]]:
-  """(token, count) for ``<unk>``, ``<eos>`` and the most frequent tokens of ``files``."""
+def build_vocab(files: Sequence[str], vocab_size: int, level: str = "word",
+                bad_lines: str = "error") -> List[Tuple[str, int]]:
+  """(token, count) for ``<unk>``, ``<eos>`` and the most frequent tokens of ``files``.
+
+  Empty files are skipped with a warning. A line with non-UTF-8 bytes fails (InvalidArgumentError
+  naming file and line) under ``bad_lines='error'`` and is skipped under ``'skip'``.
+  """
   _check_level(level)
+  records.check_choice("bad_lines", bad_lines, records.BAD_LINE_POLICIES)
   if vocab_size < 3:
     raise ValueError(f"vocab_size={vocab_size} must be >= 3 (<unk>, <eos> and a token)")
-  counts = _count_tokens(files, level)
+  counts = _count_tokens(files, level, bad_lines)
   eos = counts.pop(EOS.encode(), 0)
   counts.pop(UNK.encode(), None)
   ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -144,7 +177,8 @@ def vocab_path(file_pattern, vocab_size: int, level: str,
   """``vocab_file``, or the saved vocabulary next to the first file of ``file_pattern``."""
   if vocab_file:
     return vocab_file
-  return os.path.join(os.path.dirname(_files(file_pattern)[0]), vocab_name(level, vocab_size))
+  first = records.resolve_files(file_pattern, "text")[0]
+  return os.path.join(os.path.dirname(first), vocab_name(level, vocab_size))
 
 
 @gin.configurable(module="text_lm")
@@ -196,26 +230,33 @@ def make_dataset(file_pattern, batch_size: int, *, sequence_length: int = 32,
                  vocab_size: int = gin.REQUIRED, level: str = "word",
                  vocab_file: Optional[str] = None, shard_index: int = 0, num_shards: int = 1,
                  repeat: bool = False, shuffle_buffer: int = 0, seed: Optional[int] = None,
-                 drop_remainder: Optional[bool] = None, bad_line_counter=None
+                 drop_remainder: Optional[bool] = None, bad_lines: str = "error",
+                 bad_line_counter: Optional[records.BadLineCounter] = None
                  ) -> tf.data.Dataset:
   """Batches of ``({'tokens': int32 [B, T]}, int32 [B, T])`` next-token windows.
 
-  ``bad_line_counter`` is accepted for the dataset_fn contract (every line of text is valid).
+  ``bad_lines='error'`` raises DataError here for an empty (0-byte) file and fails iteration
+  naming the file and 1-based line number of a line with non-UTF-8 bytes; ``'skip'`` skips empty
+  files with a warning and drops such lines, adding their number to ``bad_line_counter``.
   ``drop_remainder`` defaults to ``repeat`` (training batches are full, evaluation keeps all).
   """
-  del bad_line_counter
   _check_level(level)
+  records.check_choice("bad_lines", bad_lines, records.BAD_LINE_POLICIES)
   if sequence_length < 1:
     raise ValueError(f"sequence_length={sequence_length} must be >= 1")
   if not 0 <= shard_index < num_shards:
     raise ValueError(f"shard_index={shard_index} is out of range for num_shards={num_shards}")
-  files = _files(file_pattern)
+  files = records.drop_empty_files(records.resolve_files(file_pattern, "text"), bad_lines,
+                                   file_pattern, binding="text_lm.make_dataset.bad_lines")
   table = lookup_table(_load(files, vocab_size, level, vocab_file))
   by_file = len(files) >= num_shards
-  lines = tf.data.TextLineDataset(files[shard_index::num_shards] if by_file else files)
+  if by_file:
+    files = files[shard_index::num_shards]
+  lines = _numbered_lines(files)
   if not by_file:
     lines = lines.shard(num_shards, shard_index)
-  ids = lines.batch(1024).map(lambda b: token_ids(b, table, level)).unbatch()
+  lines = _utf8_lines(lines, files, bad_lines, bad_line_counter)
+  ids = lines.map(lambda b: token_ids(b, table, level)).unbatch()
   data = windows(ids, sequence_length)
   if repeat:
     data = data.repeat()
@@ -282,7 +323,7 @@ def prepare(output_dir: str, vocab_size: int = 8000, level: str = "word",
   if not all(tf.io.gfile.exists(p) for p in train_paths + eval_paths):
     if text_files:
       lines = []
-      for path in _files(text_files):
+      for path in records.resolve_files(text_files, "text"):
         with tf.io.gfile.GFile(path, "r") as f:
           lines += [line.strip() for line in f if line.strip()]
     else:

@@ -49,7 +49,7 @@ ConfigurationError = errors.ConfigurationError
 DataError = criteo.DataError
 NonFiniteLossError = errors.NonFiniteLossError
 PROBE_EXAMPLES = 64
-_MALFORMED_RE = re.compile(r"(malformed [^\[\]\n]*? (?:line|row) [^\]\n]*)")
+_MALFORMED_RE = re.compile(r"(malformed [^\[\]\n]*? (line|row|record) [^\]\n]*)")
 
 # Learning-rate schedules for trainer.train.learning_rate, e.g.
 #   trainer.train.learning_rate = @schedules.PiecewiseConstantDecay()
@@ -167,7 +167,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
                       seed=seed * 7919 + group * 101 + pipeline,
                       bad_line_counter=None if context else bad_lines)
 
-  with _data_errors():
+  with _data_errors(dataset_fn):
     eval_ds = _open_files("eval_files", lambda: dataset_fn(list(eval_files), batch_size,
                                                            bad_line_counter=bad_lines))
     # A few real examples: published models and loaded teachers must predict finite values on them.
@@ -267,7 +267,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
       keras.utils.experimental.DatasetCreator(train_dataset)
   epochs = max(1, -(-train_steps // steps_per_epoch))
   try:
-    with _data_errors():
+    with _data_errors(dataset_fn):
       history = model.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch,
                           initial_epoch=initial_epoch, callbacks=fit_callbacks,
                           verbose=verbose if info.is_chief else 0)
@@ -382,18 +382,27 @@ def _open_files(name: str, make: Callable[[], tf.data.Dataset]) -> tf.data.Datas
 
 
 @contextlib.contextmanager
-def _data_errors() -> Iterator[None]:
-  """Turns a malformed-record error from the input pipeline into DataError naming file and line."""
+def _data_errors(dataset_fn: Callable[..., tf.data.Dataset]) -> Iterator[None]:
+  """Turns a malformed-record error from ``dataset_fn``'s pipeline into DataError naming file and
+  line (or row, or record) and the binding that skips such records."""
   try:
     yield
   except tf.errors.InvalidArgumentError as e:
     match = _MALFORMED_RE.search(e.message or "")
     if not match:
       raise
-    raise DataError(f"{match.group(1).strip()}; fix the line, or bind "
-                    "criteo.make_dataset.bad_lines = 'skip' to skip malformed lines") from None
+    kind = match.group(2)
+    raise DataError(f"{match.group(1).strip()}; fix the {kind}, or bind "
+                    f"{_bad_lines_binding(dataset_fn)} = 'skip' to skip malformed {kind}s"
+                    ) from None
   except DataError as e:
     raise DataError(str(e).splitlines()[0]) from None  # without gin's "In call to" line
+
+
+def _bad_lines_binding(dataset_fn: Callable[..., tf.data.Dataset]) -> str:
+  """``dataset_fn``'s bad_lines gin binding, e.g. ``criteo.make_dataset.bad_lines``."""
+  module = getattr(dataset_fn, "__module__", "").rsplit(".", 1)[-1]
+  return f"{module}.{getattr(dataset_fn, '__name__', 'dataset_fn')}.bad_lines"
 
 
 def _check_train_data(dataset: tf.data.Dataset, train_files: Sequence[str], group: int,

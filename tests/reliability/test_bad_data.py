@@ -3,9 +3,12 @@ policies. ``bad_lines='error'``: a clear error naming file and line; ``'skip'``:
 dropped and counted (and a training run completes, logging the count and writing it to
 TensorBoard).
 
-Pipelines covered: Criteo TSV (and Parquet rows in tests/data_pipelines), UCI Adult Parquet. The
-text (language-model) and image pipelines arrive with issue 5; their cases (empty text file,
-corrupt image bytes) are listed below as skipped placeholders until then.
+Pipelines covered: Criteo TSV (and Parquet rows in tests/data_pipelines), UCI Adult Parquet, the
+text (language-model) pipeline (empty file, non-UTF-8 line; also in the vocabulary builder) and
+the image pipeline (empty file, image bytes that are not a complete PNG/JPEG, label out of range;
+a corruption inside intact image bytes fails in the decoder without the file name). The
+training-run checks (exit status, the skipped count in the log and TensorBoard) run on Criteo;
+for text and image records the trainer's message is checked on the pipelines directly.
 """
 
 import json
@@ -21,6 +24,9 @@ import tensorflow as tf
 
 from data_pipelines import adult
 from data_pipelines import criteo
+from data_pipelines import images
+from data_pipelines import text_lm
+from tf_codistill import trainer
 from testing_utils import (GOOD_LINES, collect, error_lines, run, tb_scalars, train_args,
                            tsv_line)
 from testing_utils import write_lines as write
@@ -172,17 +178,183 @@ def test_adult_label_outside_0_1_fails_naming_the_row_or_is_skipped(tmp_path):
   assert len(labels) == 2999 and counter.count == 1
 
 
-# --- Text and image pipelines: issue 5 ---------------------------------------------------------
+# --- Text (language-model) pipeline -----------------------------------------------------------
+
+TEXT_LINES = ["the cat sat", "the dog ran", "a cat ran"]
+NON_UTF8 = [b"the caf\xe9 sat", b"\xff\xfe the", b"cat \xc3"]  # Latin-1, a bad start, cut short
 
 
-@pytest.mark.skip(reason="the text (language-model) pipeline does not exist yet (issue 5)")
-def test_text_empty_file_and_non_utf8_bytes():
-  """Empty text file, non-UTF-8 bytes, over-long document: error naming the file, or skipped."""
+def _text_dir(tmp_path, files):
+  """Text files (name -> lines) and the word vocabulary of TEXT_LINES (vocab_size 8); returns
+  the pattern matching the files."""
+  for name, lines in files.items():
+    write(tmp_path / name, lines)
+  vocab = text_lm.build_vocab([write(tmp_path / "vocab-source.txt", TEXT_LINES)], 8)
+  text_lm.write_vocab(vocab, str(tmp_path / "vocab-word-8.tsv"))
+  return str(tmp_path / "train-*")
 
 
-@pytest.mark.skip(reason="the image pipeline does not exist yet (issue 5)")
-def test_image_corrupt_bytes():
-  """Corrupt image bytes and a wrong label: error naming the file/record, or skipped and counted."""
+def _tokens(dataset):
+  return np.concatenate([features["tokens"].numpy().ravel() for features, _ in dataset])
+
+
+def test_text_non_utf8_line_fails_naming_file_and_line_or_is_skipped_and_counted(tmp_path):
+  lines = TEXT_LINES * 600
+  lines[1499] = NON_UTF8[0]  # beyond the first batch of lines
+  pattern = _text_dir(tmp_path, {"train-0.txt": TEXT_LINES, "train-1.txt": lines})
+  message = error_message(text_lm.make_dataset(pattern, 4, vocab_size=8, sequence_length=3))
+  assert (f"malformed text line {tmp_path}/train-1.txt:1500: non-UTF-8 bytes in the line "
+          "(got: the caf\ufffd sat)") in message
+
+  mixed = [NON_UTF8[1], *TEXT_LINES[:2], NON_UTF8[2], TEXT_LINES[2], NON_UTF8[0]]
+  pattern = _text_dir(tmp_path, {"train-0.txt": TEXT_LINES, "train-1.txt": mixed})
+  counter = criteo.BadLineCounter()
+  got = _tokens(text_lm.make_dataset(pattern, 4, vocab_size=8, sequence_length=3,
+                                     bad_lines="skip", bad_line_counter=counter))
+  assert counter.count == 3
+  write(tmp_path / "train-1.txt", TEXT_LINES)
+  np.testing.assert_array_equal(got, _tokens(text_lm.make_dataset(pattern, 4, vocab_size=8,
+                                                                  sequence_length=3)))
+
+
+def test_text_empty_file_is_an_error_naming_it_or_skipped_with_a_warning(tmp_path, caplog):
+  pattern = _text_dir(tmp_path, {"train-1.txt": TEXT_LINES})
+  empty = tmp_path / "train-0.txt"
+  empty.write_bytes(b"")
+  with pytest.raises(criteo.DataError, match=re.escape(
+      f"{empty}: empty file (0 bytes); remove it, or bind text_lm.make_dataset.bad_lines = "
+      "'skip'")):
+    text_lm.make_dataset(pattern, 4, vocab_size=8)
+  with caplog.at_level("WARNING"):
+    got = text_lm.make_dataset(pattern, 4, vocab_size=8, sequence_length=3, bad_lines="skip")
+  assert f"{empty}: empty file (0 bytes), skipped" in caplog.text
+  want = text_lm.make_dataset(str(tmp_path / "train-1.txt"), 4, vocab_size=8, sequence_length=3)
+  np.testing.assert_array_equal(_tokens(got), _tokens(want))
+
+
+@pytest.mark.parametrize("level", text_lm.LEVELS)
+def test_text_vocabulary_skips_empty_files_and_fails_or_skips_non_utf8_lines(tmp_path, level):
+  empty = tmp_path / "empty.txt"
+  empty.write_bytes(b"")
+  bad = write(tmp_path / "bad.txt", [TEXT_LINES[0], NON_UTF8[2], TEXT_LINES[1]])
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=re.escape(f"malformed text line {bad}:2: non-UTF-8 bytes")):
+    text_lm.build_vocab([str(empty), bad], 6, level)
+  got = text_lm.build_vocab([str(empty), bad], 6, level, bad_lines="skip")
+  assert got == text_lm.build_vocab([write(tmp_path / "good.txt", TEXT_LINES[:2])], 6, level)
+
+
+# --- Image pipeline ----------------------------------------------------------------------------
+
+PIXELS = np.arange(6 * 16, dtype=np.uint8).reshape(6, 4, 4, 1) * 2
+PNGS = [tf.io.encode_png(p).numpy() for p in PIXELS]
+JPEG = tf.io.encode_jpeg(np.full((4, 4, 1), 200, np.uint8)).numpy()
+NOT_AN_IMAGE = "image/encoded is not a complete PNG or JPEG image"
+# (encoded bytes, label, the reason the error gives), read with num_classes = 10.
+BAD_RECORDS = [
+    (PNGS[0][:len(PNGS[0]) // 2], 1, f"{NOT_AN_IMAGE} ({len(PNGS[0]) // 2} bytes)"),  # truncated
+    (b"\x00" + PNGS[0][1:], 1, f"{NOT_AN_IMAGE} ({len(PNGS[0])} bytes)"),  # garbled signature
+    (PNGS[0][:-12] + b"\x00" * 12, 1, f"{NOT_AN_IMAGE} ({len(PNGS[0])} bytes)"),  # no IEND chunk
+    (JPEG[:-40], 1, f"{NOT_AN_IMAGE} ({len(JPEG) - 40} bytes)"),  # truncated JPEG
+    (b"GIF89a" + JPEG[6:], 1, f"{NOT_AN_IMAGE} ({len(JPEG)} bytes)"),
+    (b"", 1, f"{NOT_AN_IMAGE} (0 bytes)"),
+    (PNGS[0], 10, "image/class/label not in [0, 10) (got: 10)"),
+    (PNGS[0], -1, "image/class/label not in [0, 10) (got: -1)"),
+]
+
+
+def _write_records(path, records):
+  """A TFRecord file of (encoded, label) Examples; returns the path as str."""
+  with tf.io.TFRecordWriter(str(path)) as writer:
+    for encoded, label in records:
+      writer.write(images.example(encoded, label, 4, 4, 1).SerializeToString())
+  return str(path)
+
+
+def _image_dataset(pattern, **kwargs):
+  return images.make_dataset(pattern, 4, image_size=None, num_classes=10, **kwargs)
+
+
+@pytest.mark.parametrize("encoded,label,reason", BAD_RECORDS,
+                         ids=["truncated_png", "garbled_signature", "no_iend", "truncated_jpeg",
+                              "gif_header", "empty_bytes", "label_too_big", "negative_label"])
+def test_image_bad_record_fails_naming_file_record_and_reason(tmp_path, encoded, label, reason):
+  _write_records(tmp_path / "train-0.tfrecord", [(PNGS[1], 1)] * 3)
+  path = _write_records(tmp_path / "train-1.tfrecord",
+                        [(PNGS[2], 2), (JPEG, 3), (encoded, label), (PNGS[3], 4)])
+  message = error_message(_image_dataset(str(tmp_path / "train-*")))
+  assert f"malformed image record {path}:3: {reason}" in message
+
+
+def test_image_label_range_follows_label_offset_and_needs_num_classes_for_its_top(tmp_path):
+  path = _write_records(tmp_path / "imagenet.tfrecord", [(PNGS[0], 1), (PNGS[1], 0)])
+  message = error_message(_image_dataset(path, label_offset=-1))
+  assert f"malformed image record {path}:2: image/class/label not in [1, 11) (got: 0)" in message
+  path = _write_records(tmp_path / "labels.tfrecord", [(PNGS[0], 1000), (PNGS[1], -1)])
+  message = error_message(images.make_dataset(path, 4, image_size=None))
+  assert f"malformed image record {path}:2: image/class/label below 0 (got: -1)" in message
+
+
+def test_image_skip_keeps_the_good_records_only_and_counts_the_bad(tmp_path):
+  good = [(PNGS[k], k) for k in range(6)]
+  mixed = [(encoded, label) for encoded, label, _ in BAD_RECORDS]
+  mixed[1:1], mixed[4:4], mixed[7:7] = good[:2], good[2:4], good[4:]
+  path = _write_records(tmp_path / "mixed.tfrecord", mixed)
+  counter = criteo.BadLineCounter()
+  batches = list(_image_dataset(path, bad_lines="skip", bad_line_counter=counter))
+  assert [len(labels) for _, labels in batches] == [4, 2]  # batches stay full
+  pixels = np.concatenate([features["image"].numpy() for features, _ in batches])
+  np.testing.assert_array_equal(np.round(pixels * 255).astype(np.uint8), PIXELS)
+  assert np.concatenate([labels for _, labels in batches]).tolist() == list(range(6))
+  assert counter.count == len(BAD_RECORDS)
+
+
+def test_image_corrupt_inside_an_intact_start_and_end_fails_in_the_decoder(tmp_path):
+  middle = len(PNGS[0]) // 2
+  garbled = PNGS[0][:middle] + bytes(b ^ 0xFF for b in PNGS[0][middle:middle + 4]) + \
+      PNGS[0][middle + 4:]
+  path = _write_records(tmp_path / "inside.tfrecord", [(garbled, 1)])
+  for bad_lines in ("error", "skip"):  # the documented limit: TF's own message, no file name
+    message = error_message(_image_dataset(path, bad_lines=bad_lines))
+    assert "Invalid PNG" in message and path not in message
+
+
+def test_image_empty_file_is_an_error_naming_it_or_skipped_with_a_warning(tmp_path, caplog):
+  empty = tmp_path / "train-0.tfrecord"
+  empty.write_bytes(b"")
+  _write_records(tmp_path / "train-1.tfrecord", [(PNGS[0], 7)])
+  pattern = str(tmp_path / "train-*")
+  with pytest.raises(criteo.DataError, match=re.escape(
+      f"{empty}: empty file (0 bytes); remove it, or bind images.make_dataset.bad_lines = "
+      "'skip'")):
+    _image_dataset(pattern)
+  with caplog.at_level("WARNING"):
+    batches = list(_image_dataset(pattern, bad_lines="skip"))
+  assert f"{empty}: empty file (0 bytes), skipped" in caplog.text
+  assert [labels.numpy().tolist() for _, labels in batches] == [[7]]
+
+
+def _trainer_error(dataset_fn, dataset):
+  """The DataError the trainer makes of iterating ``dataset`` (from ``dataset_fn``)."""
+  with pytest.raises(trainer.DataError) as info:
+    with trainer._data_errors(dataset_fn):
+      for _ in dataset:
+        pass
+  return str(info.value)
+
+
+def test_trainer_reports_bad_text_and_image_records_naming_the_pipelines_binding(tmp_path):
+  pattern = _text_dir(tmp_path, {"train-0.txt": [TEXT_LINES[0], NON_UTF8[2]]})
+  message = _trainer_error(text_lm.make_dataset, text_lm.make_dataset(pattern, 4, vocab_size=8))
+  assert message == (
+      f"malformed text line {tmp_path}/train-0.txt:2: non-UTF-8 bytes in the line (got: cat "
+      "\ufffd); fix the line, or bind text_lm.make_dataset.bad_lines = 'skip' to skip malformed "
+      "lines")
+  path = _write_records(tmp_path / "images.tfrecord", [(PNGS[0], 1), (PNGS[1], 10)])
+  message = _trainer_error(images.make_dataset, _image_dataset(path))
+  assert message == (
+      f"malformed image record {path}:2: image/class/label not in [0, 10) (got: 10); fix the "
+      "record, or bind images.make_dataset.bad_lines = 'skip' to skip malformed records")
 
 
 # --- Training on bad data: the tf-codistill-train binary --------------------------------------

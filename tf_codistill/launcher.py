@@ -3,7 +3,8 @@
 A group is one process (``one_device``/``mirrored``) or one process per task of its cluster: chief,
 ``workers_per_group`` workers and, for ``parameter_server``, ``ps_per_group`` ps tasks. Every task
 runs ``python -m tf_codistill.bin.train`` with its own ``TF_CONFIG`` whose addresses are free ports
-on 127.0.0.1; its log is ``model_dir/group_<i>/<task>_<k>.log``.
+on 127.0.0.1 (outside the kernel's ephemeral range, distinct within the launch); its log is
+``model_dir/group_<i>/<task>_<k>.log``.
 
 Supervision:
 - a group is done when its chief exits 0; its remaining tasks (parameter-server workers and ps

@@ -378,7 +378,9 @@ def bad_data_dir(criteo_dir, tmp_path_factory):
 @pytest.mark.e2e
 def test_training_stops_on_a_bad_line_naming_file_and_line(tmp_path, bad_data_dir):
   model_dir = tmp_path / "run"
-  proc = run(train_args(str(model_dir), bad_data_dir), timeout=600)
+  # A heartbeat every step: on an idle machine the bad line comes within the default 5 s.
+  proc = run(train_args(str(model_dir), bad_data_dir,
+                        bindings=["trainer.train.heartbeat_every_s = 0.0"]), timeout=600)
   assert proc.returncode == 3, proc.stderr[-3000:]  # bad input data: not retried by the launcher
   [line] = error_lines(proc.stderr)
   assert re.fullmatch(

@@ -257,14 +257,6 @@ def write_report(summary: dict, path: str) -> None:
     f.write("\n".join(lines))
 
 
-def _write_index(out: str) -> None:
-  """Regenerates benchmarks/results/README.md (every suite's goals) after a run written there."""
-  results = os.path.dirname(os.path.dirname(os.path.abspath(out)))
-  if results == os.path.join(REPO, "benchmarks", "results"):
-    from benchmarks import report as report_lib  # pylint: disable=g-import-not-at-top
-    report_lib.write_index(results)
-
-
 def main(argv):
   del argv
   if FLAGS.report_only:
@@ -319,7 +311,8 @@ def main(argv):
   with open(FLAGS.out, "w") as f:
     json.dump(summary, f, indent=2)
   write_report(summary, os.path.join(os.path.dirname(FLAGS.out), "report.md"))
-  _write_index(FLAGS.out)
+  from benchmarks import report  # pylint: disable=g-import-not-at-top (matplotlib: only now)
+  report.update_index_for(FLAGS.out)
   print(f"codistill_traffic_reduction (ctr, 2 workers, K={FLAGS.exchange_every_steps}): "
         f"{headline:.1f}x; wrote {FLAGS.out}")
 

@@ -211,3 +211,12 @@ def write_index(results_root: str) -> str:
   with open(path, "w") as f:
     f.write(index_markdown(results_root))
   return path
+
+
+def update_index_for(summary_path: str) -> Optional[str]:
+  """Rewrites the committed index when ``summary_path`` lies in ``benchmarks/results/<suite>/``
+  (a run written elsewhere leaves it alone); returns its path, or None."""
+  results = os.path.dirname(os.path.dirname(os.path.abspath(summary_path)))
+  if results != os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"):
+    return None
+  return write_index(results)

@@ -23,3 +23,10 @@ def test_index_lists_each_suites_goals_with_verdicts_and_links(tmp_path):
   assert "| [`churn`](churn/report.md) | `ensemble_churn_reduction` | not reached |" in text
   assert "| `cluster` | (no goal figures) |" in text
   assert "notes" not in text
+
+
+def test_a_run_written_outside_the_committed_results_leaves_their_index_alone(tmp_path):
+  (tmp_path / "fusion").mkdir()
+  (tmp_path / "fusion" / "summary.json").write_text(json.dumps({"goals": {"x": 1.0}}))
+  assert report.update_index_for(str(tmp_path / "fusion" / "summary.json")) is None
+  assert not (tmp_path / "README.md").exists()

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 
+from tf_codistill import launcher
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -271,19 +272,13 @@ class Launch:
   def _fail(self, message):
     self.stop()
     logs = sorted(glob.glob(os.path.join(self.model_dir or "/nonexistent", "group_*", "*.log")))
-    tails = "".join(f"\n--- {path} (tail) ---\n{_tail(path)}" for path in logs)
+    tails = "".join(f"\n--- {path} (tail) ---\n{launcher.log_tail(path, 80)}"
+                    for path in logs)
     raise AssertionError(f"{message}\nlauncher stderr (tail):\n{self.stderr[-3000:]}{tails}")
 
   @property
   def stderr(self):
     return "".join(self.lines)
-
-
-def _tail(path, size=6000):
-  with open(path, "rb") as f:
-    f.seek(0, os.SEEK_END)
-    f.seek(max(0, f.tell() - size))
-    return f.read().decode("utf-8", "replace")
 
 
 def progress_steps(group_dir):

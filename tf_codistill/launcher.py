@@ -97,13 +97,12 @@ def _ephemeral_ports() -> range:
     return range(32768, 61000)
 
 
-def free_port(taken: Set[int], rng: Optional[random.Random] = None) -> int:
+def free_port(taken: Set[int]) -> int:
   """A port that is free on 127.0.0.1 now, outside the ephemeral range and ``taken`` (joins it).
 
   Outside the ephemeral range, the outgoing connections of tasks already running cannot take
   the port in the seconds before its server binds it (bind(0) ports are ephemeral ones).
   """
-  rng = rng or random.Random()
   ephemeral = _ephemeral_ports()
   if ephemeral.start > 11000:
     candidates = range(10000, ephemeral.start)
@@ -112,7 +111,7 @@ def free_port(taken: Set[int], rng: Optional[random.Random] = None) -> int:
   else:  # the ephemeral range is (nearly) everything: take what is free
     candidates = range(10000, 65536)
   for _ in range(200):
-    port = rng.choice(candidates)
+    port = random.choice(candidates)
     if port in taken:
       continue
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -154,7 +153,8 @@ def train_command(model_dir: str, group: int, num_groups: int, exchange_dir: str
   return cmd
 
 
-def _tail(path: str, lines: int = 15) -> str:
+def log_tail(path: str, lines: int = 15) -> str:
+  """The last ``lines`` lines of a task log (of at most its last 8 KiB); '' if unreadable."""
   try:
     with open(path, "rb") as f:
       f.seek(0, os.SEEK_END)
@@ -320,13 +320,13 @@ def _supervise(group: _Group, max_restarts: int) -> None:
     log = group.log_path(task)
     group.failed = (f"group {group.index} {task[0]}:{task[1]} stopped on a "
                     f"{errors.PERMANENT_EXIT_CODES[status]} (exit status {status}), not restarted; "
-                    f"log {log}:\n{_tail(log)}")
+                    f"log {log}:\n{log_tail(log)}")
     logging.error("%s", group.failed)
     group.stop_all()
     return
   if group.restarts >= max_restarts:
     group.failed = (f"group {group.index} {task[0]}:{task[1]} exited with status {status}; "
-                    f"log {log}:\n{_tail(log)}")
+                    f"log {log}:\n{log_tail(log)}")
     logging.error("%s", group.failed)
     group.stop_all()
     return

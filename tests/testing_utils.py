@@ -13,7 +13,6 @@ import threading
 import time
 import uuid
 
-from tf_codistill import launcher
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -270,6 +269,7 @@ class Launch:
     self._fail(f"timed out after {timeout}s waiting for {what}")
 
   def _fail(self, message):
+    from tf_codistill import launcher  # only here: most tests' Bazel targets do not depend on it
     self.stop()
     logs = sorted(glob.glob(os.path.join(self.model_dir or "/nonexistent", "group_*", "*.log")))
     tails = "".join(f"\n--- {path} (tail) ---\n{launcher.log_tail(path, 80)}"

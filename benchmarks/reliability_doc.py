@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Sequence
 
 from benchmarks import fault_trials
 from benchmarks import soak
@@ -23,39 +24,42 @@ BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 
 
 def measured_section(faults_path: str = fault_trials.DEFAULT_OUT,
-                     soak_path: str = soak.DEFAULT_OUT) -> str:
+                     soak_paths: Sequence[str] = (soak.DEFAULT_OUT, soak.SHARED_CPUS_OUT)) -> str:
+  """The table (kill trials, then one row per soak summary) and a paragraph per measurement."""
+  soaks = []
+  for path in soak_paths:
+    if os.path.exists(path):
+      with open(path) as f:
+        soaks.append(json.load(f))
   parts = []
   if os.path.exists(faults_path):
     with open(faults_path) as f:
       faults = json.load(f)
-    table = fault_trials.markdown_table(faults).splitlines()
-    lines = table
-    if os.path.exists(soak_path):
-      with open(soak_path) as f:
-        lines = table + [soak.markdown_row(json.load(f))]
-    parts.append("\n".join(lines))
+    parts.append("\n".join(fault_trials.markdown_table(faults).splitlines()
+                           + [soak.markdown_row(summary) for summary in soaks]))
     parts.append(
         f"Kill trials: `{faults['command']}`, {faults['started_utc']}, {faults['wall_s'] / 60:.0f} "
         f"min, {faults['cpus']} CPUs, load average at the end {faults['load_avg_at_end'][0]:.1f} "
         f"(machine shared with other jobs). Kill steps per kind: " + "; ".join(
             f"{kind} {row['kill_steps']}" for kind, row in faults["summary"].items()) + ".")
-  if os.path.exists(soak_path):
-    with open(soak_path) as f:
-      summary = json.load(f)
+  for summary in soaks:
     run, verdict = summary["run"], summary["verdict"]
     rss = "; ".join(f"{name} {r['after_warmup_mib']:.0f} -> {r['end_mib']:.0f} MiB"
                     for name, r in sorted(verdict["rss"].items()) if r.get("flat") is not None)
     times = "; ".join(
         f"group {g}: plain step p50 {s['plain_p50_ms']:.1f} ms, max {s['plain_max_ms']:.1f} ms, "
-        f"{s['plain_over_3x_median']} of {s['plain_intervals']} over 3x the median, "
-        f"{s['refresh_intervals']} intervals overlapping a refresh/publish"
+        f"{s['plain_over_3x_median']} of {s['plain_intervals']} over 3x the median "
+        f"({s['during_peer_events']} during the other group's refresh/publish/epoch end, "
+        f"{s['unexplained']} unexplained), {s['intervals_in_own_windows']} intervals overlapping "
+        f"its own refresh/publish"
         for g, s in sorted(verdict["step_times"].items()) if s["plain_intervals"])
     parts.append(
         f"Soak: `{summary['command']}`, {summary['started_utc']}, {run['duration_s'] / 60:g} min "
         f"of training ({run['wall_s'] / 60:.1f} min wall), warm-up {run['warmup_s']:g} s, RSS "
         f"sampled every {run['sample_s']:g} s; load average at the end "
         f"{summary['load_avg_at_end'][0]:.1f}. RSS after warm-up -> end: {rss}. Step times "
-        f"(chief's view, one interval per poll of the step counter): {times}.")
+        f"(chief's view, one interval per poll of the step counter): {times}."
+        + (f" {summary['note']}" if summary.get("note") else ""))
   return "\n\n".join(parts) if parts else "(no measurements yet)"
 
 

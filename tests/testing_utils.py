@@ -212,9 +212,11 @@ class Launch:
 
   running = []  # every Launch not yet waited for; conftest stops them after each test
 
-  def __init__(self, args):
+  def __init__(self, args, cpus=None):
+    """``cpus``: the CPUs the launcher (and so every task it starts) may run on."""
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     self.proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)
+                                 text=True, preexec_fn=pin)
     self.model_dir = next((a.split("=", 1)[1] for a in args if a.startswith("--model_dir=")), None)
     Launch.running.append(self)
     self.lines = []

@@ -481,6 +481,14 @@ class StepTimer(StepHook):
       self.intervals.append((start, now, step - last_step, next_boundary < step))
     self._last = (now, step)
 
+  def timeline(self, windows: Dict[str, Sequence[Tuple[float, float]]]) -> Dict[str, object]:
+    """The raw intervals and ``windows`` (JSON-ready), on time.monotonic(): CLOCK_MONOTONIC on
+    Linux, one clock for every process of the host."""
+    return {"clock": "time.monotonic",
+            "intervals": [[round(s, 6), round(e, 6), n, bool(x)] for s, e, n, x in self.intervals],
+            "windows": {name: [[round(s, 6), round(e, 6)] for s, e in spans]
+                        for name, spans in windows.items()}}
+
   def quantiles_ms(self, windows: Dict[str, Sequence[Tuple[float, float]]]
                    ) -> Dict[str, Dict[str, float]]:
     """p50/p99/max step time (ms) per category: 'epoch_end', the names of the windows a step

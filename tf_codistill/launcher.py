@@ -18,6 +18,8 @@ Supervision:
   ``'continue'`` lets its peers finish (they keep their last teacher); either way ``launch``
   then raises ``GroupFailedError`` naming the group, the task and its log;
 - SIGINT/SIGTERM stop every process started (no orphans).
+
+``pin_groups`` pins each group's tasks to its own share of the CPUs (``split_cpus``).
 """
 
 from __future__ import annotations
@@ -186,13 +188,25 @@ def stop_processes(procs: Sequence[subprocess.Popen], grace: float = _GRACE_SECO
       proc.wait()
 
 
+def split_cpus(num_groups: int, cpus: Optional[Set[int]] = None) -> List[Set[int]]:
+  """Disjoint, equal shares of ``cpus`` (default: the CPUs this process may run on), one per
+  group, as if each group had its own machine."""
+  cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+  if len(cpus) < num_groups:
+    raise ValueError(f"--pin_groups needs a CPU per group: {num_groups} groups, "
+                     f"{len(cpus)} CPUs ({','.join(map(str, cpus))})")
+  share = len(cpus) // num_groups
+  return [set(cpus[g * share:(g + 1) * share]) for g in range(num_groups)]
+
+
 class _Group:
   """The processes of one group and its restart bookkeeping."""
 
   def __init__(self, index: int, num_groups: int, shape: GroupShape, model_dir: str,
                exchange_dir: str, gin_files: Sequence[str], gin_bindings: Sequence[str],
-               ports: Set[int]):
+               ports: Set[int], cpus: Optional[Set[int]] = None):
     self.index = index
+    self.cpus = cpus  # CPUs every task of the group is pinned to (None: not pinned)
     self.ports = ports  # every port of this launch, shared by its groups
     self.shape = shape
     self.dir = group_model_dir(model_dir, index)
@@ -221,13 +235,18 @@ class _Group:
     if self.cluster:
       env["TF_CONFIG"] = json.dumps({"cluster": self.cluster,
                                     "task": {"type": task[0], "index": task[1]}})
+    cpus = self.cpus
+    # Pinned in the child before it starts, so that TF sizes its thread pools for those CPUs.
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     with open(self.log_path(task), "ab") as log:
       # Own session: a terminal's Ctrl-C reaches the launcher, which stops tasks in order.
       self.procs[task] = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=env,
-                                          start_new_session=True)
-    logging.info("launched group %d %s:%d (pid %d), log %s", self.index, task[0], task[1],
-                 self.procs[task].pid, self.log_path(task))
+                                          start_new_session=True, preexec_fn=pin)
+    logging.info("launched group %d %s:%d (pid %d)%s, log %s", self.index, task[0], task[1],
+                 self.procs[task].pid,
+                 f" on CPUs {','.join(map(str, sorted(cpus)))}" if cpus else "",
+                 self.log_path(task))
 
   def stop_all(self) -> None:
     stop_processes(list(self.procs.values()))
@@ -240,11 +259,12 @@ def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = Non
            gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = (),
            shape: GroupShape = GroupShape(), max_restarts: int = 0,
            on_group_failure: str = "stop_all", poll_seconds: float = 0.5,
-           groups: Optional[Sequence[int]] = None) -> Dict[int, str]:
+           groups: Optional[Sequence[int]] = None, pin_groups: bool = False) -> Dict[int, str]:
   """Runs ``num_groups`` groups of ``shape`` to completion; returns each group's model dir.
 
   ``groups`` runs only those of the ``num_groups`` groups here (the others run elsewhere, or
-  are frozen teachers already published to the exchange).
+  are frozen teachers already published to the exchange). ``pin_groups`` pins each group's
+  tasks to its own share of this machine's CPUs (split_cpus).
   """
   if num_groups < 1:
     raise ValueError(f"--num_groups={num_groups} must be >= 1")
@@ -255,9 +275,10 @@ def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = Non
     raise ValueError(f"--on_group_failure={on_group_failure!r} is not one of {FAILURE_POLICIES}")
   exchange_dir = exchange_dir or os.path.join(model_dir, "exchange")
   os.makedirs(model_dir, exist_ok=True)
+  shares = split_cpus(len(indices)) if pin_groups else [None] * len(indices)
   ports: Set[int] = set()
   groups = [_Group(g, num_groups, shape, model_dir, exchange_dir, gin_files, list(gin_bindings),
-                   ports) for g in indices]
+                   ports, cpus) for g, cpus in zip(indices, shares)]
 
   def on_signal(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")

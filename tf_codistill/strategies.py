@@ -55,14 +55,30 @@ class TaskInfo:
     return self.kind == "parameter_server" and self.task_type in ("worker", "ps")
 
 
-def serve(info: TaskInfo) -> None:
+# A serving task's inter-op pool runs the coordinator's remote functions; one that blocks on a
+# tensor from another task holds its thread, so with a single thread (TF's default on a 1-CPU
+# task) a parameter-server group hangs after its first step.
+MIN_SERVER_INTER_OP_THREADS = 2
+
+
+def server_config(inter_op_threads: int = 0, intra_op_threads: int = 0
+                  ) -> tf.compat.v1.ConfigProto:
+  """Thread pools of a serving task: the trainer's thread bindings (0: TF's default, one per
+  CPU the task may run on), with at least MIN_SERVER_INTER_OP_THREADS inter-op threads."""
+  inter = inter_op_threads or len(os.sched_getaffinity(0))
+  return tf.compat.v1.ConfigProto(
+      inter_op_parallelism_threads=max(MIN_SERVER_INTER_OP_THREADS, inter),
+      intra_op_parallelism_threads=intra_op_threads)
+
+
+def serve(info: TaskInfo, config: Optional[tf.compat.v1.ConfigProto] = None) -> None:
   """Runs this task's tf.distribute.Server from TF_CONFIG until the process is stopped."""
   # Lets the coordinator see a lost worker at once and reschedule its closures.
   os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                 task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc",
-                                start=True)
+                                config=config or server_config(), start=True)
   logging.info("serving %s:%d of %s", info.task_type, info.task_id, info.kind)
   server.join()
 

@@ -87,7 +87,8 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
           prediction_batches: Optional[int] = None,
           fusion: str = "none", allreduce_dtype: str = "float32", jit_compile: bool = False,
           intra_op_threads: int = 0, inter_op_threads: int = 0, heartbeat_every_s: float = 5.0,
-          max_wall_seconds: Optional[float] = None, verbose: int = 2) -> Dict[str, float]:
+          max_wall_seconds: Optional[float] = None, save_step_timeline: bool = False,
+          verbose: int = 2) -> Dict[str, float]:
   """Runs this process's part of group ``group`` of ``num_groups``; the chief returns its metrics.
 
   ``strategy`` is one of strategies.KINDS; with a cluster it is read from TF_CONFIG, and workers
@@ -101,7 +102,9 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   metrics and results keys; ``prediction_batches`` caps the eval batches whose predictions
   ``save_eval_predictions`` keeps. ``fusion`` ('none', 'backward', 'forward') fuses the
   optimizer's updates (fusion.py); ``allreduce_dtype`` ('float32', 'float16', 'bfloat16') is the
-  precision of a synchronous group's gradient all-reduce (comm.py).
+  precision of a synchronous group's gradient all-reduce (comm.py). ``intra_op_threads`` and
+  ``inter_op_threads`` (0: TF's default) size this task's thread pools, also a serving task's
+  (strategies.server_config, which keeps at least 2 inter-op threads there).
 
   Failures that a restart cannot fix raise before training starts where they can be seen then:
   ConfigurationError (flags, bindings, TF_CONFIG, unwritable directories, missing files) and
@@ -110,6 +113,9 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   that step is checkpointed or published. The chief writes ``model_dir/heartbeat.json`` (step,
   the step it started from, time) every ``heartbeat_every_s``; ``max_wall_seconds`` ends
   training early, as if ``train_steps`` were reached (not for ``multi_worker_mirrored``).
+  ``save_step_timeline`` makes the chief write ``model_dir/step_timeline.json``: every timed
+  step interval and teacher-refresh/publish window on the host's monotonic clock, so that step
+  times of several groups on one machine can be lined up (benchmarks/soak.py).
   """
   _validate(group, num_groups, codistill, exchange_dir, data_split, optimizer)
   _validate_comm(strategy, fusion, allreduce_dtype)
@@ -143,7 +149,8 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   if inter_op_threads:
     tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
   if info.serves_only:
-    strategies.serve(info)  # blocks until the launcher (or the cluster manager) stops the task
+    # Blocks until the launcher (or the cluster manager) stops the task.
+    strategies.serve(info, strategies.server_config(inter_op_threads, intra_op_threads))
     return {}
   distribution = strategies.make_strategy(strategy)
   if batch_size % distribution.num_replicas_in_sync:
@@ -338,12 +345,23 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
                    # swap), a publish (snapshot .. written), an epoch end, or nothing.
                    step_time_ms=step_timer.quantiles_ms({"refresh": refresh.windows,
                                                          "publish": publisher.windows}))
-  with tf.io.gfile.GFile(os.path.join(model_dir, "results.json"), "w") as f:
-    json.dump(results, f, indent=2, sort_keys=True)
+  _save_json(os.path.join(model_dir, "results.json"), results, indent=2, sort_keys=True)
+  if save_step_timeline:
+    windows = ({"refresh": refresh.windows, "publish": publisher.windows} if codistill else {})
+    _save_json(os.path.join(model_dir, "step_timeline.json"),
+               step_timer.timeline(windows))
   logging.info("group %d done: %s steps=%d", group,
                " ".join(f"{k}={v:.4f}" for k, v in sorted(task.results(final).items())),
                results["steps"])
   return results
+
+
+def _save_json(path: str, value, **dump_options) -> None:
+  """Writes ``value`` as JSON atomically (temp file + rename) through tf.io.gfile."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with tf.io.gfile.GFile(tmp, "w") as f:
+    json.dump(value, f, **dump_options)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def _save_npz(path: str, **arrays: np.ndarray) -> None:

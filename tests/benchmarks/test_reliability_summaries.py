@@ -9,15 +9,26 @@ from benchmarks import reliability_doc
 from benchmarks import soak
 
 
-def _run(leak_mib_per_min=0.0, outliers=0):
+def _timeline(start, plain_ms=10.0, slow=(), refresh_every=20):
+  """A chief's step timeline: 0.2 s intervals of 20 steps (each ``plain_ms`` per step, the
+  intervals in ``slow`` 5x slower), a teacher refresh overlapping every ``refresh_every``-th."""
+  intervals, refresh, t = [], [], start
+  for i in range(400):
+    length = 0.02 * plain_ms * (5 if i in slow else 1)
+    intervals.append([t, t + length, 20, i % 100 == 99])
+    if i % refresh_every == 0:
+      refresh.append([t + 0.01, t + 0.05])
+    t += length
+  return {"clock": "time.monotonic", "intervals": intervals,
+          "windows": {"refresh": refresh, "publish": []}}
+
+
+def _run(leak_mib_per_min=0.0, slow=()):
   series = lambda base, leak: [[t, base + leak * t / 60.0] for t in range(0, 1300, 5)]
-  step_times = {"other": {"count": 1000, "p50": 10.0, "p99": 20.0, "max": 25.0,
-                          "over_3x_median": outliers},
-                "refresh": {"count": 300, "p50": 12.0, "p99": 40.0, "max": 90.0,
-                            "over_3x_median": 20}}
   return {"exit_code": 0, "duration_s": 1200, "wall_s": 1300, "strategy": "parameter_server",
           "warmup_s": 180, "sample_s": 5, "train_start_s": {"0": 30.0, "1": 32.0},
-          "groups": {g: {"teacher_loads": 400, "step_time_ms": step_times} for g in ("0", "1")},
+          "groups": {g: {"teacher_loads": 400} for g in ("0", "1")},
+          "timelines": {"0": _timeline(1000.0, slow=slow), "1": _timeline(1000.001)},
           "rss_mib": {"launcher": series(60, 0), "group_0/chief_0": series(900, leak_mib_per_min),
                       "group_1/ps_0": series(500, 0)}}
 
@@ -34,9 +45,35 @@ def test_a_leak_of_a_few_mib_per_minute_is_caught():
   assert verdict["rss"]["group_1/ps_0"]["flat"]
 
 
-def test_plain_step_outliers_fail_but_refresh_steps_do_not_count():
-  assert soak.judge(_run(outliers=0))["step_times_ok"]
-  assert not soak.judge(_run(outliers=50))["step_times_ok"]
+def test_plain_step_outliers_fail_unless_they_overlap_a_peer_event():
+  assert soak.judge(_run())["step_times_ok"]
+  # Interval 5 of group 0 is 5x slower: it overlaps no refresh of its own and none of group 1's
+  # (whose refresh every 20 intervals falls in intervals 0, 20, ... there).
+  steps = soak.judge(_run(slow=(5,)))["step_times"]["0"]
+  assert steps["plain_over_3x_median"] == 1 and steps["unexplained"] == 1 and not steps["ok"]
+  # Interval 20's own refresh makes it a refresh step, not a plain one: not an outlier.
+  assert soak.judge(_run(slow=(20,)))["step_times"]["0"]["plain_over_3x_median"] == 0
+  # A slow interval that overlaps a refresh of group 1 is explained by it.
+  timelines = {"0": _timeline(1000.0, slow=(7,)), "1": _peer_refresh_at(1000.0 + 7 * 0.2 + 0.3)}
+  verdict = soak.step_time_verdict(timelines, peers_share_cpus=True)
+  assert verdict["0"]["plain_over_3x_median"] == 1, verdict["0"]
+  assert verdict["0"]["outliers"][0]["during"] == ["group 1 refresh"]
+  assert verdict["0"]["unexplained"] == 0 and verdict["0"]["ok"]
+  # ... but not when each group has its own CPUs: then every plain outlier counts.
+  assert not soak.step_time_verdict(timelines, peers_share_cpus=False)["0"]["ok"]
+  pinned = _run(slow=(7,))
+  pinned["timelines"]["1"] = _peer_refresh_at(1000.0 + 7 * 0.2 + 0.3)
+  assert soak.judge(pinned)["step_times_ok"]
+  pinned["group_cpus"] = {"0": [0], "1": [1]}
+  assert not soak.judge(pinned)["step_times_ok"]
+  assert "each group pinned to its own CPU(s) 0/1" in soak.markdown_row(
+      {"run": pinned, "verdict": soak.judge(pinned)})
+
+
+def _peer_refresh_at(t):
+  timeline = _timeline(1000.0, refresh_every=1000)
+  timeline["windows"]["refresh"] = [[t, t + 0.1]]
+  return timeline
 
 
 def _trial(kind, seed, lost, recovery, ok=True):
@@ -57,6 +94,6 @@ def test_fault_summary_and_doc_section(tmp_path):
                   "load_avg_at_end": [3.0, 3.0, 3.0], "run": _run(), "verdict": soak.judge(_run())}
   (tmp_path / "f.json").write_text(json.dumps(faults))
   (tmp_path / "s.json").write_text(json.dumps(soak_summary))
-  text = reliability_doc.measured_section(str(tmp_path / "f.json"), str(tmp_path / "s.json"))
+  text = reliability_doc.measured_section(str(tmp_path / "f.json"), [str(tmp_path / "s.json")])
   assert "| kill -9 of the chief" in text and "1/2 finished" in text and "20 (10-30)" in text
   assert "| soak: 2-way codistillation" in text and "RSS flat after warm-up" in text

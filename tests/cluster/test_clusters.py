@@ -43,6 +43,24 @@ def test_parameter_server_groups_train_and_distill_from_each_other(tmp_path, cri
     assert "serving worker:0 of parameter_server" in worker_log
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_parameter_server_groups_pinned_to_one_cpu_each_train(tmp_path, criteo_dir):
+  # With one CPU a task's TF thread pools have one thread each; the serving tasks still need
+  # two inter-op threads (strategies.server_config), or the group hangs after its first step.
+  cpus = sorted(os.sched_getaffinity(0))[:2]
+  model_dir = str(tmp_path / "job")
+  launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2", "--pin_groups",
+                              "--strategy=parameter_server", "--workers_per_group=1",
+                              "--ps_per_group=1"), cpus=set(cpus))
+  launch.wait_for(lambda: len(launch.pids) == 6, 60, "6 tasks to start")
+  pinned = {key: os.sched_getaffinity(pid) for key, pid in launch.pids.items()}
+  assert pinned == {(g, t, 0): {cpus[g]} for g in (0, 1) for t in ("chief", "worker", "ps")}
+  assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
+  for group in (0, 1):
+    results = _results(model_dir, group)
+    assert results["steps"] == 240 and results["teacher_loads"] >= 1, results
+
+
 def test_multi_worker_mirrored_groups_load_teachers_on_every_worker(tmp_path, criteo_dir):
   model_dir = str(tmp_path / "job")
   launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2",

@@ -13,6 +13,7 @@ import json
 import pytest
 
 from benchmarks import soak
+from tf_codistill import launcher
 
 
 def _run(tmp_path, duration_s, warmup_s):
@@ -26,6 +27,13 @@ def _run(tmp_path, duration_s, warmup_s):
   # 7 processes sampled: the launcher and chief, worker, ps of each group.
   assert len(verdict["rss"]) == 7, shown
   assert verdict["rss_flat"], shown
+  # Both chiefs wrote their step timelines, with their refresh and publish windows.
+  for timeline in run["timelines"].values():
+    assert timeline["intervals"] and timeline["windows"]["refresh"], shown
+    assert timeline["windows"]["publish"], shown
+  # Each group ran on its own CPUs.
+  shares = launcher.split_cpus(2)
+  assert run["group_cpus"] == {str(g): sorted(cpus) for g, cpus in enumerate(shares)}, shown
   return verdict, shown
 
 

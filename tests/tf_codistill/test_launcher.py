@@ -106,6 +106,25 @@ def test_launch_with_impossible_shape_is_a_usage_error_naming_the_flag(tmp_path)
   assert not glob.glob(f"{tmp_path}/m/group_*")
 
 
+def test_pinned_groups_get_disjoint_equal_shares_of_the_cpus():
+  assert launcher.split_cpus(2, {0, 1, 2, 3}) == [{0, 1}, {2, 3}]
+  assert launcher.split_cpus(2, {4, 5, 6}) == [{4}, {5}]  # the odd CPU is left idle
+  assert launcher.split_cpus(1) == [os.sched_getaffinity(0)]
+  with pytest.raises(ValueError, match=r"--pin_groups needs a CPU per group: 3 groups, 2 CPUs"):
+    launcher.split_cpus(3, {0, 1})
+
+
+def test_pin_groups_with_fewer_cpus_than_groups_is_a_usage_error(tmp_path):
+  groups = len(os.sched_getaffinity(0)) + 1
+  proc = subprocess.run(
+      [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",
+       f"--gin_file={REPO}/gin/criteo/codistill_2way.gin", f"--num_groups={groups}",
+       "--pin_groups"], capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert f"--pin_groups needs a CPU per group: {groups} groups" in proc.stderr
+  assert not glob.glob(f"{tmp_path}/m/group_*")
+
+
 def test_launch_with_only_train_files_bound_is_a_usage_error_naming_the_binding(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",

@@ -1,6 +1,7 @@
 """Strategy choice and TF_CONFIG: each mismatch is an error that says what to change."""
 
 import json
+import os
 
 import pytest
 import tensorflow as tf
@@ -77,3 +78,15 @@ def test_bad_sync_implementation_names_the_binding(monkeypatch):
   with pytest.raises(strategies.StrategyConfigError,
                      match=r"strategies.make_strategy.implementation='fast'"):
     strategies.make_strategy("multi_worker_mirrored", implementation="fast")
+
+
+def test_serving_tasks_get_at_least_two_inter_op_threads():
+  # One inter-op thread (TF's default on a 1-CPU task, or inter_op_threads = 1) deadlocks a
+  # parameter-server group; tests/cluster/test_clusters.py trains one whose tasks see one CPU.
+  config = strategies.server_config(inter_op_threads=1, intra_op_threads=1)
+  assert config.inter_op_parallelism_threads == strategies.MIN_SERVER_INTER_OP_THREADS == 2
+  assert config.intra_op_parallelism_threads == 1
+  assert strategies.server_config(inter_op_threads=6).inter_op_parallelism_threads == 6
+  # Unbound: one per CPU this task may run on, but never fewer than 2.
+  expected = max(2, len(os.sched_getaffinity(0)))
+  assert strategies.server_config().inter_op_parallelism_threads == expected

@@ -38,6 +38,8 @@ flags.DEFINE_enum("teacher_graph", None, list(topology.GRAPHS),
                   "Which peers each group distills from: every other group (all_to_all) or its "
                   "predecessor (ring) (default: the gin binding trainer.train.teacher_graph, "
                   "else all_to_all).")
+flags.DEFINE_bool("pin_groups", False, "Pin each group's tasks to its own equal share of this "
+                  "machine's CPUs (as if each group had its own machine).")
 FLAGS = flags.FLAGS
 
 
@@ -54,6 +56,8 @@ def main(argv):
                  if value is not None}
     shape = launcher.group_shape(strategy, **overrides)
     trainer.check_config(FLAGS.num_groups, range(FLAGS.num_groups), exchange_dir)
+    if FLAGS.pin_groups:
+      launcher.split_cpus(FLAGS.num_groups)
   except ValueError as e:
     common.exit_with_error(common.first_line(e))
   for flag, directory in (("--model_dir", FLAGS.model_dir), ("--exchange_dir", exchange_dir)):
@@ -70,7 +74,8 @@ def main(argv):
     dirs = launcher.launch(FLAGS.model_dir, FLAGS.num_groups, exchange_dir=FLAGS.exchange_dir,
                            gin_files=FLAGS.gin_file, gin_bindings=gin_bindings, shape=shape,
                            max_restarts=FLAGS.max_restarts,
-                           on_group_failure=FLAGS.on_group_failure)
+                           on_group_failure=FLAGS.on_group_failure,
+                           pin_groups=FLAGS.pin_groups)
   except launcher.GroupFailedError as e:
     logging.error("%s", e)
     sys.exit(1)

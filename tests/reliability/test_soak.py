@@ -3,7 +3,7 @@ teacher refresh every few seconds; every process's RSS stays flat after warm-up 
 reloading teachers) and plain steps have no outliers above 3x the median (steps overlapping a
 refresh, a publish or an epoch end are counted apart).
 
-The reduced form (90 s of training, marked ``cluster``: memory and refreshes only) runs with the
+The reduced form (150 s of training, marked ``cluster``: memory, refreshes, timelines, pinning) runs with the
 other cluster tests; the 20-minute form (``soak``, deselected by default; ``pytest --soak``) is
 ``python -m benchmarks.soak --duration_s=1200``, whose result is in docs/reliability.md.
 """
@@ -16,10 +16,10 @@ from benchmarks import soak
 from tf_codistill import launcher
 
 
-def _run(tmp_path, duration_s, warmup_s):
+def _run(tmp_path, duration_s, warmup_s, rss_tolerance_mib=40.0):
   run = soak.run_soak(str(tmp_path), duration_s, exchange_every_steps=40, poll_interval_s=0.5,
                       sample_s=2.0, warmup_s=warmup_s)
-  verdict = soak.judge(run)
+  verdict = soak.judge(run, rss_tolerance_mib=rss_tolerance_mib)
   shown = json.dumps({"verdict": verdict, "groups": run["groups"]}, indent=1)[:6000]
   assert verdict["finished"], run["stderr_tail"]
   # Teachers really were reloaded many times (every few seconds).
@@ -39,10 +39,14 @@ def _run(tmp_path, duration_s, warmup_s):
 
 @pytest.mark.cluster
 def test_short_soak_keeps_memory_flat_while_teachers_reload(tmp_path):
-  # With a refresh every few seconds nearly every 0.2 s interval overlaps one: 90 s leave about
-  # ten plain intervals per chief, too few for the 3x-median verdict, which the 20-minute form
-  # (hundreds of plain intervals) checks.
-  _run(tmp_path, duration_s=90, warmup_s=30)
+  # A chief's RSS climbs for its first ~85 s (first teacher loads and publishes) and then
+  # swings +-30 MiB around a plateau as teachers are swapped: warm-up must cover the climb.
+  # Over 60 s the medians of the first and last fifth (12 s each) still differ by up to ~36 MiB
+  # (the committed 20-minute runs cut to this window), so this form allows 60 MiB: a leak of
+  # 1 MiB per teacher load (~60 loads here) still fails it; the 20-minute form keeps 40 MiB.
+  # Nearly every 0.2 s interval overlaps a refresh, too few plain ones for the 3x-median
+  # verdict, which the 20-minute form (thousands of intervals) checks.
+  _run(tmp_path, duration_s=150, warmup_s=90, rss_tolerance_mib=60.0)
 
 
 @pytest.mark.soak

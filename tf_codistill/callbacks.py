@@ -235,11 +235,8 @@ class Heartbeat(StepHook):
   def _write(self, step: int) -> None:
     record = {"step": int(step), "start_step": self.start_step, "time": time.time(),
               "pid": os.getpid(), "task": self.task}
-    tmp = f"{self.path}.tmp-{os.getpid()}"
     try:
-      with tf.io.gfile.GFile(tmp, "w") as f:
-        f.write(json.dumps(record))
-      tf.io.gfile.rename(tmp, self.path, overwrite=True)
+      exchange.write_atomically(self.path, json.dumps(record))
     except (tf.errors.OpError, OSError) as e:  # monitoring only: never stops training
       logging.warning("heartbeat: cannot write %s: %s", self.path, e)
     self._last = time.monotonic()

@@ -27,7 +27,7 @@ import os
 import re
 import time
 import uuid
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import tensorflow as tf
 import tf_keras as keras
@@ -70,9 +70,11 @@ def _list_files(root: str) -> Dict[str, int]:
   return sizes
 
 
-def _write_atomically(path: str, data: str) -> None:
+def write_atomically(path: str, data: Union[str, bytes]) -> None:
+  """Writes ``data`` to ``path`` through tf.io.gfile via a temporary file and a rename, so a
+  reader sees the old file or the whole new one, never a part."""
   tmp = f"{path}{_TMP_PREFIX}{uuid.uuid4().hex}"
-  with tf.io.gfile.GFile(tmp, "w") as f:
+  with tf.io.gfile.GFile(tmp, "wb" if isinstance(data, bytes) else "w") as f:
     f.write(data)
   tf.io.gfile.rename(tmp, path, overwrite=True)
 
@@ -134,7 +136,7 @@ def _write_marker(final: str, marker: dict) -> None:
   """Writes ``final``'s COMPLETE marker last; if that fails, removes the markerless version."""
   try:
     marker = dict(marker, files=_list_files(final))
-    _write_atomically(os.path.join(final, MARKER), json.dumps(marker, sort_keys=True))
+    write_atomically(os.path.join(final, MARKER), json.dumps(marker, sort_keys=True))
   except BaseException:
     _remove_quietly(final)
     raise

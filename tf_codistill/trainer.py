@@ -314,6 +314,8 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
     tf.summary.scalar(SKIPPED_LINES_TAG, bad_lines.count)
   summary_writer.flush()
 
+  # When each teacher refresh (load off-thread .. swap) and publish (snapshot .. written) ran.
+  windows = {"refresh": refresh.windows, "publish": publisher.windows} if codistill else {}
   results = {
       "group": group,
       "num_groups": num_groups,
@@ -341,37 +343,25 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
                    publish_refused_non_finite=publisher.refused,
                    publish_seconds_median=float(np.median(publisher.publish_seconds))
                    if publisher.publish_seconds else None,
-                   # Step times of steps overlapping a teacher refresh (load off-thread ..
-                   # swap), a publish (snapshot .. written), an epoch end, or nothing.
-                   step_time_ms=step_timer.quantiles_ms({"refresh": refresh.windows,
-                                                         "publish": publisher.windows}))
-  _save_json(os.path.join(model_dir, "results.json"), results, indent=2, sort_keys=True)
+                   # Step times of steps overlapping a refresh, a publish, an epoch end, or
+                   # nothing.
+                   step_time_ms=step_timer.quantiles_ms(windows))
+  exchange.write_atomically(os.path.join(model_dir, "results.json"),
+                            json.dumps(results, indent=2, sort_keys=True))
   if save_step_timeline:
-    windows = ({"refresh": refresh.windows, "publish": publisher.windows} if codistill else {})
-    _save_json(os.path.join(model_dir, "step_timeline.json"),
-               step_timer.timeline(windows))
+    exchange.write_atomically(os.path.join(model_dir, "step_timeline.json"),
+                              json.dumps(step_timer.timeline(windows)))
   logging.info("group %d done: %s steps=%d", group,
                " ".join(f"{k}={v:.4f}" for k, v in sorted(task.results(final).items())),
                results["steps"])
   return results
 
 
-def _save_json(path: str, value, **dump_options) -> None:
-  """Writes ``value`` as JSON atomically (temp file + rename) through tf.io.gfile."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    json.dump(value, f, **dump_options)
-  tf.io.gfile.rename(tmp, path, overwrite=True)
-
-
 def _save_npz(path: str, **arrays: np.ndarray) -> None:
-  """Writes arrays as .npz atomically (temp file + rename) through tf.io.gfile."""
+  """Writes arrays as .npz atomically through tf.io.gfile."""
   buffer = io.BytesIO()
   np.savez(buffer, **arrays)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with tf.io.gfile.GFile(tmp, "wb") as f:
-    f.write(buffer.getvalue())
-  tf.io.gfile.rename(tmp, path, overwrite=True)
+  exchange.write_atomically(path, buffer.getvalue())
 
 
 def weights_digest(model: keras.Model) -> str:

@@ -206,6 +206,12 @@ def small_filesystem(directory, size_bytes):
   finally:
     subprocess.run(["umount", "-l", directory], check=False)
 
+# A TensorFlow/gRPC fault seen once in CI (stop 13) and in none of 6 local reruns: a parameter
+# server cannot parse one of the coordinator's RunComponentFunction requests ("Unable to parse
+# request"), so the chief dies with an InternalError. The launcher's answer to a dead chief is a
+# group restart from the last checkpoint; parameter-server tests allow one, for this fault only.
+TRANSIENT_PS_FAULTS = ("Unable to parse request",)
+
 
 class Launch:
   """A running launcher whose stderr is collected in the background; knows its tasks' pids."""
@@ -281,6 +287,17 @@ class Launch:
   @property
   def stderr(self):
     return "".join(self.lines)
+
+  def assert_restarts_only_after(self, faults):
+    """Fails unless every group restart of this launch followed a task death whose log shows
+    one of ``faults``."""
+    pattern = r"group (\d+): (\w+):(\d+) exited with status \S+; restarting"
+    for group, task, index in re.findall(pattern, self.stderr):
+      with open(os.path.join(self.model_dir, f"group_{group}", f"{task}_{index}.log")) as f:
+        log = f.read()
+      assert any(fault in log for fault in faults), (
+          f"group {group} restarted after {task}:{index} died of something else than "
+          f"{faults}:\n{log[-3000:]}")
 
 
 def progress_steps(group_dir):

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from testing_utils import Launch, alive, launch_args, progress_steps
+from testing_utils import TRANSIENT_PS_FAULTS, Launch, alive, launch_args, progress_steps
 
 pytestmark = pytest.mark.cluster
 
@@ -25,10 +25,11 @@ def _loaded_peers(log_path):
 
 def test_parameter_server_groups_train_and_distill_from_each_other(tmp_path, criteo_dir):
   model_dir = str(tmp_path / "job")
-  launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2",
+  launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2", "--max_restarts=1",
                               "--strategy=parameter_server", "--workers_per_group=2",
                               "--ps_per_group=1"))
   assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
+  launch.assert_restarts_only_after(TRANSIENT_PS_FAULTS)
   for group in (0, 1):
     group_dir = os.path.join(model_dir, f"group_{group}")
     assert sorted(os.path.basename(p) for p in glob.glob(f"{group_dir}/*.log")) == [
@@ -50,12 +51,13 @@ def test_parameter_server_groups_pinned_to_one_cpu_each_train(tmp_path, criteo_d
   cpus = sorted(os.sched_getaffinity(0))[:2]
   model_dir = str(tmp_path / "job")
   launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2", "--pin_groups",
-                              "--strategy=parameter_server", "--workers_per_group=1",
-                              "--ps_per_group=1"), cpus=set(cpus))
+                              "--max_restarts=1", "--strategy=parameter_server",
+                              "--workers_per_group=1", "--ps_per_group=1"), cpus=set(cpus))
   launch.wait_for(lambda: len(launch.pids) == 6, 60, "6 tasks to start")
   pinned = {key: os.sched_getaffinity(pid) for key, pid in launch.pids.items()}
   assert pinned == {(g, t, 0): {cpus[g]} for g in (0, 1) for t in ("chief", "worker", "ps")}
   assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
+  launch.assert_restarts_only_after(TRANSIENT_PS_FAULTS)
   for group in (0, 1):
     results = _results(model_dir, group)
     assert results["steps"] == 240 and results["teacher_loads"] >= 1, results
@@ -116,6 +118,8 @@ def test_killed_chief_restarts_from_its_last_checkpoint(tmp_path, criteo_dir, st
   before = progress_steps(group_dir)  # epochs (and their checkpoints) finished before the kill
   assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
   assert "group 0: chief:0 exited with status -9; restarting the group" in launch.stderr
+  with pytest.raises(AssertionError, match="restarted after chief:0 died of something else"):
+    launch.assert_restarts_only_after(TRANSIENT_PS_FAULTS)  # a SIGKILL is no known fault
   assert launch.pids[(0, "chief", 0)] != first_pid
   assert _results(model_dir, 0)["steps"] == 240
   steps = progress_steps(group_dir)

@@ -187,8 +187,10 @@ def step_time_verdict(timelines: Dict[str, dict], peers_share_cpus: bool) -> Dic
   verdict = {}
   for group, timeline in timelines.items():
     own = timeline["windows"].values()
-    plain = [(s, e, n) for s, e, n, epoch_end in timeline["intervals"]
-             if not epoch_end and not any(_overlaps(s, e, spans) for spans in own)]
+    # Every interval but epoch ends, and whether it overlaps a refresh/publish of its own group.
+    timed = [(s, e, n, any(_overlaps(s, e, spans) for spans in own))
+             for s, e, n, epoch_end in timeline["intervals"] if not epoch_end]
+    plain = [(s, e, n) for s, e, n, in_own in timed if not in_own]
     ms = [1000.0 * (e - s) / n for s, e, n in plain]
     median = statistics.median(ms) if ms else None
     peer_events = {}
@@ -206,8 +208,7 @@ def step_time_verdict(timelines: Dict[str, dict], peers_share_cpus: bool) -> Dic
     unexplained = sum(not o["during"] for o in outliers)
     counted = unexplained if peers_share_cpus else len(outliers)
     # Every interval but epoch ends, refresh points included, against their own median.
-    every = [(1000.0 * (e - s) / n, any(_overlaps(s, e, spans) for spans in own))
-             for s, e, n, epoch_end in timeline["intervals"] if not epoch_end]
+    every = [(1000.0 * (e - s) / n, in_own) for s, e, n, in_own in timed]
     every_median = statistics.median(m for m, _ in every) if every else None
     slow = [in_own for m, in_own in every if m > 3 * every_median]
     verdict[group] = {
@@ -218,9 +219,7 @@ def step_time_verdict(timelines: Dict[str, dict], peers_share_cpus: bool) -> Dic
         "plain_clear_of_peer_events": sum(not names for names in during),
         "during_peer_events": len(outliers) - unexplained, "unexplained": unexplained,
         "counted": counted,
-        "intervals_in_own_windows": sum(
-            1 for s, e, _, epoch_end in timeline["intervals"]
-            if not epoch_end and any(_overlaps(s, e, spans) for spans in own)),
+        "intervals_in_own_windows": len(timed) - len(plain),
         "outliers": outliers,
         "all_intervals": len(every), "all_p50_ms": every_median and round(every_median, 2),
         "all_over_3x_median": len(slow), "all_over_3x_median_in_own_windows": sum(slow),

@@ -24,6 +24,7 @@ from typing import Dict, List, Sequence
 from absl import app
 from absl import flags
 
+from benchmarks import machine
 from data_pipelines import make_criteo_like
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -176,4 +177,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  machine.run_script(main, "benchmarks.cluster_throughput")

@@ -30,6 +30,7 @@ import tensorflow as tf
 from absl import app
 from absl import flags
 
+from benchmarks import machine
 from benchmarks import models as bench_models
 from data_pipelines import make_criteo_like
 from tf_codistill import comm
@@ -319,4 +320,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  machine.run_script(main, "benchmarks.comm")

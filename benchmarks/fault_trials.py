@@ -47,6 +47,7 @@ from typing import Dict, List, Optional, Sequence
 from absl import app
 from absl import flags
 
+from benchmarks import machine
 from data_pipelines import make_criteo_like
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -385,4 +386,4 @@ def main(argv):
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  machine.run_script(main, "benchmarks.fault_trials")

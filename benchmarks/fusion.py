@@ -34,6 +34,7 @@ from absl import app
 from absl import flags
 
 from benchmarks.models import MODELS, Arm
+from benchmarks import machine
 from tf_codistill import fusion as fusion_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -348,4 +349,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  machine.run_script(main, "benchmarks.fusion")

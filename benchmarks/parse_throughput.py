@@ -21,6 +21,7 @@ import tensorflow as tf
 from absl import app
 from absl import flags
 
+from benchmarks import machine
 from data_pipelines import criteo
 from data_pipelines import make_criteo_like
 
@@ -88,4 +89,4 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  machine.run_script(main, "benchmarks.parse_throughput")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import matplotlib
 
@@ -25,6 +25,46 @@ def _fmt(stat: Optional[dict], digits: int = 4, scale: float = 1.0) -> str:
   if stat["n"] == 1:
     return f"{mean:.{digits}f}"
   return f"{mean:.{digits}f} ± {stat['std'] * scale:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def _value(value) -> str:
+  if value is None:
+    return "not reached"
+  return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _interval(goals: dict, name: str) -> str:
+  """A goal's 90% bootstrap interval as [low, high] (an open upper end: not reached)."""
+  interval = goals.get(f"{name}_interval")
+  if not interval:
+    return ""
+  return "[" + ", ".join("not reached" if v is None else f"{v:.4f}" for v in interval) + "]"
+
+
+def _verdict(verdict: Optional[dict]) -> Tuple[str, str]:
+  """(goal, met) cells: a goal whose value is missing is **missed**, never blank."""
+  if not verdict:
+    return "", ""
+  op, value, *bound = verdict["threshold"]
+  threshold = f"{op} {value}" + (f", 90% interval {op[0]} {bound[0]}" if bound else "")
+  if verdict.get("missing"):
+    return threshold, "**missed** (no value)"
+  return threshold, "yes" if verdict["met"] else "**no**"
+
+
+def goal_rows(summary: dict) -> List[Tuple[str, str, str, str, str, str]]:
+  """(goal, value, 90% interval, spread, threshold, met) of every goal, thresholded ones with a
+  missing value included as missed."""
+  goals = summary.get("goals") or {}
+  verdicts = summary.get("goal_verdicts") or {}
+  names = [n for n in goals if not n.endswith("_interval")]
+  names += [n for n in verdicts if n not in names]
+  rows = []
+  for name in names:
+    threshold, met = _verdict(verdicts.get(name))
+    rows.append((name, _value(goals.get(name)), _interval(goals, name),
+                 _fmt((summary.get("goal_spreads") or {}).get(name)), threshold, met))
+  return rows
 
 
 def plot_curves(summary: dict, results_dir: str) -> List[str]:
@@ -72,6 +112,60 @@ def plot_curves(summary: dict, results_dir: str) -> List[str]:
   return written
 
 
+def _load_lines(summary: dict) -> List[str]:
+  """The machine's load around the runs, and which runs started above the number of cores."""
+  runs = [r for a in summary["arms"].values() for r in a["runs"]]
+  cores = (summary.get("machine") or {}).get("cores") or os.cpu_count()
+  lines = []
+  for key, when in (("load_avg_1m_before", "before"), ("load_avg_1m_at_end", "at the end of")):
+    loads = [r[key] for r in runs if r.get(key) is not None]
+    if loads:
+      lines.append(f"- machine load {when} each run (1-minute load average, {cores} cores): "
+                   f"{min(loads):.2f} to {max(loads):.2f}")
+  marked = sorted({f"`{n}`" for n, a in summary["arms"].items() for r in a["runs"]
+                   if r.get("started_above_nproc_load")})
+  if marked:
+    lines.append(f"- **taken above {cores} cores' load (--allow_load): {', '.join(marked)}**; "
+                 "their wall times and examples/s are not trustworthy")
+  elif runs and not any(r.get("load_avg_1m_before") is not None for r in runs):
+    lines.append("- load before each run not recorded (runs predate the load checks)")
+  return lines
+
+
+def _protocol_lines(summary: dict) -> List[str]:
+  """The pre-registered protocol's record: the scaling phase (B*) and each arm's tuned rate."""
+  record = summary.get("protocol")
+  if not record:
+    return []
+  lines = ["## Protocol record", ""]
+  scaling = record.get("scaling")
+  if scaling:
+    lines += [f"Synchronous scaling (each batch tuned over learning rates "
+              f"{record['learning_rates']}, tuning seed {record['tuning_seed']}): common target "
+              f"{scaling['target']:.4f} (the worst batch's best loss).", "",
+              "| batch | learning rate | best val loss | steps to common target | "
+              "steps(2B) / steps(B) |", "| --- | --- | --- | --- | --- |"]
+    for batch, choice in scaling["batches"].items():
+      ratio = scaling["doubling_ratio"].get(batch, scaling["doubling_ratio"].get(int(batch)))
+      steps = scaling["steps_to_target"].get(batch, scaling["steps_to_target"].get(int(batch)))
+      lines.append(f"| {batch} | {choice['learning_rate']:g} | "
+                   f"{choice['grid'][format(choice['learning_rate'], 'g')]:.4f} | "
+                   f"{steps} | {'' if ratio is None else f'{ratio:.3f}'} |")
+    stopped = ("doubling past it cuts steps by less than "
+               f"{scaling['min_cut']:.0%}" if scaling["scaling_stopped"] else
+               "every doubling in the grid still cut steps by at least "
+               f"{scaling['min_cut']:.0%}: B* is the largest batch whose double was measured")
+    lines += ["", f"**B\\* = {scaling['b_star']}** ({stopped}).", ""]
+  if record.get("tuning"):
+    lines += ["| arm | learning rate chosen | best val loss per rate (tuning seed) |",
+              "| --- | --- | --- |"]
+    for name, choice in record["tuning"].items():
+      grid = ", ".join(f"{lr}: {loss:.4f}" for lr, loss in choice["grid"].items())
+      lines.append(f"| `{name}` | {choice['learning_rate']:g} | {grid} |")
+    lines.append("")
+  return lines
+
+
 def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
   """The report: description, command, goal figures, per-arm table, churn, plots."""
   lines = [f"# Benchmark suite `{summary['suite']}`", ""]
@@ -94,24 +188,16 @@ def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
     lines.append(f"- target validation {loss_name}: {summary['target_loss']:.4f}{origin}")
   if summary.get("simulated"):
     lines.append(f"- simulated: {summary['simulated']}")
-  loads = [r["load_avg_1m_at_end"] for a in summary["arms"].values() for r in a["runs"]
-           if r.get("load_avg_1m_at_end") is not None]
-  if loads:
-    lines.append(f"- machine load (1-minute load average at the end of each run, "
-                 f"{os.cpu_count()} cores): {min(loads):.1f} to {max(loads):.1f}; wall times and "
-                 f"examples/s are only comparable between runs at similar load")
+  lines += _load_lines(summary)
   lines.append("")
-  if summary["goals"]:
-    lines += ["## Goals", "", "| goal | value | spread over runs (mean ± std [min, max]) | goal | met |",
-              "| --- | --- | --- | --- | --- |"]
-    for name, value in summary["goals"].items():
-      verdict = summary["goal_verdicts"].get(name)
-      threshold = f"{verdict['threshold'][0]} {verdict['threshold'][1]}" if verdict else ""
-      met = ("yes" if verdict["met"] else "**no**") if verdict else "n/a"
-      shown = "not reached" if value is None else f"{value:.4f}"
-      lines.append(f"| `{name}` | {shown} | {_fmt(summary['goal_spreads'].get(name))} | "
-                   f"{threshold} | {met} |")
+  rows = goal_rows(summary)
+  if rows:
+    lines += ["## Goals", "", "| goal | value | 90% interval (bootstrap over seeds or pairs) | "
+              "spread over runs (mean ± std [min, max]) | goal | met |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| `{name}` | " + " | ".join(cells) + " |" for name, *cells in rows]
     lines.append("")
+  lines += _protocol_lines(summary)
   lines += ["## Arms", "",
             f"| arm | groups x seeds | final val {loss_name} | "
             f"final val {'accuracy' if softmax else 'AUC'} | steps | "
@@ -175,33 +261,84 @@ def write_report(summary: dict, results_dir: str, command: str) -> Dict[str, Lis
   return {"report": [path], "plots": plots}
 
 
+REAL_DATA = {"fashion_mnist": "Fashion-MNIST", "adult": "Adult census", "kjv": "King James Bible"}
+# The issue-level goals across data sets: (goal, how many real data sets must meet it).
+ACROSS_DATA_SETS = (("codistill_minus_best_sync_loss", 2), ("codistill_steps_ratio", 1),
+                    ("churn_reduction", 2))
+
+
+def _summaries(results_root: str) -> Dict[str, dict]:
+  out = {}
+  for name in sorted(os.listdir(results_root)):
+    path = os.path.join(results_root, name, "summary.json")
+    if os.path.isfile(path):
+      with open(path) as f:
+        out[name] = json.load(f)
+  return out
+
+
+def _cell(summary: dict, goal: str) -> str:
+  """A goal's value, interval and verdict in one table cell."""
+  goals, verdict = summary.get("goals") or {}, (summary.get("goal_verdicts") or {}).get(goal)
+  shown = _value(goals.get(goal))
+  interval = _interval(goals, goal)
+  met = "" if not verdict else (" **missed**" if verdict.get("missing") else
+                                (" met" if verdict["met"] else " **not met**"))
+  return f"{shown} {interval}{met}".strip()
+
+
+def helps_section(summaries: Mapping[str, dict]) -> List[str]:
+  """"Does codistillation help?": per real data set run under the pre-registered protocol, what
+  codistillation reached against the best synchronous arm, and the goals across data sets."""
+  protocol_runs = {n: s for n, s in summaries.items()
+                   if s.get("target_rule") == "best_sync" and s.get("data") in REAL_DATA}
+  lines = ["## Does codistillation help?", "",
+           "Suites run under the pre-registered protocol (sync scaling to find B*, every arm "
+           "tuned over the same learning-rate grid, several seeds, 90% bootstrap intervals; "
+           "each suite's description states it). A goal whose value is missing is missed.", ""]
+  if protocol_runs:
+    lines += ["| data set | suite | B* | best val loss: codistillation − best sync | "
+              "steps to best sync's best loss: codistillation / sync | churn reduction at "
+              "matched loss | curves |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, summary in protocol_runs.items():
+      b_star = ((summary.get("protocol") or {}).get("scaling") or {}).get("b_star", "")
+      lines.append(f"| {REAL_DATA[summary['data']]} | [`{name}`]({name}/report.md) | {b_star} | "
+                   + " | ".join(_cell(summary, g) for g, _ in ACROSS_DATA_SETS)
+                   + f" | [loss vs steps]({name}/val_loss_vs_steps.png) |")
+    lines.append("")
+  for goal, needed in ACROSS_DATA_SETS:
+    met = sorted({REAL_DATA[s["data"]] for s in protocol_runs.values()
+                  if ((s.get("goal_verdicts") or {}).get(goal) or {}).get("met")})
+    lines.append(f"- `{goal}` met on {len(met)} real data set(s){': ' + ', '.join(met) if met else ''}"
+                 f" (needed: {needed}): **{'met' if len(met) >= needed else 'missed'}**")
+  missing = sorted(set(REAL_DATA.values())
+                   - {REAL_DATA[s["data"]] for s in protocol_runs.values()})
+  if missing:
+    lines.append(f"- not yet run under the protocol: {', '.join(missing)}")
+  lines += ["- the other suites below predate the protocol (short runs, untuned baselines, and "
+            "many taken at machine loads far above 2 cores); read them as smoke tests", ""]
+  return lines
+
+
 def index_markdown(results_root: str) -> str:
-  """One table of every suite's goal figures, read from each ``<suite>/summary.json``."""
+  """The "Does codistillation help?" section, then one table of every suite's goal figures,
+  read from each ``<suite>/summary.json``."""
+  summaries = _summaries(results_root)
   lines = ["# Benchmark results", "",
            "Generated from each suite's `summary.json` by `benchmarks.run` after every suite run "
            "(numbers are never typed in). Each suite's `report.md` starts with the command that "
-           "regenerates it.", "",
-           "| suite | goal figure | value | spread (mean ± std [min, max]) | goal | met |",
-           "| --- | --- | --- | --- | --- | --- |"]
-  for name in sorted(os.listdir(results_root)):
-    path = os.path.join(results_root, name, "summary.json")
-    if not os.path.isfile(path):
-      continue
-    with open(path) as f:
-      summary = json.load(f)
-    goals = summary.get("goals") or {}
+           "regenerates it.", ""]
+  lines += helps_section(summaries)
+  lines += ["## Every suite's goal figures", "",
+            "| suite | goal figure | value | 90% interval | spread (mean ± std [min, max]) | goal "
+            "| met |", "| --- | --- | --- | --- | --- | --- | --- |"]
+  for name, summary in summaries.items():
     link = f"[`{name}`]({name}/report.md)" if os.path.exists(
         os.path.join(results_root, name, "report.md")) else f"`{name}`"
-    if not goals:
-      lines.append(f"| {link} | (no goal figures) | | | | |")
-    for goal, value in goals.items():
-      verdict = (summary.get("goal_verdicts") or {}).get(goal)
-      threshold = f"{verdict['threshold'][0]} {verdict['threshold'][1]}" if verdict else ""
-      met = ("yes" if verdict["met"] else "**no**") if verdict else ""
-      shown = "not reached" if value is None else (f"{value:.4f}" if isinstance(value, float)
-                                                   else str(value))
-      spread = _fmt((summary.get("goal_spreads") or {}).get(goal))
-      lines.append(f"| {link} | `{goal}` | {shown} | {spread} | {threshold} | {met} |")
+    rows = goal_rows(summary)
+    if not rows:
+      lines.append(f"| {link} | (no goal figures) | | | | | |")
+    lines += [f"| {link} | `{goal}` | " + " | ".join(cells) + " |" for goal, *cells in rows]
   return "\n".join(lines) + "\n"
 
 

@@ -15,6 +15,7 @@ import sys
 from absl import app
 from absl import flags
 
+from benchmarks import machine
 from benchmarks import report
 from benchmarks import runner
 from tf_codistill import config
@@ -27,10 +28,14 @@ flags.DEFINE_multi_string("gin_bindings", [], "Extra bindings for the suite, e.g
 flags.DEFINE_string("results_dir", os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                 "results"),
                     "Results root; the suite writes <results_dir>/<suite>/.")
-flags.DEFINE_string("work_dir", "/tmp/tf_codistill_bench",
+DEFAULT_WORK_DIR = "/tmp/tf_codistill_bench"
+flags.DEFINE_string("work_dir", DEFAULT_WORK_DIR,
                     "Models and exchange directories (<work_dir>/<suite>/) and the data the suites "
                     "share (<work_dir>/data/).")
 flags.DEFINE_bool("force", False, "Rerun arms that already have recorded results.")
+flags.DEFINE_bool("report_only", False, "Train nothing: summarize the recorded runs (every arm "
+                  "and tuning run must be recorded) and rewrite summary.json and the report.")
+machine.define_flags()
 FLAGS = flags.FLAGS
 
 
@@ -59,18 +64,27 @@ def main(argv):
   paths = runner.RunPaths(work_dir=os.path.join(FLAGS.work_dir, suite.name),
                           results_dir=os.path.join(FLAGS.results_dir, suite.name),
                           data_dir=os.path.join(FLAGS.work_dir, "data"))
-  summary = runner.run_suite(suite, paths, force=FLAGS.force,
-                             progress=lambda line: print(line, flush=True))
+  progress = lambda line: print(line, flush=True)
+  try:
+    if FLAGS.report_only:
+      summary = runner.summarize_recorded(suite, paths)
+    else:
+      with machine.exclusive(f"benchmarks.run --suite={suite.name}", FLAGS.allow_load):
+        summary = runner.run_suite(suite, paths, force=FLAGS.force, progress=progress,
+                                   allow_load=FLAGS.allow_load)
+  except (machine.MachineBusy, machine.MachineLoaded) as e:
+    raise app.UsageError(str(e)) from None
   command = "python -m benchmarks.run " + " ".join(
       [f"--suite={FLAGS.suite}" if FLAGS.suite else f"--suite_file={FLAGS.suite_file}"]
-      + [f"--gin_bindings={_shell_quote(b)}" for b in FLAGS.gin_bindings] + ["--force"])
+      + [f"--gin_bindings={_shell_quote(b)}" for b in FLAGS.gin_bindings]
+      + (["--work_dir=" + FLAGS.work_dir] if FLAGS.work_dir != DEFAULT_WORK_DIR else [])
+      + ["--force"])
   written = report.write_report(summary, paths.results_dir, command)
-  for name, value in summary["goals"].items():
-    verdict = summary["goal_verdicts"].get(name)
+  for name, verdict in summary["goal_verdicts"].items():
+    value = summary["goals"].get(name)
     shown = "not reached" if value is None else f"{value:.4f}"
-    print(f"goal {name} = {shown}" + (f" (goal {verdict['threshold'][0]} "
-                                      f"{verdict['threshold'][1]}: "
-                                      f"{'met' if verdict['met'] else 'MISSED'})" if verdict else ""))
+    print(f"goal {name} = {shown} (goal {verdict['threshold'][0]} {verdict['threshold'][1]}: "
+          f"{'met' if verdict['met'] else 'MISSED'})")
   index = report.write_index(FLAGS.results_dir)
   print(f"wrote {os.path.join(paths.results_dir, 'summary.json')}, {written['report'][0]}, "
         f"{len(written['plots'])} plot(s) and the index {index}")

@@ -15,13 +15,16 @@ are all there is reused unless ``force``.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
+import hashlib
 import itertools
 import json
 import os
 import shutil
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import gin
 import numpy as np
@@ -29,15 +32,22 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
+from benchmarks import machine
+from benchmarks import protocol
 from tf_codistill import config
 from tf_codistill import demo
 from tf_codistill import exchange
 from tf_codistill import launcher
 from tf_codistill import metrics
 
+T = TypeVar("T")
 ARM_KINDS = ("train", "ensemble", "offline_distill")
 DATA_KINDS = ("criteo_like", "adult", "kjv", "fashion_mnist")
 LOSS_KEY = "val_logloss"  # the default Suite.loss_key (CTR)
+TARGET_RULES = ("final", "best_sync")
+TUNING_DIR = "tuning"  # results_dir/runs/tuning/<config digest>/lr_<value>/: tuning runs
+OPS = {"<=": lambda a, b: a <= b, "<": lambda a, b: a < b, ">=": lambda a, b: a >= b,
+       ">": lambda a, b: a > b}
 
 
 @gin.configurable(module="bench")
@@ -56,6 +66,12 @@ class Arm:
     source_arm: the trained arm an ``ensemble``/``offline_distill`` arm is built from.
     ensemble_size: models per ensemble (disjoint seeds of ``source_arm``).
     label: one line for the report.
+    tune_learning_rate: pick ``trainer.train.learning_rate`` from the suite's
+      ``learning_rates`` first (one run per value at ``Suite.tuning_seed``; the lowest best
+      validation loss wins), then run ``seeds`` seeds at it.
+    seed_offset: the first seed (tuning runs use the suite's ``tuning_seed``).
+    learning_rate_from: run at the learning rate tuning chose for that (earlier) arm, untuned
+      (a diagnostic arm that must match its baseline, e.g. codistillation with alpha = 0).
   """
   name: str
   gin_files: Sequence[str] = ("criteo/baseline.gin",)
@@ -69,6 +85,13 @@ class Arm:
   source_arm: Optional[str] = None
   ensemble_size: int = 2
   label: str = ""
+  tune_learning_rate: bool = False
+  seed_offset: int = 0
+  learning_rate_from: Optional[str] = None
+
+  @property
+  def seed_list(self) -> range:
+    return range(self.seed_offset, self.seed_offset + self.seeds)
 
   def __post_init__(self):
     if self.kind not in ARM_KINDS:
@@ -100,10 +123,24 @@ class Suite:
     target_from_arm: the target is that arm's final validation loss (mean over seeds and groups)
       plus ``target_margin``.
     goals: name -> goal function (``steps_ratio``, ``churn_reduction``, ``loss_minus_best``).
-    goal_thresholds: name -> ("<=" or ">=", number): what the report calls met.
+    goal_thresholds: name -> (op, number) or (op, number, bound), op one of <=, <, >=, >: what
+      the report calls met (with a bound, the goal's 90% interval must lie beyond it too).
     threads_per_group: intra-op threads of each group's process (each group gets its share of
       the machine's cores, as it would get its own machines).
     simulated: a note when an arm simulates a cluster (e.g. a larger batch on one process).
+    learning_rates: the learning-rate grid every ``tune_learning_rate`` arm is tuned over (the
+      same grid for baselines and codistillation).
+    tuning_seed: the seed of tuning runs (apart from the reported seeds 0..seeds-1).
+    scaling_arm, scaling_batches: a synchronous arm run (tuned) at each global batch; the batch
+      where doubling stops cutting steps to a common target by ``scaling_min_cut`` is B*, and
+      every arm's bindings get ``{B*}`` and ``{2B*}`` replaced by it and its double.
+    target_rule: ``final`` (``target_loss``/``target_from_arm``) or ``best_sync``: the lowest
+      minimum of the seed-mean validation curves of ``sync_arms`` (protocol.target).
+    prediction_history: runs keep eval predictions at every evaluation, so churn can be
+      compared at matched validation loss (churn.json ``curves``).
+    pin_runs: every group gets a CPU of its own (machine.CpuPool), and runs that need fewer
+      CPUs than the machine has (tuning runs, seeds of a single-group arm) go on at once, each
+      on its own CPUs. Only for suites whose figures count steps, not seconds.
   """
   name: str
   arms: Sequence[Arm]
@@ -120,9 +157,18 @@ class Suite:
   target_margin: float = 0.0
   goals: Mapping[str, Callable[..., Tuple[Optional[float], List[float]]]] = \
       dataclasses.field(default_factory=dict)
-  goal_thresholds: Mapping[str, Tuple[str, float]] = dataclasses.field(default_factory=dict)
+  goal_thresholds: Mapping[str, Sequence] = dataclasses.field(default_factory=dict)
   threads_per_group: int = 1
   simulated: str = ""
+  learning_rates: Sequence[float] = ()
+  tuning_seed: int = 100
+  scaling_arm: Optional[Arm] = None
+  scaling_batches: Sequence[int] = ()
+  scaling_min_cut: float = 0.15
+  target_rule: str = "final"
+  sync_arms: Sequence[str] = ()
+  prediction_history: bool = False
+  pin_runs: bool = False
 
   def __post_init__(self):
     if self.data not in DATA_KINDS:
@@ -140,9 +186,27 @@ class Suite:
     if self.target_from_arm and self.target_from_arm not in names:
       raise ValueError(f"suite {self.name!r}: target_from_arm={self.target_from_arm!r} is not "
                        f"an arm")
-    for goal in self.goal_thresholds:
+    for goal, threshold in self.goal_thresholds.items():
       if goal not in self.goals:
         raise ValueError(f"suite {self.name!r}: goal_thresholds names unknown goal {goal!r}")
+      if threshold[0] not in OPS or len(threshold) not in (2, 3):
+        raise ValueError(f"suite {self.name!r}: goal_thresholds[{goal!r}]={threshold!r} is not "
+                         f"(op, value) or (op, value, interval bound) with op in {list(OPS)}")
+    if TUNING_DIR in names:
+      raise ValueError(f"suite {self.name!r}: {TUNING_DIR!r} is reserved for tuning runs")
+    tuned = [a.name for a in self.arms if a.tune_learning_rate]
+    if (tuned or self.scaling_arm) and not self.learning_rates:
+      raise ValueError(f"suite {self.name!r}: arms {tuned or ['scaling_arm']} tune the learning "
+                       f"rate but learning_rates is empty")
+    if bool(self.scaling_arm) != bool(self.scaling_batches):
+      raise ValueError(f"suite {self.name!r}: scaling_arm and scaling_batches go together")
+    if self.target_rule not in TARGET_RULES:
+      raise ValueError(f"suite {self.name!r}: target_rule={self.target_rule!r} is not one of "
+                       f"{TARGET_RULES}")
+    if self.target_rule == "best_sync" and not set(self.sync_arms) <= set(names) | {""}:
+      raise ValueError(f"suite {self.name!r}: sync_arms {list(self.sync_arms)} are not all arms")
+    if self.target_rule == "best_sync" and not self.sync_arms:
+      raise ValueError(f"suite {self.name!r}: target_rule='best_sync' needs sync_arms")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,6 +264,97 @@ def metric_ratio(arms: Mapping[str, dict], metric: str = gin.REQUIRED,
     return None, []
   return num["mean"] / den["mean"], [r[metric] / den["mean"] for r in arms[numerator]["runs"]
                                      if r[metric] is not None]
+
+
+def _seed_curves(arms: Mapping[str, dict], name: str) -> List[protocol.Curve]:
+  return [[(int(step), float(loss)) for step, loss in curve]
+          for curve in arms[name]["seed_curves"].values()]
+
+
+def _mean_best(curves: Sequence[protocol.Curve]) -> float:
+  return float(np.mean([protocol.best_loss(c) for c in curves]))
+
+
+@gin.configurable(module="bench", denylist=["arms"])
+def best_sync_steps_ratio(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
+                          sync_arms: Sequence[str] = gin.REQUIRED) -> tuple:
+  """Steps of ``arm``'s seed-mean curve to the best sync arm's best loss / that sync arm's steps
+  (protocol.steps_ratio; None: never reached), per seed, and a 90% bootstrap interval over seeds
+  (an upper end of None: some resamples never reach the target)."""
+  curves = _seed_curves(arms, arm)
+  syncs = {n: _seed_curves(arms, n) for n in sync_arms}
+  names = list(syncs)
+  best, target = protocol.best_arm(syncs)
+  sync_steps = protocol.steps_to(protocol.mean_curve(syncs[best]), target)
+  per = [s / sync_steps for s in (protocol.steps_to(c, target) for c in curves) if s is not None]
+  interval = protocol.bootstrap(
+      lambda a, *ss: protocol.steps_ratio(a, dict(zip(names, ss))), curves,
+      *[syncs[n] for n in names])
+  return protocol.steps_ratio(curves, syncs), per, interval
+
+
+@gin.configurable(module="bench", denylist=["arms"])
+def group_curve_difference(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
+                           baseline: str = gin.REQUIRED, group: int = 0) -> tuple:
+  """The largest |validation loss difference| over the evaluations of ``arm``'s ``group`` and
+  ``baseline``'s group 0 of the same seed (a check: codistillation with alpha = 0 must train as
+  its baseline does); per seed. None when no seed is in both."""
+  mine, theirs = arms[arm]["group_curves"], arms[baseline]["group_curves"]
+  per = []
+  for key, curve in mine.items():
+    seed, g = key.split("_")
+    if int(g) != group or f"{seed}_0" not in theirs:
+      continue
+    a, b = dict(map(tuple, curve)), dict(map(tuple, theirs[f"{seed}_0"]))
+    per.append(max(abs(a[s] - b[s]) for s in set(a) & set(b)))
+  return (max(per) if per else None), per
+
+
+@gin.configurable(module="bench", denylist=["arms"])
+def best_loss_minus_best(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
+                         others: Sequence[str] = gin.REQUIRED) -> tuple:
+  """``arm``'s best validation loss (minimum over evaluations, mean over seeds) minus the lowest
+  such figure among ``others``; per seed; a 90% bootstrap interval over seeds."""
+  curves = _seed_curves(arms, arm)
+  rest = [_seed_curves(arms, o) for o in others]
+  best = min(_mean_best(o) for o in rest)
+  interval = protocol.bootstrap(lambda a, *os_: _mean_best(a) - min(_mean_best(o) for o in os_),
+                                curves, *rest)
+  return _mean_best(curves) - best, [protocol.best_loss(c) - best for c in curves], interval
+
+
+def _pair_curves(arms: Mapping[str, dict], name: str) -> list:
+  churn = arms[name].get("churn") or {}
+  return [protocol.pair_curve(c) for c in churn.get("curves", [])]
+
+
+@gin.configurable(module="bench", denylist=["arms"])
+def churn_reduction_matched(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
+                            baseline: str = gin.REQUIRED) -> tuple:
+  """1 - churn of ``arm`` / churn of ``baseline`` at matched validation loss (the loss every
+  independent pair of both reaches; protocol.churn_reduction_at); a 90% bootstrap interval over
+  pairs. None without prediction histories."""
+  a, b = _pair_curves(arms, arm), _pair_curves(arms, baseline)
+  if not a or not b:
+    return None, [], None
+  loss = protocol.matched_loss(a + b)
+  base = float(np.mean([protocol.churn_at(p, loss) for p in b]))
+  return (protocol.churn_reduction_at(a, b), [1 - protocol.churn_at(p, loss) / base for p in a],
+          protocol.bootstrap(protocol.churn_reduction_at, a, b))
+
+
+@gin.configurable(module="bench", denylist=["arms"])
+def churn_reduction_final(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
+                          baseline: str = gin.REQUIRED) -> tuple:
+  """1 - churn of ``arm`` / churn of ``baseline`` between the final models of independent pairs
+  of seeds; a 90% bootstrap interval over pairs."""
+  pairs = [[p["mean_abs_diff"] for p in (arms[n].get("churn") or {}).get("independent", [])]
+           for n in (arm, baseline)]
+  if not all(pairs):
+    return None, [], None
+  base = float(np.mean(pairs[1]))
+  return (protocol.ratio_of_means(*pairs), [1 - p / base for p in pairs[0]],
+          protocol.bootstrap(protocol.ratio_of_means, *pairs))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,16 +433,19 @@ def _arm_done(arm: Arm, paths: RunPaths, config: dict) -> bool:
   except (OSError, ValueError):
     return False
   return all(os.path.exists(paths.result(arm.name, s, g)) and os.path.exists(paths.curve(arm.name, s, g))
-             for s in range(arm.seeds) for g in range(groups))
+             for s in arm.seed_list for g in range(groups))
 
 
-def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str) -> dict:
-  """Copies a finished group's results.json and progress curve into the results directory."""
+def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str,
+                load: Optional[dict] = None) -> dict:
+  """Copies a finished group's results.json and progress curve into the results directory, with
+  the machine's load before and after the run (``load``: from machine.settle)."""
   with open(os.path.join(group_dir, "results.json")) as f:
     results = json.load(f)
   results.pop("history", None)  # the curve below carries it, with steps and wall time
   # Wall times and examples/sec mean little without the machine's load while the run trained.
-  results["load_avg_1m_at_end"] = os.getloadavg()[0]
+  results.update(load or {})
+  results["load_avg_1m_at_end"] = machine.load_1m()
   os.makedirs(os.path.dirname(paths.result(arm.name, seed, group)), exist_ok=True)
   keep = ("step", "wall_time_s", "loss", "task_loss", "distill_loss", "alpha", "teacher_staleness",
           "val_loss", "val_logloss", "val_auc", "val_xent", "val_accuracy", "val_perplexity",
@@ -304,8 +462,10 @@ def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str
 
 def _launch(arm: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence[str], *,
             exchange_dir: Optional[str] = None, extra: Sequence[str] = (),
-            num_groups: Optional[int] = None, groups: Optional[Sequence[int]] = None
-            ) -> Dict[int, str]:
+            num_groups: Optional[int] = None, groups: Optional[Sequence[int]] = None,
+            pin: bool = False) -> Dict[int, str]:
+  """Trains one seed of ``arm`` (its groups, or ``groups`` of ``num_groups``); ``pin``: each group
+  on its own share of the CPUs this thread may use (machine.CpuPool.take)."""
   model_dir = paths.run_dir(arm.name, seed)
   shutil.rmtree(model_dir, ignore_errors=True)
   threads = ([f"trainer.train.intra_op_threads = {suite.threads_per_group}",
@@ -313,18 +473,130 @@ def _launch(arm: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence[s
              if suite.threads_per_group else [])
   bindings = (list(suite.common_bindings) + list(arm.gin_bindings) + list(data) + list(extra)
               + [f"trainer.train.seed = {seed}", "trainer.train.save_eval_predictions = True",
+                 f"trainer.train.prediction_history = {suite.prediction_history}",
                  "trainer.train.verbose = 0"] + threads)
   shape = launcher.GroupShape(arm.strategy, arm.workers_per_group, arm.ps_per_group)
   return launcher.launch(model_dir, num_groups or arm.num_groups, exchange_dir=exchange_dir,
                          gin_files=[_gin_path(p) for p in arm.gin_files], gin_bindings=bindings,
-                         shape=shape, groups=groups)
+                         shape=shape, groups=groups, pin_groups=pin)
+
+
+# ----------------------------------------------------------------------------------------------
+# The protocol: learning-rate tuning and synchronous scaling (B*), resolved before an arm runs.
+
+RunFn = Callable[[Sequence[Arm]], object]  # runs (or reuses) arms' seeds, in order or at once
+
+
+def _with(arm: Arm, bindings: Sequence[str], **changes) -> Arm:
+  return dataclasses.replace(arm, gin_bindings=list(arm.gin_bindings) + list(bindings), **changes)
+
+
+def _tuning_arms(arm: Arm, suite: Suite, data: Sequence[str]) -> Dict[float, Arm]:
+  """One single-seed arm per learning rate of the grid, named by a digest of everything else
+  that defines the arm, so equal configurations (a scaling batch and an arm at B*) share them."""
+  config = arm_config(dataclasses.replace(arm, name="", seeds=1, tune_learning_rate=False,
+                                          seed_offset=0), suite, data)
+  digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+  return {lr: _with(arm, [f"trainer.train.learning_rate = {lr!r}"],
+                    name=f"{TUNING_DIR}/{digest}/lr_{lr:g}", seeds=1, tune_learning_rate=False,
+                    seed_offset=suite.tuning_seed, label=f"tuning {arm.name} at lr {lr:g}")
+          for lr in suite.learning_rates}
+
+
+def _curves(arm: Arm, paths: RunPaths, key: str) -> Dict[int, protocol.Curve]:
+  """{seed: the seed's validation curve (mean over its groups)} from the recorded runs."""
+  groups = arm.num_groups if arm.kind == "train" else 1
+  return protocol.grouped({(s, g): protocol.curve_points(read_curve(paths.curve(arm.name, s, g)), key)
+                           for s in arm.seed_list for g in range(groups)})
+
+
+def tune(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str],
+         run: Optional[RunFn] = None) -> Tuple[Arm, dict]:
+  """The arm at the grid's learning rate whose tuning run reached the lowest best validation
+  loss, and the record of the choice. ``run`` runs tuning runs that are missing; without it
+  they must be recorded already (a report from committed runs)."""
+  losses = {}
+  tuning_arms = _tuning_arms(arm, suite, data)
+  if run is not None:
+    run(list(tuning_arms.values()))
+  for lr, tuning_arm in tuning_arms.items():
+    if not os.path.exists(paths.curve(tuning_arm.name, suite.tuning_seed, 0)):
+      raise FileNotFoundError(f"arm {arm.name!r}: tuning run {tuning_arm.name} is not recorded "
+                              f"in {paths.results_dir}: run the suite")
+    curve = _curves(tuning_arm, paths, suite.loss_key)[suite.tuning_seed]
+    losses[lr] = {"best_val_loss": protocol.best_loss(curve), "runs": tuning_arm.name,
+                  "curve": curve}
+  chosen = min(losses, key=lambda lr: losses[lr]["best_val_loss"])
+  return (_with(arm, [f"trainer.train.learning_rate = {chosen!r}"]),
+          {"learning_rate": chosen, "grid": {f"{lr:g}": v["best_val_loss"] for lr, v in losses.items()},
+           "tuning_runs": {f"{lr:g}": v["runs"] for lr, v in losses.items()},
+           "chosen_curve": losses[chosen]["curve"]})
+
+
+def scaling(suite: Suite, paths: RunPaths, data: Sequence[str],
+            run: Optional[RunFn] = None) -> Optional[dict]:
+  """The synchronous scaling phase: the scaling arm tuned at each batch, then B* (protocol.b_star)
+  from the chosen learning rates' tuning curves."""
+  if not suite.scaling_arm:
+    return None
+  batches, curves = {}, {}
+  arms = {batch: _with(suite.scaling_arm, [f"trainer.train.batch_size = {batch}"],
+                       name=f"{suite.scaling_arm.name}_b{batch}")
+          for batch in suite.scaling_batches}
+  if run is not None:  # every batch's tuning runs in one go: they may run at once
+    run([t for arm in arms.values() for t in _tuning_arms(arm, suite, data).values()])
+  for batch, arm in arms.items():
+    _, choice = tune(arm, suite, paths, data)
+    curves[batch] = [choice.pop("chosen_curve")]
+    batches[str(batch)] = choice
+  found = protocol.b_star(curves, suite.scaling_min_cut)
+  return {"batches": batches, **found}
+
+
+def resolve(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], b_star: Optional[int],
+            run: Optional[RunFn] = None) -> Tuple[Arm, Optional[dict]]:
+  """The arm as it runs: ``{B*}``/``{2B*}`` replaced, the learning rate tuned."""
+  if b_star is not None:
+    arm = dataclasses.replace(arm, gin_bindings=[
+        b.replace("{2B*}", str(2 * b_star)).replace("{B*}", str(b_star)) for b in arm.gin_bindings])
+  elif any("B*}" in b for b in arm.gin_bindings):
+    raise ValueError(f"arm {arm.name!r} binds {{B*}} but the suite has no scaling phase")
+  if not arm.tune_learning_rate or arm.kind == "ensemble":
+    return arm, None
+  tuned, choice = tune(arm, suite, paths, data, run)
+  choice.pop("chosen_curve")
+  return tuned, choice
+
+
+def _cpus_needed(arm: Arm) -> int:
+  """CPUs one seed of ``arm`` takes when runs are pinned: one per group it trains."""
+  return {"train": arm.num_groups, "offline_distill": 1}.get(arm.kind, 0)
+
+
+def _at_once(fn: Callable[[T], object], items: Sequence[T], workers: int) -> None:
+  """``fn`` on every item, ``workers`` at a time (1: in order). An error (or Ctrl-C) starts no
+  further item; those in flight finish, then it is raised."""
+  if workers <= 1 or len(items) <= 1:
+    for item in items:
+      fn(item)
+    return
+  pool = concurrent.futures.ThreadPoolExecutor(workers)
+  try:
+    for future in [pool.submit(fn, item) for item in items]:
+      future.result()
+  finally:  # on an error or Ctrl-C: no new runs; those in flight end by themselves
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def run_arm(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], force: bool = False,
-            progress: Callable[[str], None] = print) -> bool:
+            progress: Callable[[str], None] = print, allow_load: bool = False,
+            cpus: Optional[machine.CpuPool] = None) -> bool:
   """Runs every seed of ``arm`` (or reuses the recorded runs) and records them, with churn.
 
-  Returns whether it ran (False: reused).
+  Before each training run the machine must be quiet (machine.settle: the 1-minute load at most
+  the number of cores, or ``allow_load``, and then the run is marked). With ``cpus`` every group
+  runs pinned to a CPU of its own, and seeds go on at once while CPUs are free. Returns whether
+  it ran (False: reused).
   """
   config = arm_config(arm, suite, data)
   if not force and _arm_done(arm, paths, config):
@@ -332,44 +604,61 @@ def run_arm(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], force:
     return False
   # Whatever was recorded for this arm before is stale from here on.
   shutil.rmtree(os.path.join(paths.results_dir, "runs", arm.name), ignore_errors=True)
-  for seed in range(arm.seeds):
-    start = time.time()
-    if arm.kind == "train":
-      dirs = _launch(arm, suite, paths, seed, data)
-      results = [_record_run(arm, paths, seed, g, dirs[g]) for g in sorted(dirs)]
-    elif arm.kind == "offline_distill":
-      results = [_offline_distill(arm, suite, paths, seed, data)]
-    else:
-      results = [_ensemble(arm, paths, seed, suite)]
-    key = suite.loss_key
-    summary = ", ".join(f"group {r.get('group', 0)} {key} {r[key]:.4f}" for r in results)
-    progress(f"[{suite.name}] {arm.name} seed {seed + 1}/{arm.seeds}: {summary} "
-             f"({time.time() - start:.0f}s)")
+  needed = _cpus_needed(arm)
+  workers = cpus.size // needed if cpus and needed else 1
+  _at_once(lambda seed: _run_seed(arm, suite, paths, data, seed, allow_load, progress, cpus),
+           list(arm.seed_list), workers)
   with open(_config_path(arm, paths), "w") as f:
     json.dump(config, f, indent=1, sort_keys=True)
-  churn = _churn(arm, paths, suite.output)
+  churn = _churn(arm, paths, suite)
   if churn:
     progress(f"[{suite.name}] {arm.name}: churn mean |pa-pb| {churn['mean_abs_diff']['mean']:.5f} "
              f"over {len(churn['pairs'])} pairs of seeds")
   return True
 
 
+def _run_seed(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], seed: int,
+              allow_load: bool, progress: Callable[[str], None],
+              cpus: Optional[machine.CpuPool]) -> None:
+  """Trains (or computes) one seed of ``arm`` and records it, on CPUs of its own from ``cpus``."""
+  start = time.time()
+  if arm.kind == "ensemble":
+    results = [_ensemble(arm, paths, seed, suite)]
+  else:
+    load, above = machine.settle(allow_load, what=f"{suite.name}/{arm.name} seed {seed}",
+                                 log=progress)
+    load = {"load_avg_1m_before": load, "started_above_nproc_load": above}
+    with cpus.take(_cpus_needed(arm)) if cpus else contextlib.nullcontext():
+      if arm.kind == "train":
+        dirs = _launch(arm, suite, paths, seed, data, pin=cpus is not None)
+        results = [_record_run(arm, paths, seed, g, dirs[g], load) for g in sorted(dirs)]
+      else:
+        results = [_offline_distill(arm, suite, paths, seed, data, load, pin=cpus is not None)]
+  summary = ", ".join(f"group {r.get('group', 0)} {suite.loss_key} {r[suite.loss_key]:.4f}"
+                      for r in results)
+  progress(f"[{suite.name}] {arm.name} seed {seed} ({seed - arm.seed_offset + 1}/{arm.seeds}): "
+           f"{summary} ({time.time() - start:.0f}s)")
+
+
 def _offline_distill(arm: Arm, suite: Suite, paths: RunPaths, seed: int,
-                     data: Sequence[str]) -> dict:
+                     data: Sequence[str], load: Optional[dict] = None, pin: bool = False) -> dict:
   """Two-phase distillation: group 0 of a 2-group job trains; group 1 is the source arm's trained
-  model of the same seed, published once into the exchange as a frozen teacher."""
-  teacher_export = os.path.join(paths.run_dir(arm.source_arm, seed), "group_0", "export")
+  model of the same seed (a tuning seed: the source's first seed), published once into the
+  exchange as a frozen teacher."""
+  source = next(a for a in suite.arms if a.name == arm.source_arm)
+  teacher_seed = seed if seed in source.seed_list else source.seed_offset
+  teacher_export = os.path.join(paths.run_dir(arm.source_arm, teacher_seed), "group_0", "export")
   if not tf.io.gfile.exists(teacher_export):
     raise FileNotFoundError(f"arm {arm.name!r}: teacher {teacher_export} is missing: rerun arm "
                             f"{arm.source_arm!r} with --force (its models live in the work dir)")
   exchange_dir = paths.run_dir(arm.name, seed) + "_exchange"
   shutil.rmtree(exchange_dir, ignore_errors=True)
-  with open(paths.result(arm.source_arm, seed, 0)) as f:
+  with open(paths.result(arm.source_arm, teacher_seed, 0)) as f:
     teacher_steps = json.load(f)["steps"]
   exchange.publish_saved_model(teacher_export, exchange_dir, group=1, step=teacher_steps)
   dirs = _launch(arm, suite, paths, seed, data, exchange_dir=exchange_dir,
-                 extra=["trainer.train.codistill = True"], num_groups=2, groups=[0])
-  return _record_run(arm, paths, seed, 0, dirs[0])
+                 extra=["trainer.train.codistill = True"], num_groups=2, groups=[0], pin=pin)
+  return _record_run(arm, paths, seed, 0, dirs[0], load)
 
 
 def _ensemble(arm: Arm, paths: RunPaths, seed: int, suite: Suite) -> dict:
@@ -409,22 +698,54 @@ def _ensemble(arm: Arm, paths: RunPaths, seed: int, suite: Suite) -> dict:
   return result
 
 
-def _churn(arm: Arm, paths: RunPaths, output: str = "sigmoid") -> Optional[dict]:
-  """Churn between independently retrained models of the arm (group 0 of each seed), recorded."""
+def _churn(arm: Arm, paths: RunPaths, suite: Suite) -> Optional[dict]:
+  """Churn between independently retrained models of the arm (group 0 of each seed), recorded:
+  every pair of seeds (``pairs``), the disjoint pairs (seeds 0-1, 2-3, ...: ``independent``)
+  and, where runs kept their prediction history, each disjoint pair's churn at every evaluation
+  with the pair's mean validation loss there (``curves``: churn vs loss)."""
   if arm.seeds < 2:
     return None
+  seeds = list(arm.seed_list)
   preds = []
-  for seed in range(arm.seeds):
+  for seed in seeds:
     with np.load(paths.predictions(arm.name, seed, 0)) as npz:
       preds.append(npz["probs"])
-  pairs = [{"seeds": [p["a"], p["b"]], "mean_abs_diff": p["mean_abs_diff"],
-            "disagreement": p["disagreement"]} for p in metrics.pairwise_churn(preds, output)]
-  churn = {"pairs": pairs, "examples": int(preds[0].shape[0]),
+  pairs = [{"seeds": [seeds[p["a"]], seeds[p["b"]]], "mean_abs_diff": p["mean_abs_diff"],
+            "disagreement": p["disagreement"]}
+           for p in metrics.pairwise_churn(preds, suite.output)]
+  independent = [p for p in pairs if p["seeds"][1] == p["seeds"][0] + 1
+                 and (p["seeds"][0] - arm.seed_offset) % 2 == 0]
+  churn = {"pairs": pairs, "independent": independent, "examples": int(preds[0].shape[0]),
            "mean_abs_diff": _stat([p["mean_abs_diff"] for p in pairs]),
            "disagreement": _stat([p["disagreement"] for p in pairs])}
+  curves = [_churn_curve(arm, paths, suite, p["seeds"]) for p in independent]
+  if curves and all(curves):
+    churn["curves"] = curves
   with open(os.path.join(paths.results_dir, "runs", arm.name, "churn.json"), "w") as f:
     json.dump(churn, f, indent=1, sort_keys=True)
   return churn
+
+
+def _churn_curve(arm: Arm, paths: RunPaths, suite: Suite, seeds: Sequence[int]) -> List[dict]:
+  """One pair's churn at each evaluation both runs kept predictions of (eval_predictions/)."""
+  dirs = [os.path.join(os.path.dirname(paths.predictions(arm.name, s, 0)), "eval_predictions")
+          for s in seeds]
+  if not all(os.path.isdir(d) for d in dirs):
+    return []
+  losses = [dict(protocol.curve_points(read_curve(paths.curve(arm.name, s, 0)), suite.loss_key))
+            for s in seeds]
+  points = []
+  for name in sorted(set(os.listdir(dirs[0])) & set(os.listdir(dirs[1]))):
+    step = int(name[len("step_"):-len(".npz")])
+    if not all(step in l for l in losses):
+      continue
+    probs = []
+    for d in dirs:
+      with np.load(os.path.join(d, name)) as npz:
+        probs.append(npz["probs"])
+    points.append({"step": step, "loss": float(np.mean([l[step] for l in losses])),
+                   **metrics.churn(probs[0], probs[1], suite.output)})
+  return sorted(points, key=lambda p: p["step"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -448,7 +769,7 @@ def first_reaching(curve: Sequence[dict], target: float, key: str = LOSS_KEY
 def _runs(arm: Arm, paths: RunPaths) -> List[dict]:
   runs = []
   groups = arm.num_groups if arm.kind == "train" else 1
-  for seed, group in itertools.product(range(arm.seeds), range(groups)):
+  for seed, group in itertools.product(arm.seed_list, range(groups)):
     with open(paths.result(arm.name, seed, group)) as f:
       result = json.load(f)
     runs.append({"seed": seed, "group": group, "result": result,
@@ -458,13 +779,23 @@ def _runs(arm: Arm, paths: RunPaths) -> List[dict]:
   return runs
 
 
-def summarize(suite: Suite, paths: RunPaths) -> dict:
-  """summary.json: per arm its config, per-run figures, aggregates; the target; the goals."""
-  raw = {arm.name: _runs(arm, paths) for arm in suite.arms}
-  target = suite.target_loss
+def _target(suite: Suite, paths: RunPaths, raw: Mapping[str, List[dict]]) -> Optional[float]:
+  """The target loss steps are counted to, by the suite's target_rule."""
+  if suite.target_rule == "best_sync":
+    by_name = {a.name: a for a in suite.arms}
+    return protocol.best_arm({n: list(_curves(by_name[n], paths, suite.loss_key).values())
+                              for n in suite.sync_arms})[1]
   if suite.target_from_arm:
-    target = float(np.mean([r["result"][suite.loss_key] for r in raw[suite.target_from_arm]])) \
+    return float(np.mean([r["result"][suite.loss_key] for r in raw[suite.target_from_arm]])) \
         + suite.target_margin
+  return suite.target_loss
+
+
+def summarize(suite: Suite, paths: RunPaths, protocol_record: Optional[dict] = None) -> dict:
+  """summary.json: per arm its config, per-run figures, aggregates; the target; the goals (with
+  ``<goal>_interval`` where the goal gives one); the protocol's scaling and tuning record."""
+  raw = {arm.name: _runs(arm, paths) for arm in suite.arms}
+  target = _target(suite, paths, raw)
   arms = {}
   for arm in suite.arms:
     runs = []
@@ -478,7 +809,11 @@ def summarize(suite: Suite, paths: RunPaths) -> dict:
                    "final_val_perplexity": result.get("val_perplexity"),
                    "steps": result["steps"], "wall_time_s": result["wall_time_s"],
                    "examples_per_sec": result.get("examples_per_sec"),
+                   "load_avg_1m_before": result.get("load_avg_1m_before"),
                    "load_avg_1m_at_end": result.get("load_avg_1m_at_end"),
+                   "started_above_nproc_load": result.get("started_above_nproc_load"),
+                   "best_val_loss": protocol.best_loss(
+                       protocol.curve_points(run["curve"], suite.loss_key)),
                    "steps_to_target": steps, "wall_time_to_target_s": wall,
                    "curve": run["curve_file"]})
     churn_path = os.path.join(paths.results_dir, "runs", arm.name, "churn.json")
@@ -500,39 +835,115 @@ def summarize(suite: Suite, paths: RunPaths) -> dict:
         "wall_time_to_target_s": _stat([r["wall_time_to_target_s"] for r in runs]),
         "wall_time_s": _stat([r["wall_time_s"] for r in runs]),
         "examples_per_sec": _stat([r["examples_per_sec"] for r in runs]),
+        "load_avg_1m_before": _stat([r["load_avg_1m_before"] for r in runs]),
         "load_avg_1m_at_end": _stat([r["load_avg_1m_at_end"] for r in runs]),
+        "started_above_nproc_load": sum(bool(r["started_above_nproc_load"]) for r in runs),
+        "best_val_loss": _stat([r["best_val_loss"] for r in runs]),
+        "seed_curves": {str(seed): curve for seed, curve in
+                        _curves(arm, paths, suite.loss_key).items()},
+        "group_curves": {f"{r['seed']}_{r['group']}": protocol.curve_points(r["curve"],
+                                                                           suite.loss_key)
+                         for r in raw[arm.name]},
         "churn": churn,
     }
-  goals, spreads, verdicts = {}, {}, {}
+  goals, spreads = {}, {}
   for name, goal in suite.goals.items():
-    value, per = goal(arms)
+    value, per, *interval = goal(arms)
     goals[name] = value
     spreads[name] = _stat(per)
-    if name in suite.goal_thresholds and value is not None:
-      op, threshold = suite.goal_thresholds[name]
-      verdicts[name] = {"threshold": [op, threshold],
-                        "met": bool(value <= threshold if op == "<=" else value >= threshold)}
+    if interval:
+      goals[f"{name}_interval"] = interval[0]
   return {"suite": suite.name, "description": suite.description, "data": suite.data,
           "loss_key": suite.loss_key, "output": suite.output,
           "common_bindings": list(suite.common_bindings), "simulated": suite.simulated,
           "target_loss": target, "target_from_arm": suite.target_from_arm,
-          "arms": arms, "goals": goals, "goal_spreads": spreads, "goal_verdicts": verdicts}
+          "target_rule": suite.target_rule, "sync_arms": list(suite.sync_arms),
+          "protocol": protocol_record, "arms": arms, "goals": goals, "goal_spreads": spreads,
+          "goal_verdicts": verdicts(goals, suite.goal_thresholds)}
+
+
+def verdicts(goals: Mapping[str, Optional[float]], thresholds: Mapping[str, Sequence]
+             ) -> Dict[str, dict]:
+  """Per goal with a threshold ``(op, value)`` or ``(op, value, bound)``: met when the value
+  passes and, with a bound, its whole ``<goal>_interval`` lies beyond the bound (below it for
+  ``<``/``<=``, above for ``>``/``>=``). A goal whose value (or needed interval) is missing, a
+  target never reached, churn not measured, is missed, never left blank."""
+  out = {}
+  for name, (op, threshold, *bound) in thresholds.items():
+    value, interval = goals.get(name), goals.get(f"{name}_interval")
+    met = value is not None and OPS[op](value, threshold)
+    if bound:
+      below = op.startswith("<")
+      end = (interval or [None, None])[1 if below else 0]
+      met = met and end is not None and (end < bound[0] if below else end > bound[0])
+    out[name] = {"threshold": [op, threshold, *bound], "met": bool(met),
+                 "missing": value is None or (bool(bound) and not interval)}
+  return out
+
+
+def prepare(suite: Suite, paths: RunPaths, data: Sequence[str],
+            run: Optional[RunFn] = None) -> Tuple[Suite, dict]:
+  """The suite as it runs (B* substituted, learning rates tuned) and the record of how: with
+  ``run``, each arm's tuning runs and then the arm itself are run in order; without it, every
+  run must be recorded already."""
+  scaled = scaling(suite, paths, data, run)
+  arms, tuning = [], {}
+  for arm in suite.arms:
+    if arm.learning_rate_from:
+      if arm.learning_rate_from not in tuning:
+        raise ValueError(f"arm {arm.name!r}: learning_rate_from={arm.learning_rate_from!r} is not "
+                         f"a tuned arm listed before it")
+      rate = tuning[arm.learning_rate_from]["learning_rate"]
+      arm = _with(arm, [f"trainer.train.learning_rate = {rate!r}"])
+    concrete, choice = resolve(arm, suite, paths, data, scaled and scaled["b_star"], run)
+    if choice:
+      tuning[arm.name] = choice
+    if run is not None:
+      run([concrete])
+    arms.append(concrete)
+  record = {"scaling": scaled, "tuning": tuning, "learning_rates": list(suite.learning_rates),
+            "tuning_seed": suite.tuning_seed} if (scaled or tuning) else None
+  return dataclasses.replace(suite, arms=arms), record
 
 
 def run_suite(suite: Suite, paths: RunPaths, force: bool = False,
-              progress: Callable[[str], None] = print) -> dict:
+              progress: Callable[[str], None] = print, allow_load: bool = False) -> dict:
   """Runs (or reuses) every arm, then writes summary.json and returns it."""
   os.makedirs(paths.results_dir, exist_ok=True)
   data = data_bindings(suite, paths.data_dir)
   start = time.time()
   ran = set()
-  for arm in suite.arms:
+
+  cpus = machine.CpuPool() if suite.pin_runs else None
+
+  def run_one(arm: Arm) -> None:
     # An arm built from a source arm that was just rerun is rerun too.
-    if run_arm(arm, suite, paths, data, force=force or arm.source_arm in ran, progress=progress):
+    if run_arm(arm, suite, paths, data, force=force or arm.source_arm in ran, progress=progress,
+               allow_load=allow_load, cpus=cpus):
       ran.add(arm.name)
-  summary = summarize(suite, paths)
-  summary["this_invocation"] = {"wall_time_s": time.time() - start, "arms_run": sorted(ran)}
-  with open(os.path.join(paths.results_dir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=1, sort_keys=True)
-  logging.info("wrote %s", os.path.join(paths.results_dir, "summary.json"))
+
+  def run(arms: Sequence[Arm]) -> None:
+    _at_once(run_one, arms, cpus.size if cpus and max(map(_cpus_needed, arms)) == 1 else 1)
+
+  concrete, record = prepare(suite, paths, data, run)
+  summary = summarize(concrete, paths, record)
+  summary["this_invocation"] = {"wall_time_s": time.time() - start, "arms_run": sorted(ran),
+                                "allow_load": allow_load}
+  return _write_summary(summary, paths)
+
+
+def summarize_recorded(suite: Suite, paths: RunPaths) -> dict:
+  """summary.json again from the recorded runs alone (trains nothing; every run must be there)."""
+  # Data bindings only name tuning runs (their digest); other suites need no data prepared.
+  tuned = suite.scaling_arm or any(a.tune_learning_rate for a in suite.arms)
+  concrete, record = prepare(suite, paths, data_bindings(suite, paths.data_dir) if tuned else [])
+  summary = summarize(concrete, paths, record)
+  summary["this_invocation"] = {"report_only": True}
+  return _write_summary(summary, paths)
+
+
+def _write_summary(summary: dict, paths: RunPaths) -> dict:
+  path = os.path.join(paths.results_dir, "summary.json")
+  exchange.write_atomically(path, json.dumps(summary, indent=1, sort_keys=True))
+  logging.info("wrote %s", path)
   return summary

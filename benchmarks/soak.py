@@ -47,6 +47,7 @@ from absl import app
 from absl import flags
 
 from benchmarks import fault_trials
+from benchmarks import machine
 from tf_codistill import launcher
 
 REPO = fault_trials.REPO
@@ -350,4 +351,4 @@ def main(argv):
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  machine.run_script(main, "benchmarks.soak")

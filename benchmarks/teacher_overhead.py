@@ -20,6 +20,7 @@ import tf_keras as keras
 from absl import app
 from absl import flags
 
+from benchmarks import machine
 from tf_codistill.model import CodistillModel
 from tf_codistill.models import ctr
 
@@ -117,11 +118,11 @@ def main(argv):
         f"  best {summary['best_ratio_one_teacher_vs_no_teacher']:.3f}")
   print(f"training-thread pause of a refresh: flip {summary['swap_flip_ms_median']:.2f} ms "
         f"(in-place assign would be {summary['in_place_assign_ms_median']:.1f} ms)")
-  out = FLAGS.out or f"benchmarks/results/teacher_overhead/summary_{FLAGS.optimizer}.json"
+  out = FLAGS.out = FLAGS.out or f"benchmarks/results/teacher_overhead/summary_{FLAGS.optimizer}.json"
   os.makedirs(os.path.dirname(out), exist_ok=True)
   with open(out, "w") as f:
     json.dump(summary, f, indent=2)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  machine.run_script(main, "benchmarks.teacher_overhead")

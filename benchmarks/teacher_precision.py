@@ -25,6 +25,7 @@ import tf_keras as keras
 from absl import app
 from absl import flags
 
+from benchmarks import machine
 from data_pipelines import images
 from data_pipelines import text_lm
 from tf_codistill import losses
@@ -138,4 +139,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  machine.run_script(main, "benchmarks.teacher_precision")

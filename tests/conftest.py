@@ -1,9 +1,27 @@
 """Shared fixtures."""
 
+import contextlib
+import os
+
 import pytest
 
+from benchmarks import machine
 from data_pipelines import make_criteo_like
 from testing_utils import Launch
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_benchmark_beside_the_tests(tmp_path_factory):
+  """The tests hold the machine's benchmark lock (shared): no benchmark measures beside them,
+  and they do not start while one runs. Benchmarks the tests start use a lock of their own."""
+  held = contextlib.ExitStack()
+  try:
+    held.enter_context(machine.hold("the test suite", shared=True))
+  except machine.MachineBusy as e:
+    pytest.exit(str(e), returncode=3)
+  os.environ[machine.LOCK_ENV] = str(tmp_path_factory.mktemp("benchmark_lock") / "lock")
+  yield
+  held.close()
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ from absl import logging
 
 from tf_codistill import errors
 from tf_codistill import exchange
+from tf_codistill import metrics as metrics_lib
 
 LOSS_KEYS = ("loss", "task_loss", "distill_loss")
 
@@ -405,6 +406,25 @@ class LocalEvaluation(keras.callbacks.Callback):
     results = self.evaluate()
     if logs is not None:
       logs.update({f"val_{k}": v for k, v in results.items()})
+
+
+class PredictionHistory(keras.callbacks.Callback):
+  """Saves the student's eval probabilities and labels at every epoch end, as
+  ``directory/step_<n>.npz``: churn between retrains can then be compared at matched
+  validation loss (benchmarks), not only at the end of training."""
+
+  def __init__(self, local: LocalCopy, dataset: tf.data.Dataset, output: str, directory: str,
+               save: Callable[..., None]):
+    super().__init__()
+    self.local, self.dataset, self.output = local, dataset, output
+    self.directory, self.save = directory, save
+    tf.io.gfile.makedirs(directory)
+
+  def on_epoch_end(self, epoch, logs=None):
+    step = current_step(self.model)
+    with self.local.at_step(step):
+      probs, labels = metrics_lib.model_probabilities(self.local.model, self.dataset, self.output)
+    self.save(os.path.join(self.directory, f"step_{step}.npz"), probs=probs, labels=labels)
 
 
 class StepSummaries(StepHook):

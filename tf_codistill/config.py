@@ -25,6 +25,7 @@ from tf_codistill import strategies  # noqa: F401
 from tf_codistill import trainer  # noqa: F401
 from tf_codistill.models import ctr  # noqa: F401
 from tf_codistill.models import lm  # noqa: F401
+from tf_codistill.models import mlp  # noqa: F401
 from tf_codistill.models import resnet  # noqa: F401
 
 REPO_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")

@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
@@ -283,7 +284,10 @@ def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = Non
   def on_signal(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
-  previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+  # Only the main thread may set handlers; a launch from another thread (benchmarks running
+  # several at once) is stopped by its caller's process ending, or runs to its end.
+  previous = ({s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+              if threading.current_thread() is threading.main_thread() else {})
   try:
     for group in groups:
       group.start_all()

@@ -84,7 +84,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
           data_split: str = "disjoint", label_smoothing: float = 0.0,
           smoothing_prior: str = "uniform", checkpoint_every_steps: int = 500,
           summary_every_steps: int = 50, seed: int = 0, save_eval_predictions: bool = False,
-          prediction_batches: Optional[int] = None,
+          prediction_batches: Optional[int] = None, prediction_history: bool = False,
           fusion: str = "none", allreduce_dtype: str = "float32", jit_compile: bool = False,
           intra_op_threads: int = 0, inter_op_threads: int = 0, heartbeat_every_s: float = 5.0,
           max_wall_seconds: Optional[float] = None, save_step_timeline: bool = False,
@@ -100,7 +100,8 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   each group (and each of its input pipelines) its own shard of ``train_files``; ``batch_size``
   is the global batch of one step. ``task`` (default ``tasks.BinaryTask()``) sets the loss,
   metrics and results keys; ``prediction_batches`` caps the eval batches whose predictions
-  ``save_eval_predictions`` keeps. ``fusion`` ('none', 'backward', 'forward') fuses the
+  ``save_eval_predictions`` keeps (in ``eval_predictions.npz``, and with ``prediction_history``
+  also at every evaluation in ``eval_predictions/step_<n>.npz``, for churn vs loss). ``fusion`` ('none', 'backward', 'forward') fuses the
   optimizer's updates (fusion.py); ``allreduce_dtype`` ('float32', 'float16', 'bfloat16') is the
   precision of a synchronous group's gradient all-reduce (comm.py). ``intra_op_threads`` and
   ``inter_op_threads`` (0: TF's default) size this task's thread pools, also a serving task's
@@ -241,6 +242,10 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
         callbacks_lib.ProgressLog(os.path.join(model_dir, "progress.jsonl"), group, train_steps,
                                 rates=step_summaries.examples_per_sec),
     ]
+    if save_eval_predictions and prediction_history:
+      epoch_callbacks.append(callbacks_lib.PredictionHistory(
+          local, eval_ds if prediction_batches is None else eval_ds.take(prediction_batches),
+          task.output, os.path.join(model_dir, "eval_predictions"), _save_npz))
   initial_epoch = 0
   if strategy == "parameter_server":
     checkpoints = callbacks_lib.EpochCheckpoint(os.path.join(model_dir, "checkpoints"), model,

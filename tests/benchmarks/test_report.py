@@ -18,7 +18,7 @@ def test_index_lists_each_suites_goals_with_verdicts_and_links(tmp_path):
   (tmp_path / "notes.txt").write_text("not a suite")
   path = report.write_index(str(tmp_path))
   text = open(path).read()
-  assert ("| [`churn`](churn/report.md) | `churn_reduction` | 0.4100 | "
+  assert ("| [`churn`](churn/report.md) | `churn_reduction` | 0.4100 |  | "
           "0.4100 ± 0.0200 [0.3900, 0.4300] | >= 0.3 | yes |") in text
   assert "| [`churn`](churn/report.md) | `ensemble_churn_reduction` | not reached |" in text
   assert "| `cluster` | (no goal figures) |" in text
@@ -30,3 +30,40 @@ def test_a_run_written_outside_the_committed_results_leaves_their_index_alone(tm
   (tmp_path / "fusion" / "summary.json").write_text(json.dumps({"goals": {"x": 1.0}}))
   assert report.update_index_for(str(tmp_path / "fusion" / "summary.json")) is None
   assert not (tmp_path / "README.md").exists()
+
+
+def _protocol_summary(data, minus_sync, interval, ratio, churn):
+  goals = {"codistill_minus_best_sync_loss": minus_sync,
+           "codistill_minus_best_sync_loss_interval": interval,
+           "codistill_steps_ratio": ratio, "codistill_steps_ratio_interval": [None, None],
+           "churn_reduction": churn, "churn_reduction_interval": [0.1, 0.5]}
+  thresholds = {"codistill_steps_ratio": ("<=", 0.7, 1.0),
+                "codistill_minus_best_sync_loss": ("<", 0.0, 0.0),
+                "churn_reduction": (">=", 0.3, 0.0)}
+  from benchmarks import runner
+  return {"data": data, "target_rule": "best_sync", "goals": goals,
+          "goal_verdicts": runner.verdicts(goals, thresholds),
+          "protocol": {"scaling": {"b_star": 256}}}
+
+
+def test_index_opens_with_what_codistillation_reached_per_real_data_set(tmp_path):
+  for name, summary in {
+      "fashion_mlp": _protocol_summary("fashion_mnist", -0.01, [-0.02, -0.005], None, 0.35),
+      "adult_protocol": _protocol_summary("adult", -0.01, [-0.02, 0.001], None, 0.31),
+      "old_image": {"data": "fashion_mnist", "goals": {"codistill_minus_baseline_loss": 0.07}},
+  }.items():
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+  text = report.index_markdown(str(tmp_path))
+  section = text[text.index("## Does codistillation help?"):text.index("## Every suite")]
+  assert "| Fashion-MNIST | [`fashion_mlp`](fashion_mlp/report.md) | 256 | -0.0100 " \
+         "[-0.0200, -0.0050] met | not reached [not reached, not reached] **missed** |" in section
+  # Adult's interval crosses 0: not met. Only one data set meets it, two are needed.
+  assert "-0.0100 [-0.0200, 0.0010] **not met**" in section
+  assert "`codistill_minus_best_sync_loss` met on 1 real data set(s): Fashion-MNIST " \
+         "(needed: 2): **missed**" in section
+  assert "`churn_reduction` met on 2 real data set(s): Adult census, Fashion-MNIST " \
+         "(needed: 2): **met**" in section
+  assert "`codistill_steps_ratio` met on 0 real data set(s) (needed: 1): **missed**" in section
+  assert "not yet run under the protocol: King James Bible" in section
+  assert "old_image" not in section  # suites from before the protocol are not counted

@@ -117,7 +117,7 @@ def test_softmax_suites_average_class_probabilities_for_ensembles(tmp_path):
   mean = (members[0] + members[1]) / 2  # [[0.6, 0.3, 0.1], [0.4, 0.2, 0.4]]
   assert result["val_loss"] == pytest.approx(-(np.log(0.6) + np.log(0.4)) / 2)
   assert result["val_accuracy"] == 0.5  # row 2's argmax is class 0 (first of a tie), label 2
-  churn = runner._churn(suite.arms[0], paths, "softmax")  # argmax [0, 2] vs [0, 0]
+  churn = runner._churn(suite.arms[0], paths, suite)  # argmax [0, 2] vs [0, 0]
   assert churn["disagreement"]["mean"] == 0.5
   assert churn["mean_abs_diff"]["mean"] == pytest.approx(np.mean(np.abs(members[0] - members[1])))
   with pytest.raises(ValueError, match="output='logits' is not one of"):

@@ -1,0 +1,218 @@
+"""One benchmark at a time, on a quiet machine: an exclusive lock and the load around every figure.
+
+Every benchmark (``benchmarks.run`` and each standalone script) runs inside ``exclusive``: it
+takes an exclusive ``flock`` on one lock file per machine, so a second benchmark refuses to start
+(naming the one that runs) instead of measuring beside it; the test suite takes the same lock
+shared (tests/conftest.py), so benchmarks and tests exclude each other too. Before each measured
+run ``settle`` waits for the 1-minute load average to fall to the number of usable cores and
+refuses to go on above it unless the user passed ``--allow_load``; runs taken that way are marked
+(``started_above_nproc_load``) and reports say so.
+
+The lock file is ``$TF_CODISTILL_BENCH_LOCK`` or ``<tmp>/tf_codistill_benchmark.lock``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable, Iterator, List, Optional, Sequence
+
+from absl import app
+from absl import flags
+
+LOCK_ENV = "TF_CODISTILL_BENCH_LOCK"
+
+
+class MachineBusy(RuntimeError):
+  """Another benchmark (or the test suite) holds the machine."""
+
+
+class MachineLoaded(RuntimeError):
+  """The load average is above the number of cores and --allow_load was not given."""
+
+
+def lock_path() -> str:
+  """The machine's benchmark lock file."""
+  return os.environ.get(LOCK_ENV) or os.path.join(tempfile.gettempdir(),
+                                                   "tf_codistill_benchmark.lock")
+
+
+def cores() -> int:
+  """CPUs this process may run on (what `nproc` prints; its main thread's, whatever CPUs the
+  calling thread is pinned to)."""
+  return len(os.sched_getaffinity(os.getpid()))
+
+
+def load_1m() -> float:
+  """The 1-minute load average."""
+  return os.getloadavg()[0]
+
+
+def define_flags() -> None:
+  """Defines --allow_load for a benchmark script (call once, where the script defines its flags)."""
+  flags.DEFINE_bool("allow_load", False,
+                    "Measure even when the 1-minute load average stays above the number of cores; "
+                    "every figure taken so is marked in the results.")
+
+
+@dataclasses.dataclass
+class Session:
+  """A benchmark's hold on the machine, and the load when it started."""
+  name: str
+  allow_load: bool
+  load_before: float
+  cores: int
+
+  def record(self) -> dict:
+    """Load before and now, for a summary.json: figures mean little without it."""
+    after = load_1m()
+    return {"benchmark": self.name, "cores": self.cores, "allow_load": self.allow_load,
+            "load_avg_1m_before": self.load_before, "load_avg_1m_after": after,
+            "above_nproc_load": max(self.load_before, after) > self.cores}
+
+
+def _holder(fd: int) -> str:
+  """Who holds the lock: a benchmark writes itself into the file (and empties it on release);
+  an empty file means the test suite."""
+  try:
+    info = json.loads(os.pread(fd, 4096, 0).decode() or "null")
+    if info is None:
+      return "the test suite"
+    return (f"{info.get('name', '?')} (pid {info.get('pid', '?')}, since "
+            f"{time.strftime('%H:%M:%S', time.localtime(info.get('since', 0)))}: "
+            f"{info.get('command', '?')})")
+  except (OSError, ValueError):
+    return "an unknown process"
+
+
+@contextlib.contextmanager
+def hold(name: str, shared: bool = False, path: Optional[str] = None) -> Iterator[int]:
+  """Holds the machine's lock (exclusive for a benchmark, shared for the test suite) or raises
+  MachineBusy naming the holder."""
+  path = path or lock_path()
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+  locked = False
+  try:
+    try:
+      fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+        raise
+      raise MachineBusy(f"{name}: the machine is busy: {_holder(fd)} holds {path}. Run one "
+                        f"benchmark at a time, and never beside the tests.") from None
+    locked = not shared
+    if locked:
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, json.dumps({"name": name, "pid": os.getpid(), "since": time.time(),
+                                "command": " ".join(sys.argv)[:300]}).encode(), 0)
+    yield fd
+  finally:
+    if locked:
+      os.ftruncate(fd, 0)
+    os.close(fd)  # releases the lock
+
+
+def settle(allow_load: bool, max_wait_s: float = 180.0, poll_s: float = 5.0,
+           what: str = "this run", log: Callable[[str], None] = print) -> tuple:
+  """Waits up to ``max_wait_s`` for the 1-minute load to fall to ``cores()`` (a previous run's own
+  load decays within a minute or two); returns (load, above). Above it after the wait: raises
+  MachineLoaded, or with ``allow_load`` logs a warning and returns above=True."""
+  deadline = time.time() + max_wait_s
+  load, limit = load_1m(), cores()
+  while load > limit and time.time() < deadline:
+    time.sleep(poll_s)
+    load = load_1m()
+  if load <= limit:
+    return load, False
+  if not allow_load:
+    raise MachineLoaded(f"{what}: the 1-minute load average is {load:.2f}, above the {limit} "
+                        f"usable cores, after waiting {max_wait_s:.0f} s; figures taken now would "
+                        f"not be trustworthy. Stop what else runs, or pass --allow_load (the "
+                        f"figures are then marked).")
+  log(f"WARNING: {what} starts at load {load:.2f} > {limit} cores (--allow_load): its figures "
+      f"are marked started_above_nproc_load")
+  return load, True
+
+
+@contextlib.contextmanager
+def exclusive(name: str, allow_load: bool = False, max_wait_s: float = 180.0
+              ) -> Iterator[Session]:
+  """The machine to one benchmark: the exclusive lock, then a settled load (see ``settle``)."""
+  with hold(name):
+    load, _ = settle(allow_load, max_wait_s=max_wait_s, what=name)
+    yield Session(name=name, allow_load=allow_load, load_before=load, cores=cores())
+
+
+class CpuPool:
+  """The CPUs a benchmark hands out to runs that go on at once, each pinned to its own share, so
+  that concurrent runs never share a core (as if each had its own machine)."""
+
+  def __init__(self, cpus: Optional[Sequence[int]] = None):
+    self._free = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    self.size = len(self._free)
+    self._changed = threading.Condition()
+
+  @contextlib.contextmanager
+  def take(self, count: int) -> Iterator[List[int]]:
+    """Waits for ``count`` free CPUs and pins the calling thread (and so the processes it starts)
+    to them until the block ends."""
+    if not 0 < count <= self.size:
+      raise ValueError(f"a run needs {count} CPUs; this pool has {self.size}")
+    with self._changed:
+      self._changed.wait_for(lambda: len(self._free) >= count)
+      taken, self._free = self._free[:count], self._free[count:]
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, taken)
+    try:
+      yield taken
+    finally:
+      os.sched_setaffinity(0, before)
+      with self._changed:
+        self._free = sorted(self._free + taken)
+        self._changed.notify_all()
+
+
+def run_script(main: Callable[[List[str]], object], name: str,
+               unless: Sequence[str] = ("report_only", "table", "group")) -> None:
+  """``app.run(main)`` for a standalone benchmark script, holding the machine (``exclusive``)
+  while it measures, unless one of the ``unless`` flags is set (a report rewritten from recorded
+  results, or a child process of a benchmark that holds it already). The load before and after
+  is added, as ``machine``, to the JSON the script wrote at ``--out``."""
+  define_flags()
+
+  def held(argv: List[str]) -> None:
+    values = flags.FLAGS.flag_values_dict()
+    if any(values.get(flag) for flag in unless):
+      main(argv)
+      return
+    try:
+      with exclusive(name, values["allow_load"]) as session:
+        main(argv)
+        _record_into(flags.FLAGS.flag_values_dict().get("out"), session)
+    except (MachineBusy, MachineLoaded) as e:
+      raise app.UsageError(str(e)) from None
+
+  app.run(held)
+
+
+def _record_into(path: Optional[str], session: Session) -> None:
+  """Adds the session's load record to the JSON object at ``path`` (atomically), if there is one."""
+  if not path or not os.path.exists(path):
+    return
+  with open(path) as f:
+    summary = json.load(f)
+  if not isinstance(summary, dict):
+    return
+  summary["machine"] = session.record()
+  temp = f"{path}.tmp-{os.getpid()}"
+  with open(temp, "w") as f:
+    json.dump(summary, f, indent=1, sort_keys=True)
+  os.replace(temp, path)

@@ -1,0 +1,55 @@
+"""`python -m benchmarks.run --suite=quick_protocol`: the pre-registered protocol end to end at
+toy size (scaling to B*, tuning, runs pinned two at a time, intervals, churn vs loss, alpha = 0)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from testing_utils import REPO
+
+pytestmark = pytest.mark.e2e
+
+
+def test_protocol_suite_finds_b_star_tunes_and_reports_goals_with_intervals(tmp_path):
+  results, work = tmp_path / "results", tmp_path / "work"
+  command = [sys.executable, "-m", "benchmarks.run", "--suite=quick_protocol",
+             f"--results_dir={results}", f"--work_dir={work}", "--allow_load"]
+  proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  summary = json.loads((results / "quick_protocol" / "summary.json").read_text())
+  record = summary["protocol"]
+  scaling = record["scaling"]
+  assert set(scaling["batches"]) == {"32", "64"} and scaling["b_star"] == 32
+  for batch in scaling["batches"].values():
+    assert batch["learning_rate"] in (0.001, 0.003)
+    assert batch["grid"][f"{batch['learning_rate']:g}"] == min(batch["grid"].values())
+  # Tuned arms pick from the grid; codistillation runs at sync B*'s rate, untuned.
+  assert set(record["tuning"]) == {"sync_b"}
+  assert summary["arms"]["sync_b"]["runs"][0]["best_val_loss"] is not None
+  codistill = summary["arms"]["codistill"]
+  assert len(codistill["runs"]) == 4  # 2 seeds x 2 groups, each group on half of the data
+  target = summary["target_loss"]
+  sync_best = min(min(l for _, l in c) for c in [summary["arms"]["sync_b"]["seed_curves"]["0"]])
+  assert target <= sync_best + 1e-9
+  goals, verdicts = summary["goals"], summary["goal_verdicts"]
+  for goal in ("codistill_minus_best_sync_loss", "churn_reduction"):
+    assert goals[goal] is not None and len(goals[f"{goal}_interval"]) == 2
+    assert goals[f"{goal}_interval"][0] <= goals[goal] <= goals[f"{goal}_interval"][1]
+  for goal in ("codistill_steps_ratio", "codistill_minus_best_sync_loss", "churn_reduction"):
+    assert verdicts[goal]["met"] in (True, False)
+    if goals[goal] is None:
+      assert verdicts[goal]["missing"] and not verdicts[goal]["met"]
+  # Churn between retrains at every evaluation (prediction history), the pairs' curves recorded.
+  churn = codistill["churn"]
+  assert churn["independent"] and len(churn["curves"][0]) == 3  # evaluations at 20, 40, 60
+  # alpha = 0 trains exactly as sync B* does (same seed, same data, same rate).
+  assert goals["alpha0_max_loss_difference_vs_sync_b"] < 1e-4
+  # Every trained run recorded the load before it and runs went two at a time on their own CPU.
+  trained = ("sync_b", "sync_2b", "codistill", "offline_distill", "codistill_alpha0")
+  assert all(r["load_avg_1m_before"] is not None
+             for name in trained for r in summary["arms"][name]["runs"])
+  assert "on CPUs 0" in proc.stderr and "on CPUs 1" in proc.stderr
+  report = (results / "quick_protocol" / "report.md").read_text()
+  assert "## Protocol record" in report and "B\\* = 32" in report

@@ -160,6 +160,11 @@ class CpuPool:
     self.size = len(self._free)
     self._changed = threading.Condition()
 
+  def in_use(self) -> bool:
+    """Whether some holder has CPUs of the pool now."""
+    with self._changed:
+      return len(self._free) < self.size
+
   @contextlib.contextmanager
   def take(self, count: int) -> Iterator[List[int]]:
     """Waits for ``count`` free CPUs and pins the calling thread (and so the processes it starts)

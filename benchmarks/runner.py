@@ -625,9 +625,16 @@ def _run_seed(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], seed
   if arm.kind == "ensemble":
     results = [_ensemble(arm, paths, seed, suite)]
   else:
-    load, above = machine.settle(allow_load, what=f"{suite.name}/{arm.name} seed {seed}",
-                                 log=progress)
-    load = {"load_avg_1m_before": load, "started_above_nproc_load": above}
+    if cpus is not None and cpus.in_use():
+      # A sibling run of this suite, pinned to the other CPUs, is the load now (its tf.data and
+      # runtime threads count too, so the load can exceed the cores it is pinned to): the machine
+      # was judged quiet when the suite started and is judged again whenever a run starts alone.
+      load, above = machine.load_1m(), False
+    else:
+      load, above = machine.settle(allow_load, what=f"{suite.name}/{arm.name} seed {seed}",
+                                   log=progress)
+    load = {"load_avg_1m_before": load, "started_above_nproc_load": above,
+            "beside_sibling_run": cpus is not None and cpus.in_use()}
     with cpus.take(_cpus_needed(arm)) if cpus else contextlib.nullcontext():
       if arm.kind == "train":
         dirs = _launch(arm, suite, paths, seed, data, pin=cpus is not None)

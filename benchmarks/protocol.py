@@ -134,6 +134,28 @@ def pair_curve(pair: Sequence[dict]) -> List[Tuple[float, float]]:
   return [(p["loss"], p["mean_abs_diff"]) for p in sorted(pair, key=lambda p: p["step"])]
 
 
+def pair_points(pair: Sequence[dict], measure: str) -> List[Tuple[float, float]]:
+  """(pair's mean validation loss, ``measure``) at each step a churn pair was measured."""
+  return [(p["loss"], p[measure]) for p in sorted(pair, key=lambda p: p["step"])]
+
+
+def churn_at_matched_loss(arm_pairs: Mapping[str, Sequence[Sequence[dict]]],
+                          measures: Sequence[str] = ("mean_abs_diff", "disagreement")) -> dict:
+  """Every arm's churn at the one validation loss all their independent pairs reach: per arm
+  and measure the mean over pairs and a 90% bootstrap interval over pairs."""
+  pairs = {name: p for name, p in arm_pairs.items() if p}
+  if not pairs:
+    return {}
+  loss = matched_loss([pair_points(p, "mean_abs_diff") for ps in pairs.values() for p in ps])
+  mean_at = lambda ps, m: float(np.mean([churn_at(pair_points(p, m), loss) for p in ps]))
+  arms = {name: {"pairs": len(ps),
+                 **{m: mean_at(ps, m) for m in measures},
+                 **{f"{m}_interval": bootstrap(lambda s, m=m: mean_at(s, m), ps)
+                    for m in measures}}
+          for name, ps in pairs.items()}
+  return {"loss": loss, "arms": arms}
+
+
 def churn_at(pair: Sequence[Tuple[float, float]], loss: float) -> Optional[float]:
   """A pair's churn at the first evaluation whose loss is at or below ``loss``."""
   for pair_loss, churn in pair:

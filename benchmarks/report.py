@@ -98,6 +98,8 @@ def plot_curves(summary: dict, results_dir: str) -> List[str]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     finals = [a["final_val_loss"]["min"] for a in summary["arms"].values() if a["final_val_loss"]]
+    finals += [a["best_val_loss"]["min"] for a in summary["arms"].values()
+               if a.get("best_val_loss")]  # an overfitting run's best lies below its end
     starts = [c.get(loss_key) for a in summary["arms"].values() for r in a["runs"][:1]
               for c in runner.read_curve(os.path.join(results_dir, r["curve"]))[:1]]
     if finals and starts:
@@ -242,6 +244,7 @@ def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
                    f"{_fmt(churn['disagreement'], 5)} | "
                    f"{_fmt(summary['arms'][name]['final_val_loss'])} |")
     lines.append("")
+  lines += _matched_churn_lines(summary, softmax, loss_name)
   if plots:
     lines += ["## Plots", ""]
     lines += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
@@ -252,9 +255,55 @@ def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
   return "\n".join(lines)
 
 
+def _matched_churn_lines(summary: dict, softmax: bool, loss_name: str) -> List[str]:
+  """Churn of every arm with prediction histories at one validation loss all its pairs reach."""
+  matched = summary.get("churn_at_matched_loss") or {}
+  if not matched:
+    return []
+  lines = [f"### Churn at matched validation {loss_name} ({matched['loss']:.4f})", "",
+           "Each independent pair of retrains (seeds 0-1, 2-3, ...) at its first evaluation at or "
+           "below the loss every pair of every arm here reaches; 90% bootstrap intervals over "
+           "pairs.", "",
+           f"| arm | pairs | mean abs diff [90% interval] | disagreement "
+           f"({'argmax' if softmax else 'p > 0.5'}) [90% interval] |", "| --- | --- | --- | --- |"]
+  for name, arm in matched["arms"].items():
+    cells = [f"{arm[m]:.5f} " + _interval({m: arm[m], f"{m}_interval": arm[f"{m}_interval"]}, m)
+             for m in ("mean_abs_diff", "disagreement")]
+    lines.append(f"| `{name}` | {arm['pairs']} | {cells[0]} | {cells[1]} |")
+  return lines + [""]
+
+
+def plot_churn_vs_loss(summary: dict, results_dir: str) -> List[str]:
+  """Churn between independent retrains vs their mean validation loss, one line per pair."""
+  curves = {n: (a.get("churn") or {}).get("curves") for n, a in summary["arms"].items()}
+  curves = {n: c for n, c in curves.items() if c}
+  if not curves:
+    return []
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for i, (name, pairs) in enumerate(curves.items()):
+    for k, pair in enumerate(pairs):
+      points = sorted((p["loss"], p["mean_abs_diff"]) for p in pair)
+      ax.plot([x for x, _ in points], [y for _, y in points], color=f"C{i}", alpha=0.8,
+              linewidth=1, label=f"{name} ({len(pairs)} pairs)" if k == 0 else None)
+  matched = (summary.get("churn_at_matched_loss") or {}).get("loss")
+  if matched is not None:
+    ax.axvline(matched, color="gray", linestyle="--", linewidth=1, label=f"matched {matched:.4f}")
+  ax.set_xlabel("mean validation loss of the pair")
+  ax.set_ylabel("churn: mean |p_a - p_b|")
+  ax.set_title(f"{summary['suite']}: churn between retrains vs validation loss")
+  ax.invert_xaxis()  # training goes left to right
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  path = os.path.join(results_dir, "churn_vs_loss.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return [path]
+
+
 def write_report(summary: dict, results_dir: str, command: str) -> Dict[str, List[str]]:
   """Writes report.md and the plots into ``results_dir``; returns the paths."""
-  plots = plot_curves(summary, results_dir)
+  plots = plot_curves(summary, results_dir) + plot_churn_vs_loss(summary, results_dir)
   path = os.path.join(results_dir, "report.md")
   with open(path, "w") as f:
     f.write(markdown(summary, command, plots))

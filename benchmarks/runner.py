@@ -866,7 +866,9 @@ def summarize(suite: Suite, paths: RunPaths, protocol_record: Optional[dict] = N
           "target_loss": target, "target_from_arm": suite.target_from_arm,
           "target_rule": suite.target_rule, "sync_arms": list(suite.sync_arms),
           "protocol": protocol_record, "arms": arms, "goals": goals, "goal_spreads": spreads,
-          "goal_verdicts": verdicts(goals, suite.goal_thresholds)}
+          "goal_verdicts": verdicts(goals, suite.goal_thresholds),
+          "churn_at_matched_loss": protocol.churn_at_matched_loss(
+              {n: (a.get("churn") or {}).get("curves", []) for n, a in arms.items()})}
 
 
 def verdicts(goals: Mapping[str, Optional[float]], thresholds: Mapping[str, Sequence]

@@ -56,3 +56,22 @@ def test_churn_is_compared_at_the_loss_every_pair_reaches():
   assert protocol.matched_loss(arm + base) == 0.45
   assert protocol.churn_at(arm[0], 0.45) == 0.05
   assert protocol.churn_reduction_at(arm, base) == pytest.approx(1 - 0.055 / 0.10)
+
+
+def test_every_arms_churn_at_the_loss_all_their_pairs_reach():
+  def pair(points):  # (step, loss, mean_abs_diff, disagreement)
+    return [{"step": s, "loss": l, "mean_abs_diff": c, "disagreement": d} for s, l, c, d in points]
+  found = protocol.churn_at_matched_loss({
+      "sync_b": [pair([(100, 0.6, 0.10, 0.2), (200, 0.40, 0.08, 0.10)]),
+                 pair([(100, 0.5, 0.12, 0.2), (200, 0.45, 0.06, 0.12)])],
+      "codistill": [pair([(100, 0.5, 0.05, 0.05), (200, 0.3, 0.04, 0.04)])],
+      "ensemble": []})
+  assert found["loss"] == 0.45  # the highest of the pairs' best losses
+  assert set(found["arms"]) == {"sync_b", "codistill"}
+  sync = found["arms"]["sync_b"]
+  assert sync["pairs"] == 2
+  assert sync["mean_abs_diff"] == pytest.approx((0.08 + 0.06) / 2)
+  assert sync["disagreement"] == pytest.approx((0.10 + 0.12) / 2)
+  assert sync["mean_abs_diff_interval"] == [pytest.approx(0.06), pytest.approx(0.08)]
+  assert found["arms"]["codistill"]["mean_abs_diff"] == pytest.approx(0.04)
+  assert protocol.churn_at_matched_loss({"a": []}) == {}

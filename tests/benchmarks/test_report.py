@@ -67,3 +67,18 @@ def test_index_opens_with_what_codistillation_reached_per_real_data_set(tmp_path
   assert "`codistill_steps_ratio` met on 0 real data set(s) (needed: 1): **missed**" in section
   assert "not yet run under the protocol: King James Bible" in section
   assert "old_image" not in section  # suites from before the protocol are not counted
+
+
+def test_report_shows_churn_at_matched_loss_and_plots_churn_vs_loss(tmp_path):
+  pair = [{"step": 100, "loss": 0.5, "mean_abs_diff": 0.1, "disagreement": 0.2},
+          {"step": 200, "loss": 0.4, "mean_abs_diff": 0.05, "disagreement": 0.1}]
+  summary = {"suite": "s", "output": "softmax",
+             "arms": {"sync_b": {"churn": {"curves": [pair]}}, "ensemble": {"churn": {}}},
+             "churn_at_matched_loss": {"loss": 0.4, "arms": {"sync_b": {
+                 "pairs": 1, "mean_abs_diff": 0.05, "mean_abs_diff_interval": [0.05, 0.05],
+                 "disagreement": 0.1, "disagreement_interval": [0.1, 0.1]}}}}
+  lines = report._matched_churn_lines(summary, True, "cross-entropy")
+  assert "### Churn at matched validation cross-entropy (0.4000)" in lines[0]
+  assert "| `sync_b` | 1 | 0.05000 [0.0500, 0.0500] | 0.10000 [0.1000, 0.1000] |" in lines
+  [path] = report.plot_churn_vs_loss(summary, str(tmp_path))
+  assert path.endswith("churn_vs_loss.png") and (tmp_path / "churn_vs_loss.png").stat().st_size > 1000

@@ -188,11 +188,15 @@ def make_dataset(file_pattern, batch_size: int, *, image_size: Optional[int] = 2
                  shuffle_buffer: int = 0, seed: Optional[int] = None,
                  drop_remainder: Optional[bool] = None, num_classes: Optional[int] = None,
                  bad_lines: str = "error",
-                 bad_line_counter: Optional[records.BadLineCounter] = None) -> tf.data.Dataset:
+                 bad_line_counter: Optional[records.BadLineCounter] = None,
+                 cache: bool = False) -> tf.data.Dataset:
   """Batches of ``({'image': float32 [B, H, W, C]}, int32 [B])`` from ImageNet-style TFRecords.
 
   ``label_offset`` is added to ``image/class/label`` (-1 for ImageNet's 1-based labels).
-  ``augment`` and ``drop_remainder`` default to ``repeat`` (training).
+  ``augment`` and ``drop_remainder`` default to ``repeat`` (training). ``cache`` keeps the
+  decoded images of this shard in memory after the first pass (``tf.data.Dataset.cache``), then
+  shuffles and repeats them: for data sets that fit in memory, trained for many passes (decoding
+  costs far more than a small model's step); bad records are then checked and counted once.
 
   Bad records are found before decoding, by cheap checks: ``image/encoded`` that is not a
   complete PNG (its signature, and the IEND chunk ending it) or JPEG (starting ``FF D8 FF``,
@@ -210,8 +214,9 @@ def make_dataset(file_pattern, batch_size: int, *, image_size: Optional[int] = 2
   files = records.drop_empty_files(records.resolve_files(file_pattern, "TFRecord"), bad_lines,
                                    file_pattern, binding="images.make_dataset.bad_lines")
   tagged = records.read_tagged_files(files, tf.data.TFRecordDataset, _CHECK_BATCH,
-                                     shard_index=shard_index, num_shards=num_shards, repeat=repeat,
-                                     shuffle_buffer=shuffle_buffer, seed=seed)
+                                     shard_index=shard_index, num_shards=num_shards,
+                                     repeat=repeat and not cache,
+                                     shuffle_buffer=0 if cache else shuffle_buffer, seed=seed)
 
   def check(file_ids: tf.Tensor, numbers: tf.Tensor, serialized: tf.Tensor):
     enforce = functools.partial(records.enforce, where=records.locator(files, file_ids, numbers),
@@ -222,6 +227,12 @@ def make_dataset(file_pattern, batch_size: int, *, image_size: Optional[int] = 2
   data = tagged.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
   data = data.map(lambda x, y: (decode(x, image_size, channels), y),
                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  if cache:
+    data = data.cache()
+    if shuffle_buffer > 0:
+      data = data.shuffle(shuffle_buffer, seed=seed)
+    if repeat:
+      data = data.repeat()
   if repeat if augment is None else augment:
     data = data.map(lambda x, y: (augment_image(x, pad, seed), y),
                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -3,7 +3,7 @@
 Models (synthetic data, static batch shapes): the project's CTR model with large embeddings
 (26 x Embedding(20000, 16), MLP 256-128) with Adam and with Adagrad, an MLP (3 x 1024) with
 Adam, and an LSTM language model (Embedding(10000, 64) -> LSTM(256) -> Dense softmax over the
-vocabulary) with Adam, which stands in for the project's LM until issue 5 lands (builders in
+vocabulary) with Adam, a stand-in for the project's LM (builders in
 ``benchmarks/models.py``). Each model trains as arms ``none``, ``backward``, ``forward`` and
 ``grads_only`` (forward and backward pass without any update: the step time that fusion cannot
 touch), with ``jit_compile`` off and on. Each (model, jit) group runs in its own subprocess

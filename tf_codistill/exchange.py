@@ -1,6 +1,6 @@
 """The exchange directory: groups publish SavedModels of their model; peers find complete ones.
 
-Layout (a public interface; see docs/exchange.md)::
+Layout (a public interface; see docs/design.md)::
 
     exchange_dir/
       group_<i>/

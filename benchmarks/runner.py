@@ -311,6 +311,28 @@ def group_curve_difference(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
 
 
 @gin.configurable(module="bench", denylist=["arms"])
+def teacher_minus_student_loss(arms: Mapping[str, dict], arm: str = gin.REQUIRED) -> tuple:
+  """How good the teachers a codistilling group learns from are, compared with the group itself:
+  at every evaluation where distillation is on, the peer's validation loss at the step of the
+  version in use (its curve at ``step - teacher_staleness``, linearly interpolated) minus the
+  student's own; the mean over those points, per run. Positive: students distill toward worse
+  (staler, less trained) models than themselves."""
+  curves, stale = arms[arm]["group_curves"], arms[arm].get("group_staleness") or {}
+  per = []
+  for key, staleness in stale.items():
+    seed, group = key.split("_")
+    peers = [k for k in curves if k.startswith(f"{seed}_") and k != key]
+    if not staleness or len(peers) != 1:
+      continue
+    own, peer = dict(map(tuple, curves[key])), np.array(curves[peers[0]], dtype=float)
+    gaps = [float(np.interp(step - lag, peer[:, 0], peer[:, 1])) - own[step]
+            for step, lag in staleness if step in own and lag >= 0]
+    if gaps:
+      per.append(float(np.mean(gaps)))
+  return (float(np.mean(per)) if per else None), per
+
+
+@gin.configurable(module="bench", denylist=["arms"])
 def best_loss_minus_best(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
                          others: Sequence[str] = gin.REQUIRED) -> tuple:
   """``arm``'s best validation loss (minimum over evaluations, mean over seeds) minus the lowest
@@ -851,6 +873,9 @@ def summarize(suite: Suite, paths: RunPaths, protocol_record: Optional[dict] = N
         "group_curves": {f"{r['seed']}_{r['group']}": protocol.curve_points(r["curve"],
                                                                            suite.loss_key)
                          for r in raw[arm.name]},
+        "group_staleness": {f"{r['seed']}_{r['group']}": protocol.curve_points(
+            [c for c in r["curve"] if (c.get("alpha") or 0) > 0], "teacher_staleness")
+                            for r in raw[arm.name]},
         "churn": churn,
     }
   goals, spreads = {}, {}

@@ -46,6 +46,9 @@ def test_protocol_suite_finds_b_star_tunes_and_reports_goals_with_intervals(tmp_
   assert churn["independent"] and len(churn["curves"][0]) == 3  # evaluations at 20, 40, 60
   # alpha = 0 trains exactly as sync B* does (same seed, same data, same rate).
   assert goals["alpha0_max_loss_difference_vs_sync_b"] < 1e-4
+  # The teachers' own loss at the step of the version in use was measured (distillation was on).
+  assert goals["codistill_teacher_minus_student_loss"] is not None
+  assert "churn_at_matched_loss" in summary and "codistill" in summary["churn_at_matched_loss"]["arms"]
   # Every trained run recorded the load before it and runs went two at a time on their own CPU.
   trained = ("sync_b", "sync_2b", "codistill", "offline_distill", "codistill_alpha0")
   assert all(r["load_avg_1m_before"] is not None

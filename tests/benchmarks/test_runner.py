@@ -122,3 +122,24 @@ def test_softmax_suites_average_class_probabilities_for_ensembles(tmp_path):
   assert churn["mean_abs_diff"]["mean"] == pytest.approx(np.mean(np.abs(members[0] - members[1])))
   with pytest.raises(ValueError, match="output='logits' is not one of"):
     runner.Suite(name="s", arms=[runner.Arm("a")], output="logits")
+
+
+def test_teacher_minus_student_loss_reads_the_peer_curve_at_the_teachers_step():
+  # Seed 0: group 0 distills from group 1's version 100 steps old, and the other way round.
+  arms = {"codistill": {
+      "group_curves": {"0_0": [[100, 0.9], [200, 0.5], [300, 0.4]],
+                       "0_1": [[100, 0.8], [200, 0.6], [300, 0.45]]},
+      "group_staleness": {"0_0": [[200, 100], [300, 50]], "0_1": [[300, 100]]}}}
+  value, per = runner.teacher_minus_student_loss(arms, arm="codistill")
+  # Group 0: teacher at step 100 (0.8) vs 0.5; at step 250 (0.525) vs 0.4. Group 1: 0.5 vs 0.45.
+  assert per == [pytest.approx(((0.8 - 0.5) + (0.525 - 0.4)) / 2), pytest.approx(0.05)]
+  assert value == pytest.approx(sum(per) / 2)
+
+
+def test_alpha0_check_compares_group_0_with_the_baseline_of_the_same_seed():
+  arms = {"alpha0": {"group_curves": {"0_0": [[100, 0.5], [200, 0.4]],
+                                      "0_1": [[100, 0.9], [200, 0.9]]}},
+          "sync_b": {"group_curves": {"0_0": [[100, 0.5], [200, 0.41]],
+                                      "1_0": [[100, 0.1], [200, 0.1]]}}}
+  value, per = runner.group_curve_difference(arms, arm="alpha0", baseline="sync_b")
+  assert value == pytest.approx(0.01) and per == [pytest.approx(0.01)]

@@ -141,13 +141,21 @@ def pair_points(pair: Sequence[dict], measure: str) -> List[Tuple[float, float]]
 
 def churn_at_matched_loss(arm_pairs: Mapping[str, Sequence[Sequence[dict]]],
                           measures: Sequence[str] = ("mean_abs_diff", "disagreement")) -> dict:
-  """Every arm's churn at the one validation loss all their independent pairs reach: per arm
-  and measure the mean over pairs and a 90% bootstrap interval over pairs."""
+  """Every arm's churn at one validation loss: the loss every pair of the arms with the most
+  independent pairs reaches (the main comparison; an arm with a single pair does not set it).
+  Per arm and measure the mean over pairs and a 90% bootstrap interval over pairs; None for an
+  arm some of whose pairs never reach that loss."""
   pairs = {name: p for name, p in arm_pairs.items() if p}
   if not pairs:
     return {}
-  loss = matched_loss([pair_points(p, "mean_abs_diff") for ps in pairs.values() for p in ps])
-  mean_at = lambda ps, m: float(np.mean([churn_at(pair_points(p, m), loss) for p in ps]))
+  most = max(len(p) for p in pairs.values())
+  loss = matched_loss([pair_points(p, "mean_abs_diff") for ps in pairs.values()
+                       if len(ps) == most for p in ps])
+
+  def mean_at(ps, m):
+    values = [churn_at(pair_points(p, m), loss) for p in ps]
+    return None if None in values else float(np.mean(values))
+
   arms = {name: {"pairs": len(ps),
                  **{m: mean_at(ps, m) for m in measures},
                  **{f"{m}_interval": bootstrap(lambda s, m=m: mean_at(s, m), ps)

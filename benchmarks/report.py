@@ -262,12 +262,13 @@ def _matched_churn_lines(summary: dict, softmax: bool, loss_name: str) -> List[s
     return []
   lines = [f"### Churn at matched validation {loss_name} ({matched['loss']:.4f})", "",
            "Each independent pair of retrains (seeds 0-1, 2-3, ...) at its first evaluation at or "
-           "below the loss every pair of every arm here reaches; 90% bootstrap intervals over "
-           "pairs.", "",
+           "below the loss every pair of the arms with the most pairs reaches (arms with fewer "
+           "pairs that never get there: not reached); 90% bootstrap intervals over pairs.", "",
            f"| arm | pairs | mean abs diff [90% interval] | disagreement "
            f"({'argmax' if softmax else 'p > 0.5'}) [90% interval] |", "| --- | --- | --- | --- |"]
   for name, arm in matched["arms"].items():
-    cells = [f"{arm[m]:.5f} " + _interval({m: arm[m], f"{m}_interval": arm[f"{m}_interval"]}, m)
+    cells = ["not reached" if arm[m] is None else
+             f"{arm[m]:.5f} " + _interval({m: arm[m], f"{m}_interval": arm[f"{m}_interval"]}, m)
              for m in ("mean_abs_diff", "disagreement")]
     lines.append(f"| `{name}` | {arm['pairs']} | {cells[0]} | {cells[1]} |")
   return lines + [""]

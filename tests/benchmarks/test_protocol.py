@@ -64,10 +64,13 @@ def test_every_arms_churn_at_the_loss_all_their_pairs_reach():
   found = protocol.churn_at_matched_loss({
       "sync_b": [pair([(100, 0.6, 0.10, 0.2), (200, 0.40, 0.08, 0.10)]),
                  pair([(100, 0.5, 0.12, 0.2), (200, 0.45, 0.06, 0.12)])],
-      "codistill": [pair([(100, 0.5, 0.05, 0.05), (200, 0.3, 0.04, 0.04)])],
+      "codistill": [pair([(100, 0.5, 0.05, 0.05), (200, 0.3, 0.04, 0.04)]),
+                    pair([(100, 0.5, 0.05, 0.05), (200, 0.44, 0.04, 0.04)])],
+      "single": [pair([(100, 0.5, 0.03, 0.03)])],  # one pair: does not set the loss
       "ensemble": []})
-  assert found["loss"] == 0.45  # the highest of the pairs' best losses
-  assert set(found["arms"]) == {"sync_b", "codistill"}
+  assert found["loss"] == 0.45  # the highest best loss among the 2-pair arms' pairs
+  assert found["arms"]["single"]["mean_abs_diff"] is None  # never reaches 0.45
+  assert set(found["arms"]) == {"sync_b", "codistill", "single"}
   sync = found["arms"]["sync_b"]
   assert sync["pairs"] == 2
   assert sync["mean_abs_diff"] == pytest.approx((0.08 + 0.06) / 2)

@@ -35,6 +35,7 @@ def test_suite_parses_and_its_goals_evaluate_on_its_arms(name):
                 "wall_time_to_target_s": runner._stat([1.0]),
                 "seed_curves": {"0": [[100, 0.6], [200, 0.5]], "1": [[100, 0.55], [200, 0.5]]},
                 "group_curves": {"0_0": [[100, 0.6], [200, 0.5]], "0_1": [[100, 0.5], [200, 0.5]]},
+                "group_staleness": {"0_0": [[200, 100]], "0_1": [[200, 50]]},
                 "churn": {"mean_abs_diff": {"mean": 0.1}, "pairs": [{"mean_abs_diff": 0.1}],
                           "independent": [{"mean_abs_diff": 0.1}],
                           "curves": [[{"step": 100, "loss": 0.5, "mean_abs_diff": 0.1}]]}}

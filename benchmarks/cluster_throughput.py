@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from absl import flags
 
 from benchmarks import machine
 from data_pipelines import make_criteo_like
+from tf_codistill import launcher
+from tf_codistill import layout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 flags.DEFINE_integer("steps", 600, "Training steps per arm (all workers together for async).")
@@ -54,16 +55,12 @@ class Run:
     self.proc = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True,
                                  stdout=subprocess.DEVNULL)
     self.lines: List[tuple] = []
-    self.pids: Dict[tuple, int] = {}
     self._reader = threading.Thread(target=self._read, daemon=True)
     self._reader.start()
 
   def _read(self):
     for line in self.proc.stderr:
       self.lines.append((time.monotonic(), line))
-      match = re.search(r"launched group (\d+) (\w+):(\d+) \(pid (\d+)\)", line)
-      if match:
-        self.pids[(int(match[1]), match[2], int(match[3]))] = int(match[4])
 
   def wait(self) -> float:
     code = self.proc.wait()
@@ -74,12 +71,12 @@ class Run:
     return time.monotonic() - self.start
 
   def results(self, group: int = 0) -> dict:
-    with open(os.path.join(self.model_dir, f"group_{group}", "results.json")) as f:
+    with open(layout.group_run(self.model_dir, group).results) as f:
       return json.load(f)
 
 
 def _progress(model_dir: str, group: int = 0) -> int:
-  path = os.path.join(model_dir, f"group_{group}", "progress.jsonl")
+  path = layout.group_run(model_dir, group).progress
   return len(open(path).readlines()) if os.path.exists(path) else 0
 
 
@@ -155,8 +152,8 @@ def main(argv):
             common + [f"trainer.train.batch_size = {FLAGS.batch_size}"])
   _wait(lambda: _progress(run.model_dir) >= 1)
   killed_at = time.monotonic()
-  os.kill(run.pids[(0, "worker", 0)], 9)
-  worker_log = os.path.join(run.model_dir, "group_0", "worker_0.log")
+  os.kill(launcher.task_pids(launcher.read_events(run.model_dir))[(0, "worker", 0)], 9)
+  worker_log = layout.group_run(run.model_dir, 0).task_log("worker", 0)
   _wait(lambda: open(worker_log).read().count("serving worker:0") >= 2)
   serving_again = time.monotonic() - killed_at
   wall = run.wait()

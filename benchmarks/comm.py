@@ -1,7 +1,7 @@
 """``comm`` suite: a synchronous group's gradient all-reduce vs codistillation's exchange.
 
 1. Bytes per step per worker (computed from the gradients' sizes and dtypes as TF's ring
-   collectives send them, ``tf_codistill.comm.allreduce_bytes``) for a float32 all-reduce with
+   collectives send them, ``benchmarks.traffic.allreduce_bytes``) for a float32 all-reduce with
    one collective per gradient (``plain``), with TF's packing (``packed``), and compressed to
    float16 / bfloat16, for the CTR model (at ``gin/criteo/common.gin`` size), the MLP and the
    LSTM LM stand-in of ``benchmarks/models.py``, at 2, 4 and 8 workers; next to it the bytes a
@@ -32,9 +32,10 @@ from absl import flags
 
 from benchmarks import machine
 from benchmarks import models as bench_models
+from benchmarks import traffic
 from data_pipelines import make_criteo_like
-from tf_codistill import comm
 from tf_codistill.models import ctr
+from tf_codistill import layout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -82,16 +83,16 @@ def bytes_table(batch_per_worker: int, exchange_every: int, scale: float = 1.0) 
   (textbook) all-reduce, codistillation's bytes per step, and the reduction factors."""
   table = {}
   for name, (model, batch, spec) in _table_models(batch_per_worker, scale).items():
-    infos = comm.gradient_infos(model, batch)
+    infos = traffic.gradient_infos(model, batch)
     entry = {"params": int(sum(v.shape.num_elements() for v in model.trainable_variables)),
              "sparse_gradients": sum(g.sparse for g in infos), "gradients": len(infos),
              "allreduce": {}, "dense_allreduce": {}}
     for workers in WORKERS:
       entry["allreduce"][str(workers)] = {
-          variant: comm.allreduce_bytes(infos, workers, dtype, pack)
+          variant: traffic.allreduce_bytes(infos, workers, dtype, pack)
           for variant, (dtype, pack) in VARIANTS.items()}
-      entry["dense_allreduce"][str(workers)] = comm.dense_allreduce_bytes(model, workers)
-    entry["codistill"] = {str(k): comm.codistill_bytes(model, spec, k)
+      entry["dense_allreduce"][str(workers)] = traffic.dense_allreduce_bytes(model, workers)
+    entry["codistill"] = {str(k): traffic.codistill_bytes(model, spec, k)
                           for k in (exchange_every, 2500)}
     per_step = entry["codistill"][str(exchange_every)]["bytes_per_step"]
     entry["reduction_at_default_interval"] = {
@@ -125,7 +126,7 @@ def _launch(model_dir: str, data: str, variant: str) -> dict:
                         text=True, check=False)
   if proc.returncode:
     raise RuntimeError(f"{variant} arm exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-  with open(os.path.join(model_dir, "group_0", "results.json")) as f:
+  with open(layout.group_run(model_dir, 0).results) as f:
     results = json.load(f)
   return {"examples_per_sec": results["examples_per_sec"], "wall_s": time.monotonic() - start,
           "val_logloss": results["val_logloss"], "loss": results["history"]["loss"][-1]}
@@ -172,7 +173,7 @@ def write_report(summary: dict, path: str) -> None:
       "# Benchmark suite `comm`", "",
       "Bytes one worker sends per step in a synchronous group's gradient all-reduce (computed "
       "from the gradients' sizes and dtypes as TF's CPU ring collectives send them: "
-      "`tf_codistill.comm.allreduce_bytes`) vs the bytes a codistillation group publishes per "
+      "`benchmarks.traffic.allreduce_bytes`) vs the bytes a codistillation group publishes per "
       "step (its SavedModel / the exchange interval), and the throughput of a real 2-worker "
       "synchronous group (chief + worker on 127.0.0.1) per all-reduce variant.", "",
       "Regenerate (numbers below come from that run's `summary.json`, never typed in):", "",

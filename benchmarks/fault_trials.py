@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import statistics
@@ -49,6 +48,8 @@ from absl import flags
 
 from benchmarks import machine
 from data_pipelines import make_criteo_like
+from tf_codistill import launcher
+from tf_codistill import layout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("worker", "ps", "chief", "group")
@@ -108,20 +109,25 @@ class _Launch:
   def __init__(self, args: Sequence[str]):
     self.proc = subprocess.Popen(list(args), cwd=REPO, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE, text=True)
+    self.model_dir = next(a.split("=", 1)[1] for a in args if a.startswith("--model_dir="))
     self.lines: List[str] = []
-    self.pids: Dict[tuple, int] = {}  # (group, task, index) -> newest pid
-    self.started: Dict[tuple, float] = {}  # (group, task, index) -> when that pid was launched
     self._reader = threading.Thread(target=self._read, daemon=True)
     self._reader.start()
 
   def _read(self):
     for line in self.proc.stderr:
       self.lines.append(line)
-      match = re.search(r"launched group (\d+) (\w+):(\d+) \(pid (\d+)\)", line)
-      if match:
-        key = (int(match[1]), match[2], int(match[3]))
-        self.pids[key] = int(match[4])
-        self.started[key] = time.monotonic()
+
+  @property
+  def pids(self) -> Dict[tuple, int]:
+    """(group, task, index) -> the newest pid launched for it (the launcher's events)."""
+    return launcher.task_pids(launcher.read_events(self.model_dir))
+
+  @property
+  def started(self) -> Dict[tuple, float]:
+    """(group, task, index) -> when its newest pid was launched (CLOCK_MONOTONIC)."""
+    return {(e["group"], e["task"], e["index"]): e["monotonic"]
+            for e in launcher.read_events(self.model_dir) if e["event"] == "launched"}
 
   def wait(self, timeout: float) -> Optional[int]:
     try:
@@ -145,7 +151,7 @@ class _Launch:
 
 def _heartbeat(group_dir: str) -> Optional[dict]:
   try:
-    with open(os.path.join(group_dir, "heartbeat.json")) as f:
+    with open(layout.RunDir(group_dir).heartbeat) as f:
       return json.load(f)
   except (OSError, ValueError):  # not written yet, or replaced while read
     return None
@@ -165,7 +171,7 @@ def _serving_count(model_dir: str, task: tuple) -> int:
   """How many times the task's log says it started serving (it is appended to on restarts)."""
   group, task_type, index = task
   try:
-    with open(os.path.join(model_dir, f"group_{group}", f"{task_type}_{index}.log"),
+    with open(layout.group_run(model_dir, group).task_log(task_type, index),
               errors="replace") as f:
       return f.read().count(f"serving {task_type}:{index} of")
   except OSError:
@@ -174,7 +180,7 @@ def _serving_count(model_dir: str, task: tuple) -> int:
 
 def _results(group_dir: str) -> Optional[dict]:
   try:
-    with open(os.path.join(group_dir, "results.json")) as f:
+    with open(layout.RunDir(group_dir).results) as f:
       return json.load(f)
   except (OSError, ValueError):
     return None
@@ -190,7 +196,7 @@ def run_trial(kind: str, seed: int, work_dir: str, data_dir: str, train_steps: i
   model_dir = os.path.join(work_dir, f"{kind}_{seed}")
   shutil.rmtree(model_dir, ignore_errors=True)
   victim_group = 1 if kind == "group" else 0
-  group_dir = os.path.join(model_dir, f"group_{victim_group}")
+  group_dir = layout.group_dir(model_dir, victim_group)
   record = {"kind": kind, "seed": seed, "train_steps": train_steps,
             "checkpoint_every_steps": steps_per_epoch, "kill_step_target": kill_step}
   started = time.monotonic()
@@ -218,7 +224,7 @@ def run_trial(kind: str, seed: int, work_dir: str, data_dir: str, train_steps: i
                   killed_after_s=round(killed_at - started, 2))
     peer_step_at_kill = None
     if kind == "group":
-      peer = _heartbeat(os.path.join(model_dir, "group_0"))
+      peer = _heartbeat(layout.group_dir(model_dir, 0))
       peer_step_at_kill = peer["step"] if peer else None
 
     # Recovery: every killed task relaunched, and the group's step past the kill point again.
@@ -242,7 +248,7 @@ def run_trial(kind: str, seed: int, work_dir: str, data_dir: str, train_steps: i
         break
       time.sleep(0.05)
     if kind == "group":
-      peer = _heartbeat(os.path.join(model_dir, "group_0"))
+      peer = _heartbeat(layout.group_dir(model_dir, 0))
       record["peer_steps_while_down"] = (peer["step"] - peer_step_at_kill
                                          if peer and peer_step_at_kill is not None else None)
     remaining = max(60.0, deadline - time.monotonic())
@@ -256,7 +262,7 @@ def run_trial(kind: str, seed: int, work_dir: str, data_dir: str, train_steps: i
   record["wall_s"] = round(time.monotonic() - started, 1)
   record["exit_code"] = code
   groups = (0, 1) if kind == "group" else (0,)
-  finished = {g: _results(os.path.join(model_dir, f"group_{g}")) for g in groups}
+  finished = {g: _results(layout.group_dir(model_dir, g)) for g in groups}
   record["final_steps"] = {str(g): (r or {}).get("steps") for g, r in finished.items()}
   if kind == "worker":
     steps_lost = 0

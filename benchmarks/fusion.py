@@ -35,7 +35,7 @@ from absl import flags
 
 from benchmarks.models import MODELS, Arm
 from benchmarks import machine
-from tf_codistill import fusion as fusion_lib
+from tf_codistill import fused_models
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -87,7 +87,7 @@ def build_arm(arm: Arm, mode: str, jit: bool, weights) -> keras.Model:
   if mode == "grads_only":
     model = GradsOnly(model)
   model.compile(optimizer(), loss, jit_compile=jit)
-  return fusion_lib.fuse(model, mode) if mode in ("backward", "forward") else model
+  return fused_models.fuse(model, mode) if mode in ("backward", "forward") else model
 
 
 def measure(models: List[str], modes: List[str], jits: List[bool], steps: int, rounds: int,

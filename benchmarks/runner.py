@@ -39,6 +39,7 @@ from tf_codistill import demo
 from tf_codistill import exchange
 from tf_codistill import launcher
 from tf_codistill import metrics
+from tf_codistill import layout
 
 T = TypeVar("T")
 ARM_KINDS = ("train", "ensemble", "offline_distill")
@@ -403,7 +404,7 @@ class RunPaths:
     return os.path.join(self.results_dir, "runs", arm, f"seed_{seed}_group_{group}.json")
 
   def predictions(self, arm: str, seed: int, group: int) -> str:
-    return os.path.join(self.run_dir(arm, seed), f"group_{group}", "eval_predictions.npz")
+    return layout.group_run(self.run_dir(arm, seed), group).eval_predictions
 
 
 def _gin_path(path: str) -> str:
@@ -462,7 +463,7 @@ def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str
                 load: Optional[dict] = None) -> dict:
   """Copies a finished group's results.json and progress curve into the results directory, with
   the machine's load before and after the run (``load``: from machine.settle)."""
-  with open(os.path.join(group_dir, "results.json")) as f:
+  with open(layout.RunDir(group_dir).results) as f:
     results = json.load(f)
   results.pop("history", None)  # the curve below carries it, with steps and wall time
   # Wall times and examples/sec mean little without the machine's load while the run trained.
@@ -472,7 +473,7 @@ def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str
   keep = ("step", "wall_time_s", "loss", "task_loss", "distill_loss", "alpha", "teacher_staleness",
           "val_loss", "val_logloss", "val_auc", "val_xent", "val_accuracy", "val_perplexity",
           "examples_per_sec")
-  with open(os.path.join(group_dir, "progress.jsonl")) as f:
+  with open(layout.RunDir(group_dir).progress) as f:
     records = [json.loads(line) for line in f if line.strip()]
   with open(paths.curve(arm.name, seed, group), "w") as f:
     for record in records:
@@ -676,7 +677,7 @@ def _offline_distill(arm: Arm, suite: Suite, paths: RunPaths, seed: int,
   exchange as a frozen teacher."""
   source = next(a for a in suite.arms if a.name == arm.source_arm)
   teacher_seed = seed if seed in source.seed_list else source.seed_offset
-  teacher_export = os.path.join(paths.run_dir(arm.source_arm, teacher_seed), "group_0", "export")
+  teacher_export = layout.group_run(paths.run_dir(arm.source_arm, teacher_seed), 0).export
   if not tf.io.gfile.exists(teacher_export):
     raise FileNotFoundError(f"arm {arm.name!r}: teacher {teacher_export} is missing: rerun arm "
                             f"{arm.source_arm!r} with --force (its models live in the work dir)")
@@ -757,7 +758,7 @@ def _churn(arm: Arm, paths: RunPaths, suite: Suite) -> Optional[dict]:
 
 def _churn_curve(arm: Arm, paths: RunPaths, suite: Suite, seeds: Sequence[int]) -> List[dict]:
   """One pair's churn at each evaluation both runs kept predictions of (eval_predictions/)."""
-  dirs = [os.path.join(os.path.dirname(paths.predictions(arm.name, s, 0)), "eval_predictions")
+  dirs = [layout.RunDir(os.path.dirname(paths.predictions(arm.name, s, 0))).prediction_history
           for s in seeds]
   if not all(os.path.isdir(d) for d in dirs):
     return []

@@ -49,6 +49,7 @@ from absl import flags
 from benchmarks import fault_trials
 from benchmarks import machine
 from tf_codistill import launcher
+from tf_codistill import layout
 
 REPO = fault_trials.REPO
 DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results", "soak", "summary.json")
@@ -123,7 +124,7 @@ def run_soak(work_dir: str, duration_s: float, exchange_every_steps: int = 40,
       procs.update({f"group_{g}/{t}_{k}": pid for (g, t, k), pid in list(launch.pids.items())})
       for group in (0, 1):  # training starts when the chief writes its first heartbeat
         if group not in train_start and os.path.exists(
-            os.path.join(model_dir, f"group_{group}", "heartbeat.json")):
+            layout.group_run(model_dir, group).heartbeat):
           train_start[group] = round(now, 1)
       for name, pid in procs.items():
         rss = rss_kib(pid)
@@ -141,13 +142,13 @@ def run_soak(work_dir: str, duration_s: float, exchange_every_steps: int = 40,
   wall = time.monotonic() - start
   groups, timelines = {}, {}
   for group in (0, 1):
-    group_dir = os.path.join(model_dir, f"group_{group}")
-    timeline_path = os.path.join(group_dir, "step_timeline.json")
+    group_dir = layout.group_dir(model_dir, group)
+    timeline_path = layout.RunDir(group_dir).step_timeline
     if os.path.exists(timeline_path):
       with open(timeline_path) as f:
         timelines[str(group)] = json.load(f)
     results = fault_trials._results(group_dir) or {}  # pylint: disable=protected-access
-    chief_log = os.path.join(group_dir, "chief_0.log")
+    chief_log = layout.RunDir(group_dir).task_log("chief", 0)
     log = open(chief_log, errors="replace").read() if os.path.exists(chief_log) else ""
     # When each chief started training (its first heartbeat), to place warm-up after it.
     groups[str(group)] = {

@@ -178,31 +178,20 @@ def make_dataset(
                                    binding="adult.make_dataset.bad_lines")
   for path in files:
     check_schema(path)
-  dataset = records.read_tagged_files(
-      files, _parquet_reader(), batch_size, shard_index=shard_index, num_shards=num_shards,
-      repeat=repeat, shuffle_buffer=shuffle_buffer, seed=seed, deterministic=deterministic,
-      drop_remainder=drop_remainder)
-
-  def parse(file_ids: tf.Tensor, row_numbers: tf.Tensor, columns: dict[str, tf.Tensor]):
+  def parse(columns: dict[str, tf.Tensor], enforce):
     label = columns[LABEL_COLUMN]
     numbers = tf.stack([columns[name] for name in NUMERIC_COLUMNS], axis=1)
     cats = tf.stack([columns[name] for name in CATEGORICAL_COLUMNS], axis=1)
     ok = tf.equal(label, 0) | tf.equal(label, 1)
     describe = lambda i: tf.strings.join(
         ["label not in {0,1}", records.shown(tf.strings.as_string(label[i]))])
-    label, numbers, cats = records.enforce(
-        ok, describe, [label, numbers, cats], where=records.locator(files, file_ids, row_numbers),
-        prefix=_MESSAGE_PREFIX, policy=bad_lines, counter=bad_line_counter)
-    features, label = _features(label, numbers, cats, num_buckets)
-    if bad_lines == "error":
-      for tensor in (features["dense"], features["categorical"], label):
-        tensor.set_shape(file_ids.shape[:1].concatenate(tensor.shape[1:]))
-    return features, label
+    return _features(*enforce(ok, describe, [label, numbers, cats]), num_buckets)
 
-  dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-  if bad_lines == "skip":
-    dataset = dataset.filter(lambda features, label: tf.shape(label)[0] > 0)
-  return dataset.prefetch(tf.data.AUTOTUNE)
+  return records.parsed_batches(
+      files, _parquet_reader(), parse, batch_size, bad_lines=bad_lines, prefix=_MESSAGE_PREFIX,
+      counter=bad_line_counter, shard_index=shard_index, num_shards=num_shards, repeat=repeat,
+      shuffle_buffer=shuffle_buffer, seed=seed, deterministic=deterministic,
+      drop_remainder=drop_remainder)
 
 
 def resolve_files(file_pattern: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:

@@ -23,7 +23,6 @@ Every line carries its file and 1-based line number so a malformed one can be re
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Sequence
 
@@ -104,27 +103,12 @@ def make_dataset(
     open_file, parse_batch = tf.data.TextLineDataset, _parse_tsv_batch
   else:
     open_file, parse_batch = _parquet_reader(), _parse_parquet_batch
-  dataset = records.read_tagged_files(
-      files, open_file, batch_size, shard_index=shard_index, num_shards=num_shards,
-      repeat=repeat, shuffle_buffer=shuffle_buffer, seed=seed, deterministic=deterministic,
+  return records.parsed_batches(
+      files, open_file, lambda batch, enforce: _features(*parse_batch(batch, enforce), num_buckets),
+      batch_size, bad_lines=bad_lines, prefix=_MESSAGE_PREFIX[file_format],
+      counter=bad_line_counter, shard_index=shard_index, num_shards=num_shards, repeat=repeat,
+      shuffle_buffer=shuffle_buffer, seed=seed, deterministic=deterministic,
       drop_remainder=drop_remainder)
-
-  def parse(file_ids: tf.Tensor, line_numbers: tf.Tensor, batch):
-    enforce = functools.partial(records.enforce, where=records.locator(files, file_ids, line_numbers),
-                                prefix=_MESSAGE_PREFIX[file_format], policy=bad_lines,
-                                counter=bad_line_counter)
-    label, ints, cats = parse_batch(batch, enforce)
-    features, label = _features(label, ints, cats, num_buckets)
-    if bad_lines == "error":
-      # Keep a static batch size (drop_remainder=True) through the string splitting.
-      for tensor in (features["dense"], features["categorical"], label):
-        tensor.set_shape(file_ids.shape[:1].concatenate(tensor.shape[1:]))
-    return features, label
-
-  dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-  if bad_lines == "skip":
-    dataset = dataset.filter(lambda features, label: tf.shape(label)[0] > 0)
-  return dataset.prefetch(tf.data.AUTOTUNE)
 
 
 def _parquet_reader() -> Callable[[tf.Tensor], tf.data.Dataset]:

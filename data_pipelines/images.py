@@ -100,7 +100,7 @@ def convert_fashion_mnist(output_dir: str, num_train_files: int = 8,
   if not os.path.isdir(source_dir):
     raise FileNotFoundError(f"{source_dir} is missing: Fashion-MNIST comes from Debian's "
                             f"{FASHION_MNIST_PACKAGE}: run `apt-get install -y "
-                            f"{FASHION_MNIST_PACKAGE}` (`make venv` does)")
+                            f"{FASHION_MNIST_PACKAGE}` (`make data` does, as root)")
   tf.io.gfile.makedirs(output_dir)
   for part, paths in (("train", train), ("eval", evaluation)):
     images_name, labels_name, expected = _PARTS[part]

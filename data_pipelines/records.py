@@ -8,8 +8,10 @@ between the workers that read them, and applies the bad-record policy to a parse
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
+from typing import Any, Tuple
 
 import tensorflow as tf
 from absl import logging
@@ -31,26 +33,31 @@ class DataError(ValueError):
 
 
 class BadLineCounter:
-  """Counts records dropped under bad_lines='skip'; a tf.Variable so dataset functions can add to it.
+  """Counts the distinct records dropped under bad_lines='skip': a record read again (the next
+  epoch, the next evaluation) counts once. Records are told apart by ``"<file>:<number>"``.
 
-  Create it outside any distribution strategy scope: it is a plain local (host) variable.
+  A lookup table, so dataset functions can add to it; create it outside any distribution strategy
+  scope (it lives on the host).
   """
 
   def __init__(self) -> None:
-    self._variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="criteo_bad_lines")
+    self._seen = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=0,
+                                                         name="skipped_records")
 
   @property
   def count(self) -> int:
-    """Records dropped so far."""
-    return int(self._variable.numpy())
+    """Distinct records dropped so far."""
+    return int(self._seen.size().numpy())
 
-  def add(self, n: tf.Tensor | int) -> tf.Operation | tf.Tensor:
-    """Adds n dropped records; usable inside Dataset.map."""
-    return self._variable.assign_add(tf.cast(n, tf.int64))
+  def add(self, places: tf.Tensor) -> tf.Operation:
+    """Records the dropped records named by ``places`` ([N] ``"<file>:<number>"``); usable
+    inside Dataset.map."""
+    return self._seen.insert(places, tf.ones(tf.shape(places), tf.int64))
 
   def reset(self) -> None:
-    """Sets the count back to zero."""
-    self._variable.assign(0)
+    """Forgets every record counted so far."""
+    keys, _ = self._seen.export()
+    self._seen.remove(keys)
 
 
 def check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
@@ -133,12 +140,43 @@ def read_tagged_files(files: Sequence[str], open_file: Callable[[tf.Tensor], tf.
   return dataset.batch(batch_size, drop_remainder=drop_remainder)
 
 
+def parsed_batches(files: Sequence[str], open_file: Callable[[tf.Tensor], tf.data.Dataset],
+                   parse: Callable[..., Tuple[Any, tf.Tensor]], batch_size: int, *,
+                   bad_lines: str, prefix: str, counter: BadLineCounter | None = None,
+                   deterministic: bool = True, **read_options) -> tf.data.Dataset:
+  """Batches of ``(features, label)``: ``parse(records, enforce)`` over each batch of the tagged
+  records of ``files`` (``read_tagged_files`` with ``read_options``). ``enforce(ok, describe,
+  tensors)`` applies the ``bad_lines`` policy (``enforce``), naming file and record number after
+  ``prefix``. Under 'error' batches keep their static size; under 'skip' a batch that dropped
+  every record is dropped.
+  """
+  dataset = read_tagged_files(files, open_file, batch_size, deterministic=deterministic,
+                              **read_options)
+
+  def parse_tagged(file_ids: tf.Tensor, numbers: tf.Tensor, batch):
+    checked = functools.partial(enforce, where=locator(files, file_ids, numbers), prefix=prefix,
+                                policy=bad_lines, counter=counter)
+    features, label = parse(batch, checked)
+    if bad_lines == "error":
+      # Keep a static batch size (drop_remainder=True) through string splitting and masking.
+      for tensor in tf.nest.flatten((features, label)):
+        tensor.set_shape(file_ids.shape[:1].concatenate(tensor.shape[1:]))
+    return features, label
+
+  dataset = dataset.map(parse_tagged, num_parallel_calls=tf.data.AUTOTUNE,
+                        deterministic=deterministic)
+  if bad_lines == "skip":
+    dataset = dataset.filter(lambda features, label: tf.shape(label)[0] > 0)
+  return dataset.prefetch(tf.data.AUTOTUNE)
+
+
 def locator(files: Sequence[str], file_ids: tf.Tensor,
             record_numbers: tf.Tensor) -> Callable[[tf.Tensor], tf.Tensor]:
-  """``where(i)``: ``"<file>:<record number>"`` of record ``i`` of a tagged batch."""
+  """``where(i)``: ``"<file>:<record number>"`` of record ``i`` (or of each of a vector of
+  indices) of a tagged batch."""
   file_names = tf.constant(list(files))
-  return lambda i: tf.strings.join([file_names[file_ids[i]], ":",
-                                    tf.strings.as_string(record_numbers[i])])
+  return lambda i: tf.strings.join([tf.gather(file_names, tf.gather(file_ids, i)), ":",
+                                    tf.strings.as_string(tf.gather(record_numbers, i))])
 
 
 def enforce(ok: tf.Tensor, describe: Callable[[tf.Tensor], tf.Tensor], tensors: Tensors, *,
@@ -151,7 +189,8 @@ def enforce(ok: tf.Tensor, describe: Callable[[tf.Tensor], tf.Tensor], tensors: 
   """
   if policy == "skip":
     if counter is not None:
-      counter.add(tf.size(ok, out_type=tf.int64) - tf.math.count_nonzero(ok, dtype=tf.int64))
+      with tf.control_dependencies([counter.add(where(tf.where(~ok)[:, 0]))]):
+        return [tf.boolean_mask(t, ok) for t in tensors]
     return [tf.boolean_mask(t, ok) for t in tensors]
 
   all_ok = tf.reduce_all(ok)

@@ -282,7 +282,7 @@ def kjv_lines() -> List[str]:
   if program is None:
     raise FileNotFoundError(
         "the King James Bible comes from Debian's bible-kjv-text (read with the `bible` program of "
-        f"bible-kjv), which is not installed: run `{KJV_INSTALL}` (`make venv` does)")
+        f"bible-kjv), which is not installed: run `{KJV_INSTALL}` (`make data` does, as root)")
   out = subprocess.run([program, "-f", "gen1:1-rev22:21"], capture_output=True, text=True,
                        check=True, env={**os.environ, "COLUMNS": "100000"}).stdout
   verses = [_VERSE_REF.sub("", line).strip() for line in out.splitlines() if line.strip()]

@@ -226,17 +226,23 @@ class Launch:
     self.model_dir = next((a.split("=", 1)[1] for a in args if a.startswith("--model_dir=")), None)
     Launch.running.append(self)
     self.lines = []
-    self.pids = {}  # (group, task, index) -> newest pid
     self._reader = threading.Thread(target=self._read, daemon=True)
     self._reader.start()
 
   def _read(self):
     for line in self.proc.stderr:
       self.lines.append(line)
-      match = re.search(r"launched group (\d+) (\w+):(\d+) \(pid (\d+)\)", line)
-      if match:
-        g, task, k, pid = match.groups()
-        self.pids[(int(g), task, int(k))] = int(pid)
+
+  def events(self):
+    """The launcher's structured events so far (launch_events.jsonl)."""
+    from tf_codistill import launcher  # only here: most tests' Bazel targets do not depend on it
+    return launcher.read_events(self.model_dir) if self.model_dir else []
+
+  @property
+  def pids(self):
+    """(group, task, index) -> the newest pid the launcher started for it."""
+    from tf_codistill import launcher
+    return launcher.task_pids(self.events())
 
   def wait(self, timeout):
     try:
@@ -291,9 +297,12 @@ class Launch:
   def assert_restarts_only_after(self, faults):
     """Fails unless every group restart of this launch followed a task death whose log shows
     one of ``faults``."""
-    pattern = r"group (\d+): (\w+):(\d+) exited with status \S+; restarting"
-    for group, task, index in re.findall(pattern, self.stderr):
-      with open(os.path.join(self.model_dir, f"group_{group}", f"{task}_{index}.log")) as f:
+    from tf_codistill import layout
+    for event in self.events():
+      if event["event"] != "restarted":
+        continue
+      group, task, index = event["group"], event["task"], event["index"]
+      with open(layout.group_run(self.model_dir, group).task_log(task, index)) as f:
         log = f.read()
       assert any(fault in log for fault in faults), (
           f"group {group} restarted after {task}:{index} died of something else than "
@@ -302,7 +311,8 @@ class Launch:
 
 def progress_steps(group_dir):
   """Steps at which the group's chief finished an epoch (its progress.jsonl)."""
-  path = os.path.join(group_dir, "progress.jsonl")
+  from tf_codistill import layout
+  path = layout.RunDir(group_dir).progress
   if not os.path.exists(path):
     return []
   with open(path) as f:
@@ -319,3 +329,22 @@ def alive(pid):
       return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
   except FileNotFoundError:
     return False
+
+
+def require_fashion_mnist():
+  """Skips the calling test, saying how to install it, when Debian's Fashion-MNIST is missing."""
+  import pytest
+  from data_pipelines import images
+  if not os.path.isdir(images.FASHION_MNIST_DIR):
+    pytest.skip(f"{images.FASHION_MNIST_DIR} is missing: `make data` (as root) or "
+                f"`apt-get install -y {images.FASHION_MNIST_PACKAGE}` installs it")
+
+
+def require_kjv():
+  """Skips the calling test, saying how to install it, when Debian's King James Bible is missing."""
+  import shutil
+  import pytest
+  from data_pipelines import text_lm
+  if shutil.which("bible") is None:
+    pytest.skip(f"the King James Bible is not installed: `make data` (as root) or "
+                f"`{text_lm.KJV_INSTALL}` installs it")

@@ -1,3 +1,50 @@
-"""tf-codistill: codistillation (online distillation) for TensorFlow distributed training."""
+"""tf-codistill: codistillation (online distillation) for TensorFlow distributed training.
+
+The public API, for users' own scripts (``import tf_codistill as tfc``):
+
+* ``tfc.CodistillModel(student, exchange=tfc.Exchange(...))``: a tf_keras Model whose ``fit``
+  trains ``student`` on its task loss plus a distillation term toward stale copies of its peer
+  groups, publishing the student and refreshing the teachers by itself, under every
+  ``tf.distribute`` strategy.
+* ``tfc.Exchange``: where and how a group exchanges models with its peers.
+* ``tfc.prediction_churn``: how much two models' predictions on a dataset differ.
+* ``tfc.export``: writes a model as a SavedModel with the serving signature peers and servers
+  read.
+* ``tfc.TrainConfig``, ``tfc.train``, ``tfc.GroupTrainer``: one group's training as the
+  binaries run it (gin-configurable: ``trainer.train.*``); ``tfc.launch``: n groups on this
+  machine, each a local TF cluster, supervised.
+* ``tfc.ConfigurationError``, ``tfc.DataError``, ``tfc.NonFiniteLossError``: what fails.
+
+Names are resolved on first use, so importing the package (e.g. by the launcher) stays cheap.
+"""
+
+import importlib
 
 __version__ = "0.1.0"
+
+_PUBLIC = {
+    "CodistillModel": "tf_codistill.model",
+    "clone_architecture": "tf_codistill.model",
+    "Exchange": "tf_codistill.codistillation",
+    "prediction_churn": "tf_codistill.metrics",
+    "export": "tf_codistill.model",
+    "TrainConfig": "tf_codistill.trainer",
+    "train": "tf_codistill.trainer",
+    "GroupTrainer": "tf_codistill.trainer",
+    "launch": "tf_codistill.launcher",
+    "ConfigurationError": "tf_codistill.errors",
+    "NonFiniteLossError": "tf_codistill.errors",
+    "DataError": "data_pipelines.records",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name):
+  if name in _PUBLIC:
+    return getattr(importlib.import_module(_PUBLIC[name]), name)
+  raise AttributeError(f"module 'tf_codistill' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(list(globals()) + __all__)

@@ -18,6 +18,7 @@ import tensorflow as tf
 from data_pipelines import make_criteo_like
 from tf_codistill import config
 from tf_codistill import launcher
+from tf_codistill import layout
 
 _DEMO_BINDINGS = (
     "trainer.train.train_steps = {steps}",
@@ -40,14 +41,18 @@ def generate_data(data_dir: str, train_rows: int, eval_rows: int, seed: int = 0)
   make_criteo_like.generate(data_dir, eval_rows, num_files=1, seed=seed + 1, prefix="eval")
 
 
+def sample_data_files(data_dir: str) -> Tuple[List[str], List[str]]:
+  """The (train, eval) file patterns of the sample data in ``data_dir``."""
+  return [os.path.join(data_dir, "train-*")], [os.path.join(data_dir, "eval-*")]
+
+
 def sample_data(data_dir: str, train_rows: int = 400_000,
                 eval_rows: int = 20_000) -> Tuple[List[str], List[str]]:
   """Generated Criteo-format files for a job started without data; reused when already there."""
-  train = os.path.join(data_dir, "train-*")
-  evaluation = os.path.join(data_dir, "eval-*")
-  if not (tf.io.gfile.glob(train) and tf.io.gfile.glob(evaluation)):
+  train, evaluation = sample_data_files(data_dir)
+  if not (tf.io.gfile.glob(train[0]) and tf.io.gfile.glob(evaluation[0])):
     generate_data(data_dir, train_rows, eval_rows)
-  return [train], [evaluation]
+  return train, evaluation
 
 
 def _follow_progress(job_dirs: Dict[str, str], stop: threading.Event, interval: float = 2.0):
@@ -55,7 +60,7 @@ def _follow_progress(job_dirs: Dict[str, str], stop: threading.Event, interval: 
   seen: Dict[str, int] = {}
   while True:
     for label, path in job_dirs.items():
-      progress = os.path.join(path, "progress.jsonl")
+      progress = layout.RunDir(path).progress
       if not os.path.exists(progress):
         continue
       with open(progress) as f:
@@ -74,7 +79,7 @@ def _follow_progress(job_dirs: Dict[str, str], stop: threading.Event, interval: 
 def _run_job(title: str, model_dir: str, num_groups: int, gin_file: str,
              bindings: Sequence[str]) -> List[dict]:
   print(f"{title}: {num_groups} group(s), logs under {model_dir}", flush=True)
-  labels = {f"{title} g{g}": launcher.group_model_dir(model_dir, g) for g in range(num_groups)}
+  labels = {f"{title} g{g}": layout.group_dir(model_dir, g) for g in range(num_groups)}
   stop = threading.Event()
   follower = threading.Thread(target=_follow_progress, args=(labels, stop), daemon=True)
   follower.start()
@@ -85,7 +90,7 @@ def _run_job(title: str, model_dir: str, num_groups: int, gin_file: str,
     follower.join()
   results = []
   for g in sorted(dirs):
-    with open(os.path.join(dirs[g], "results.json")) as f:
+    with open(layout.RunDir(dirs[g]).results) as f:
       results.append(json.load(f))
   return results
 

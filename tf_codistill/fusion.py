@@ -36,7 +36,6 @@ would overwrite each other's pending gradients).
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -494,7 +493,7 @@ class OptimizerFusion:
     return bool(self._has_pending is not None and self._has_pending.numpy())
 
 
-# --- plain tf_keras models and callbacks ------------------------------------------------------
+# --- the optimizer step with fusion and a custom reduction -----------------------------------
 
 def minimize(optimizer: _OPT.Optimizer, loss: tf.Tensor, tape: tf.GradientTape,
              variables: Sequence[tf.Variable], fusion: Optional[OptimizerFusion] = None,
@@ -526,76 +525,3 @@ def _all_reduce_sum(grads: List) -> List:
   reduced = iter(tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
                                                                 present))
   return [None if g is None else next(reduced) for g in grads]
-
-
-class FusionFlush(keras.callbacks.Callback):
-  """Flushes pending forward-fusion updates at epoch ends (before later callbacks save), at the
-  end of training and before evaluation/prediction. Put it first in the callback list."""
-
-  def __init__(self, fusion: OptimizerFusion):
-    super().__init__()
-    self.fusion = fusion
-
-  def on_epoch_end(self, epoch, logs=None):
-    self.fusion.flush()
-
-  def on_train_end(self, logs=None):
-    self.fusion.flush()
-
-  def on_test_begin(self, logs=None):
-    self.fusion.flush()
-
-  def on_predict_begin(self, logs=None):
-    self.fusion.flush()
-
-
-class BackupAndRestore(keras.callbacks.BackupAndRestore):
-  """tf_keras' BackupAndRestore that flushes pending fused updates before every backup."""
-
-  def __init__(self, backup_dir: str, flush: Callable[[], None], **kwargs):
-    super().__init__(backup_dir, **kwargs)
-    self._flush = flush
-
-  def _backup(self, epoch, batch=0):
-    self._flush()
-    super()._backup(epoch, batch)
-
-
-def fuse(model: keras.Model, mode: str, *, reducer=None) -> keras.Model:
-  """Makes a compiled plain tf_keras model train with optimizer fusion ``mode``.
-
-  Replaces the model's default ``train_step`` by the same step with fused updates and makes its
-  ``fit`` flush pending updates (``FusionFlush``); returns the model. Models with their own
-  ``train_step`` call ``minimize(...)`` and ``OptimizerFusion.forward`` themselves.
-  """
-  if model.optimizer is None:
-    raise ValueError("fuse() needs a compiled model (call model.compile first)")
-  check_supported(model.optimizer, mode, "fusion", model.distribute_strategy)
-  if mode == "none":
-    return model
-  fusion = OptimizerFusion(model.optimizer, mode, jit_compile=bool(model.jit_compile))
-
-  def train_step(data):
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    if not fusion.built:
-      fusion.build(model.trainable_variables,
-                   probe_gradients(model, x) if mode == "forward" else None)
-    with tf.GradientTape() as tape:
-      with fusion.forward(model, tape):
-        y_pred = model(x, training=True)
-      loss = model.compute_loss(x, y, y_pred, sample_weight)
-    model._validate_target_and_loss(y, loss)
-    minimize(model.optimizer, loss, tape, model.trainable_variables, fusion, reducer)
-    return model.compute_metrics(x, y, y_pred, sample_weight)
-
-  fit = model.fit
-
-  @functools.wraps(fit)
-  def fused_fit(*args, callbacks=None, **kwargs):
-    return fit(*args, callbacks=[FusionFlush(fusion)] + list(callbacks or []), **kwargs)
-
-  model.__dict__["train_step"] = train_step
-  model.__dict__["fit"] = fused_fit
-  model.__dict__["fusion"] = fusion
-  model.train_function = None
-  return model

@@ -20,6 +20,12 @@ Supervision:
 - SIGINT/SIGTERM stop every process started (no orphans).
 
 ``pin_groups`` pins each group's tasks to its own share of the CPUs (``split_cpus``).
+
+Everything the launcher does is also written as one JSON object a line to
+``model_dir/launch_events.jsonl`` (``EventLog``; read with ``read_events``): ``launched`` (group,
+task, index, pid, cpus, log), ``restarted`` (group, task, index, status, scope ``task`` or
+``group``, restart, max_restarts), ``finished`` and ``failed`` (group, reason), each with
+``time`` (epoch seconds) and ``monotonic`` (CLOCK_MONOTONIC, one clock for every process here).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import gin
 from absl import logging
 
 from tf_codistill import errors
+from tf_codistill import layout
 
 _GRACE_SECONDS = 10.0
 _SYNC_WORKER_FINISH_SECONDS = 60.0
@@ -142,10 +149,6 @@ def cluster_spec(shape: GroupShape, taken: Optional[Set[int]] = None) -> Dict[st
   return spec
 
 
-def group_model_dir(model_dir: str, group: int) -> str:
-  return os.path.join(model_dir, f"group_{group}")
-
-
 def train_command(model_dir: str, group: int, num_groups: int, exchange_dir: str,
                   gin_files: Sequence[str], gin_bindings: Sequence[str]) -> List[str]:
   """The command line of one task of one group."""
@@ -200,17 +203,47 @@ def split_cpus(num_groups: int, cpus: Optional[Set[int]] = None) -> List[Set[int
   return [set(cpus[g * share:(g + 1) * share]) for g in range(num_groups)]
 
 
+class EventLog:
+  """Appends the launcher's events to ``path`` as JSON lines, one complete line per event."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self._lock = threading.Lock()
+
+  def write(self, event: str, **fields) -> None:
+    record = {"event": event, "time": time.time(), "monotonic": time.monotonic(), **fields}
+    with self._lock, open(self.path, "a") as f:
+      f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_events(model_dir: str) -> List[dict]:
+  """The events a launch into ``model_dir`` has written so far (a line being written is left
+  for the next read)."""
+  path = layout.launch_events(model_dir)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f.read().split("\n")[:-1] if line]
+
+
+def task_pids(events: Sequence[dict]) -> Dict[Tuple[int, str, int], int]:
+  """(group, task type, index) -> the newest pid launched for it."""
+  return {(e["group"], e["task"], e["index"]): e["pid"] for e in events
+          if e["event"] == "launched"}
+
+
 class _Group:
   """The processes of one group and its restart bookkeeping."""
 
   def __init__(self, index: int, num_groups: int, shape: GroupShape, model_dir: str,
                exchange_dir: str, gin_files: Sequence[str], gin_bindings: Sequence[str],
-               ports: Set[int], cpus: Optional[Set[int]] = None):
+               ports: Set[int], events: EventLog, cpus: Optional[Set[int]] = None):
     self.index = index
+    self.events = events
     self.cpus = cpus  # CPUs every task of the group is pinned to (None: not pinned)
     self.ports = ports  # every port of this launch, shared by its groups
     self.shape = shape
-    self.dir = group_model_dir(model_dir, index)
+    self.dir = layout.group_dir(model_dir, index)
     self.command = train_command(self.dir, index, num_groups, exchange_dir, gin_files,
                                  gin_bindings + [f"trainer.train.strategy = '{shape.strategy}'"])
     self.procs: Dict[Tuple[str, int], subprocess.Popen] = {}
@@ -221,7 +254,7 @@ class _Group:
     self.failed: Optional[str] = None
 
   def log_path(self, task: Tuple[str, int]) -> str:
-    return os.path.join(self.dir, f"{task[0]}_{task[1]}.log")
+    return layout.RunDir(self.dir).task_log(*task)
 
   def start_all(self) -> None:
     os.makedirs(self.dir, exist_ok=True)
@@ -248,6 +281,9 @@ class _Group:
                  self.procs[task].pid,
                  f" on CPUs {','.join(map(str, sorted(cpus)))}" if cpus else "",
                  self.log_path(task))
+    self.events.write("launched", group=self.index, task=task[0], index=task[1],
+                      pid=self.procs[task].pid, cpus=sorted(cpus) if cpus else None,
+                      log=self.log_path(task))
 
   def stop_all(self) -> None:
     stop_processes(list(self.procs.values()))
@@ -274,12 +310,13 @@ def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = Non
     raise ValueError(f"groups={groups} must be a non-empty subset of 0..{num_groups - 1}")
   if on_group_failure not in FAILURE_POLICIES:
     raise ValueError(f"--on_group_failure={on_group_failure!r} is not one of {FAILURE_POLICIES}")
-  exchange_dir = exchange_dir or os.path.join(model_dir, "exchange")
+  exchange_dir = exchange_dir or layout.exchange_dir(model_dir)
   os.makedirs(model_dir, exist_ok=True)
   shares = split_cpus(len(indices)) if pin_groups else [None] * len(indices)
   ports: Set[int] = set()
+  events = EventLog(layout.launch_events(model_dir))
   groups = [_Group(g, num_groups, shape, model_dir, exchange_dir, gin_files, list(gin_bindings),
-                   ports, cpus) for g, cpus in zip(indices, shares)]
+                   ports, events, cpus) for g, cpus in zip(indices, shares)]
 
   def on_signal(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
@@ -329,6 +366,7 @@ def _supervise(group: _Group, max_restarts: int) -> None:
         group.procs[task].send_signal(signal.SIGUSR1)  # tf-codistill-train dumps its stacks
       time.sleep(1.0)
     logging.info("group %d finished", group.index)
+    group.events.write("finished", group=group.index)
     group.done = True
     group.stop_all()
     return
@@ -347,16 +385,25 @@ def _supervise(group: _Group, max_restarts: int) -> None:
                     f"{errors.PERMANENT_EXIT_CODES[status]} (exit status {status}), not restarted; "
                     f"log {log}:\n{log_tail(log)}")
     logging.error("%s", group.failed)
+    group.events.write("failed", group=group.index, task=task[0], index=task[1], status=status,
+                       reason=group.failed.splitlines()[0])
     group.stop_all()
     return
   if group.restarts >= max_restarts:
     group.failed = (f"group {group.index} {task[0]}:{task[1]} exited with status {status}; "
                     f"log {log}:\n{log_tail(log)}")
     logging.error("%s", group.failed)
+    group.events.write("failed", group=group.index, task=task[0], index=task[1], status=status,
+                       reason=group.failed.splitlines()[0])
     group.stop_all()
     return
   group.restarts += 1
-  if group.shape.strategy == "parameter_server" and all(t[0] == "worker" for t, _ in dead):
+  worker_only = (group.shape.strategy == "parameter_server"
+                 and all(t[0] == "worker" for t, _ in dead))
+  group.events.write("restarted", group=group.index, task=task[0], index=task[1], status=status,
+                     scope="task" if worker_only else "group", restart=group.restarts,
+                     max_restarts=max_restarts)
+  if worker_only:
     logging.warning("group %d: %s:%d exited with status %s; restarting it (restart %d/%d); the "
                     "coordinator reschedules its steps meanwhile", group.index, task[0], task[1],
                     status, group.restarts, max_restarts)

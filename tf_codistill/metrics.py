@@ -31,6 +31,32 @@ def churn(probs_a: np.ndarray, probs_b: np.ndarray, output: str = "sigmoid") -> 
           "disagreement": float(np.mean(disagree))}
 
 
+def prediction_churn(model_a, model_b, dataset: tf.data.Dataset, output: str = "sigmoid"
+                     ) -> Dict[str, float]:
+  """Churn between two models on the same inputs: ``mean_abs_diff`` of their predicted
+  probabilities and ``disagreement`` (the fraction of differing predicted classes).
+
+  Args:
+    model_a, model_b: tf_keras models (a CodistillModel counts as its student) mapping the
+      features of ``dataset`` to logits of the same shape.
+    dataset: a finite ``tf.data.Dataset`` of features or ``(features, labels, ...)``, read once
+      per model (so it must yield the same elements in the same order each time).
+    output: ``sigmoid`` or ``softmax``: how logits become probabilities.
+
+  Raises:
+    ValueError: an empty dataset, predictions of different shapes, or an unknown ``output``.
+  """
+  losses._check("output", output, losses.OUTPUTS)
+  features = dataset.map(lambda *element: element[0])  # (features, labels, ...) or features
+  probs = []
+  for model in (model_a, model_b):
+    batches = [losses.probabilities(model(x, training=False), output).numpy() for x in features]
+    if not batches:
+      raise ValueError("prediction_churn: the dataset is empty")
+    probs.append(np.concatenate(batches, axis=0))
+  return churn(probs[0], probs[1], output)
+
+
 def predict_probabilities(saved_model_path: str, dataset: tf.data.Dataset,
                           output: str = "sigmoid") -> np.ndarray:
   """Runs a published/exported SavedModel's serving signature over ``dataset`` (features, ...)."""

@@ -20,7 +20,11 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
+from tf_codistill import codistillation
 from tf_codistill import comm
+from tf_codistill import errors
+from tf_codistill import exchange as exchange_lib
+from tf_codistill import fused_models
 from tf_codistill import fusion as fusion_lib
 from tf_codistill import losses
 
@@ -43,10 +47,75 @@ def clone_architecture(model: keras.Model, dtype_policy: Optional[str] = None) -
         "builds the same architecture (needed for subclassed models)") from e
 
 
-class CodistillModel(keras.Model):
-  """Wraps a student model; trains it on task loss plus distillation toward stale peer teachers."""
+def _num_teachers(num_teachers: Optional[int], exchange) -> int:
+  if exchange is None:
+    return 0 if num_teachers is None else num_teachers
+  if num_teachers is not None and num_teachers != exchange.num_teachers:
+    raise errors.ConfigurationError(
+        f"CodistillModel: num_teachers={num_teachers} but the exchange names "
+        f"{exchange.num_teachers} peers ({exchange.peer_groups()}): leave num_teachers unset")
+  return exchange.num_teachers
 
-  def __init__(self, student: keras.Model, num_teachers: int = 0, *,
+
+def _teacher_maker(student: keras.Model, teacher_factory, exchange) -> Callable[[], keras.Model]:
+  policy = exchange.teacher_dtype_policy() if exchange is not None else None
+  if teacher_factory is not None:
+    if policy is not None:
+      raise errors.ConfigurationError(
+          f"CodistillModel: teacher_precision={exchange.teacher_precision!r} applies to cloned "
+          "teachers; with a teacher_factory, build its layers with that dtype policy instead")
+    return teacher_factory
+  return lambda: clone_architecture(student, dtype_policy=policy)
+
+
+def export(model: keras.Model, path: str, input_spec=None) -> None:
+  """Writes ``model`` (a CodistillModel: its student) as a SavedModel with the serving signature
+  ``serving_default``: ``inputs`` (or one input per feature name) -> ``{'logits': ...}``, the
+  format peers load as teachers and servers read. Written atomically (exchange.save_model).
+
+  Args:
+    model: a built tf_keras model.
+    path: the SavedModel directory (replaced if it exists; local, ``gs://``, ...).
+    input_spec: the batched input spec; by default the spec of the CodistillModel's first call,
+      or a functional model's ``inputs``.
+
+  Raises:
+    ValueError: the input spec is unknown (a subclassed model never called through
+      CodistillModel and no ``input_spec``).
+  """
+  spec = input_spec
+  if spec is None and isinstance(model, CodistillModel):
+    spec = model._features_spec
+  student = model.student if isinstance(model, CodistillModel) else model
+  if spec is None:
+    try:
+      spec = student.input  # a functional model's inputs, in their structure
+    except AttributeError:
+      raise ValueError("export: the model's input spec is unknown; pass input_spec") from None
+  exchange_lib.save_model(student, path, codistillation.batched_spec(spec))
+
+
+class CodistillModel(keras.Model):
+  """Wraps a student model; trains it on task loss plus distillation toward stale peer teachers.
+
+  Args:
+    student: the model trained (any tf_keras model; subclassed ones need ``teacher_factory``).
+    num_teachers: how many peer teachers the train step averages (given by ``exchange`` if set).
+    exchange: where and how to exchange models with peer groups (codistillation.Exchange);
+      with it ``fit`` publishes and refreshes teachers by itself.
+    teacher_factory: builds a new model of the student's architecture (default: a clone).
+    alpha: weight of the distillation term once ``burn_in_steps`` steps have run.
+    output: ``sigmoid`` or ``softmax``: how the student's logits become probabilities.
+    distill_kind, temperature: the distillation loss (losses.distillation_loss).
+    teacher_weights: each teacher's weight in the average (default: equal).
+    fusion, reducer: optimizer fusion (fusion.py) and the gradient all-reduce (comm.py).
+
+  Raises:
+    ValueError (ConfigurationError, FusionError): a value that cannot work.
+  """
+
+  def __init__(self, student: keras.Model, num_teachers: Optional[int] = None, *,
+               exchange: Optional["codistillation.Exchange"] = None,
                teacher_factory: Optional[Callable[[], keras.Model]] = None,
                alpha: float = 1.0, burn_in_steps: int = 0, output: str = "sigmoid",
                distill_kind: str = "xent", temperature: float = 1.0,
@@ -54,6 +123,7 @@ class CodistillModel(keras.Model):
                reducer: Optional[comm.GradientReducer] = None, fusion_binding: str = "fusion",
                **kwargs):
     super().__init__(**kwargs)
+    num_teachers = _num_teachers(num_teachers, exchange)
     if fusion not in fusion_lib.MODES:
       raise fusion_lib.FusionError(f"{fusion_binding}={fusion!r} is not one of {fusion_lib.MODES}")
     if temperature <= 0:
@@ -65,8 +135,11 @@ class CodistillModel(keras.Model):
     losses._check("output", output, losses.OUTPUTS)
     losses._check("distill_kind", distill_kind, losses.DISTILL_KINDS)
     self.student = student
-    make = teacher_factory or (lambda: clone_architecture(student))
+    self.exchange = exchange
+    self._teacher_factory = teacher_factory
+    make = _teacher_maker(student, teacher_factory, exchange)
     self.teacher_slots = [[make(), make()] for _ in range(num_teachers)]
+    self._set_features_spec(None)
     for teacher in self.all_teachers():
       teacher.trainable = False
     self._teachers_built = False
@@ -95,6 +168,9 @@ class CodistillModel(keras.Model):
     self._fusion_binding = fusion_binding
     self._fusion: Optional[fusion_lib.OptimizerFusion] = None
     self._reducer = reducer
+    # Every value a step returns is the same on all replicas (metrics are aggregated, alpha and
+    # staleness are mirrored): report it once per group, never summed over replicas.
+    self.distribute_reduction_method = "first"
 
   def compile(self, *args, **kwargs):
     """tf_keras ``compile``; then checks the optimizer against the fusion mode."""
@@ -110,12 +186,46 @@ class CodistillModel(keras.Model):
     if self._fusion is not None:
       self._fusion.flush()
 
-  def fit(self, *args, callbacks=None, **kwargs):
-    """tf_keras ``fit``; with forward fusion, pending updates are flushed at epoch and train end
-    and before validation (``fusion.FusionFlush`` runs first)."""
+  def _set_features_spec(self, spec) -> None:
+    """Keeps the batched spec of the first call's inputs as it is: Keras would wrap a dict
+    attribute in a trackable wrapper (which is no dict)."""
+    object.__setattr__(self, "_features_spec", spec)
+
+  def copy_student(self) -> keras.Model:
+    """A new float32 model of the student's architecture (for local copies and exports)."""
+    return self._teacher_factory() if self._teacher_factory else clone_architecture(self.student)
+
+  def fit(self, x=None, *args, callbacks=None,
+          exchange_hooks: Optional["codistillation.ExchangeHooks"] = None, **kwargs):
+    """tf_keras ``fit``. With forward fusion, pending updates are flushed at epoch and train end
+    and before validation (``fused_models.FusionFlush`` runs first). With an ``exchange``, the chief
+    publishes the student and every process refreshes its teachers between steps
+    (``codistillation.exchange_hooks``, built here unless ``exchange_hooks`` is given, e.g. with
+    a probe batch and a summary writer of the caller's); ``self.exchange_hooks`` holds them.
+
+    Raises:
+      ConfigurationError: with an ``exchange``, the input spec is unknown (``x`` is not a
+        ``tf.data.Dataset``, the model was never called and ``Exchange.input_spec`` is unset)
+        or the exchange directory is not writable.
+    """
+    callbacks = list(callbacks or [])
     if self._fusion is not None and self._fusion.mode == "forward":
-      callbacks = [fusion_lib.FusionFlush(self._fusion)] + list(callbacks or [])
-    return super().fit(*args, callbacks=callbacks, **kwargs)
+      callbacks.insert(0, fused_models.FusionFlush(self._fusion))
+    if self.exchange is not None:
+      self.exchange_hooks = exchange_hooks or self._exchange_hooks(x)
+      callbacks.append(self.exchange_hooks.callback)
+    return super().fit(x, *args, callbacks=callbacks, **kwargs)
+
+  def _exchange_hooks(self, x) -> "codistillation.ExchangeHooks":
+    spec = (self.exchange.input_spec or codistillation.features_spec(x) or self._features_spec)
+    if spec is None:
+      raise errors.ConfigurationError(
+          "CodistillModel.fit: the student's input spec is unknown: fit on a tf.data.Dataset, "
+          "call the model once on a batch, or set Exchange.input_spec")
+    spec = codistillation.batched_spec(spec)
+    with self.distribute_strategy.scope():
+      self(tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape[1:], s.dtype), spec))
+    return codistillation.exchange_hooks(self, self.exchange, spec, codistillation.probe_batch(x))
 
   @property
   def num_teachers(self) -> int:
@@ -130,6 +240,8 @@ class CodistillModel(keras.Model):
     return trackers + (self.compiled_metrics.metrics if self.compiled_metrics else [])
 
   def call(self, inputs, training=None):
+    if self._features_spec is None:
+      self._set_features_spec(codistillation.batched_spec(inputs))
     if not self._teachers_built:
       # Create every teacher's variables with the student's, so refreshes can restore into them.
       for teacher in self.all_teachers():

@@ -7,7 +7,7 @@ into the *inactive* copy of that peer's double-buffered teacher (``load_weights`
 ``assert_existing_objects_matched``, so a half-restored model is an error) and rejects
 non-finite values and a teacher whose predictions on a probe batch of real inputs are NaN/Inf.
 The peer's graph (``saved_model.pb``) is parsed for its signature but never run. The training thread then only
-flips the peer's ``active_slot`` between two steps (``TeacherRefresh``, a callbacks.StepHook):
+flips the peer's ``active_slot`` between two steps (``TeacherRefresh``, a step_hooks.StepHook):
 no I/O, no copy, no retrace on the training thread. Anything wrong with a version is logged with
 its path and the previous teacher (or none) stays in use.
 """
@@ -17,16 +17,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
+import tf_keras as keras
 from absl import logging
 
-from tf_codistill import callbacks
+from tf_codistill import step_hooks
 from tf_codistill import exchange
 
-if TYPE_CHECKING:
-  from tf_codistill.model import CodistillModel
 
 
 @dataclasses.dataclass
@@ -41,9 +40,10 @@ class TeacherUpdate:
 
 
 class TeacherPool:
-  """Loads the newest complete version of each peer group in a background thread."""
+  """Loads the newest complete version of each peer group in a background thread, into the
+  inactive teacher copies of ``model`` (a model.CodistillModel)."""
 
-  def __init__(self, exchange_dir: str, peers: Sequence[int], model: "CodistillModel",
+  def __init__(self, exchange_dir: str, peers: Sequence[int], model: keras.Model,
                input_spec, output_shape, *, poll_interval_s: float = 2.0, probe=None):
     if len(peers) != model.num_teachers:
       raise ValueError(f"{len(peers)} peers for a model with {model.num_teachers} teachers")
@@ -148,7 +148,7 @@ class TeacherPool:
                          time.monotonic() - start, start)
 
 
-class TeacherRefresh(callbacks.StepHook):
+class TeacherRefresh(step_hooks.StepHook):
   """Activates newly loaded teachers of a CodistillModel between training steps."""
 
   def __init__(self, pool: TeacherPool, summary_writer: Optional[tf.summary.SummaryWriter] = None):

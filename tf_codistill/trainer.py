@@ -1,20 +1,21 @@
 """Trains one codistillation group: data -> model -> fit with exchange and teacher callbacks.
 
-Data path: ``dataset_fn`` (data_pipelines) -> ``CodistillModel`` wrapping ``model_fn()`` ->
-``fit`` with ``ExchangePublisher`` (publish every K steps) and ``TeacherRefresh`` (swap in peers'
-newest versions) -> final evaluation, export and ``results.json``.
+Data path: ``dataset_fn`` (data_pipelines) -> ``CodistillModel`` wrapping ``model_fn()``, with a
+``codistillation.Exchange`` -> ``fit``, which publishes every K steps and swaps in peers' newest
+versions (``codistillation.exchange_hooks``) -> final evaluation, export and ``results.json``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
 import os
 import re
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import gin
 import numpy as np
@@ -23,21 +24,26 @@ import tf_keras as keras
 from absl import logging
 
 from data_pipelines import criteo
-from tf_codistill import callbacks as callbacks_lib
-from tf_codistill import errors
+from tf_codistill import checkpointing
+from tf_codistill import codistillation
 from tf_codistill import comm
+from tf_codistill import errors
 from tf_codistill import exchange
 from tf_codistill import filesystems
+from tf_codistill import fused_models
 from tf_codistill import fusion as fusion_lib
-from tf_codistill import losses
+from tf_codistill import layout
 from tf_codistill import metrics as metrics_lib
+from tf_codistill import monitoring
+from tf_codistill import publishing
+from tf_codistill import step_hooks
+from tf_codistill import step_timing
 from tf_codistill import strategies
 from tf_codistill import tasks as tasks_lib
-from tf_codistill import teachers as teachers_lib
 from tf_codistill import topology
-from tf_codistill.callbacks import current_step
 from tf_codistill.model import CodistillModel, clone_architecture
 from tf_codistill.models import ctr
+from tf_codistill.step_hooks import current_step
 
 DATA_SPLITS = ("disjoint", "same")
 SKIPPED_LINES_TAG = "data/skipped_lines"
@@ -61,305 +67,453 @@ for _schedule in (keras.optimizers.schedules.PiecewiseConstantDecay,
   gin.external_configurable(_schedule, module="schedules")
 
 
-# Teacher forward-pass precision -> the tf_keras dtype policy of the teacher copies (variables stay
-# float32, so the peers' float32 SavedModels load as they are).
-PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
+PRECISIONS = codistillation.PRECISIONS
 
 
-@gin.configurable(module="trainer", denylist=["model_dir", "group", "num_groups", "exchange_dir"])
-def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
-          exchange_dir: Optional[str] = None, strategy: str = "one_device",
-          train_files: Sequence[str] = (), eval_files: Sequence[str] = (),
-          dataset_fn: Callable[..., tf.data.Dataset] = criteo.make_dataset,
-          model_fn: Callable[[], keras.Model] = ctr.ctr_model,
-          task: Optional[tasks_lib.Task] = None,
-          batch_size: int = 512, train_steps: int = 1000, steps_per_epoch: int = 250,
-          steps_per_execution: int = 1, eval_steps: Optional[int] = None,
-          shuffle_buffer: int = 10_000, optimizer: str = "adam",
-          learning_rate: Union[float, keras.optimizers.schedules.LearningRateSchedule] = 1e-3,
-          codistill: bool = False, alpha: float = 1.0, burn_in_steps: int = 0,
-          distill_kind: str = "xent", temperature: float = 1.0,
-          teacher_graph: str = "all_to_all", teacher_precision: str = "float32",
-          exchange_every_steps: int = 100, keep_last: int = 2, poll_interval_s: float = 2.0,
-          data_split: str = "disjoint", label_smoothing: float = 0.0,
-          smoothing_prior: str = "uniform", checkpoint_every_steps: int = 500,
-          summary_every_steps: int = 50, seed: int = 0, save_eval_predictions: bool = False,
-          prediction_batches: Optional[int] = None, prediction_history: bool = False,
-          fusion: str = "none", allreduce_dtype: str = "float32", jit_compile: bool = False,
-          intra_op_threads: int = 0, inter_op_threads: int = 0, heartbeat_every_s: float = 5.0,
-          max_wall_seconds: Optional[float] = None, save_step_timeline: bool = False,
-          verbose: int = 2) -> Dict[str, float]:
-  """Runs this process's part of group ``group`` of ``num_groups``; the chief returns its metrics.
+@gin.configurable("train", module="trainer")
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """How one group trains: every ``trainer.train.<name>`` gin binding, typed; ``validate``
+  checks it once, in the launcher for every group and in every task.
 
   ``strategy`` is one of strategies.KINDS; with a cluster it is read from TF_CONFIG, and workers
-  and ps tasks of a parameter-server group only serve (this call then never returns). With
-  ``codistill=True`` the group's chief publishes to ``exchange_dir`` every
-  ``exchange_every_steps`` steps and every training task distills from the other groups' newest
-  published versions: of every other group (``teacher_graph='all_to_all'``) or of its
-  predecessor only (``'ring'``), run in ``teacher_precision``. ``data_split='disjoint'`` gives
-  each group (and each of its input pipelines) its own shard of ``train_files``; ``batch_size``
-  is the global batch of one step. ``task`` (default ``tasks.BinaryTask()``) sets the loss,
-  metrics and results keys; ``prediction_batches`` caps the eval batches whose predictions
-  ``save_eval_predictions`` keeps (in ``eval_predictions.npz``, and with ``prediction_history``
-  also at every evaluation in ``eval_predictions/step_<n>.npz``, for churn vs loss). ``fusion`` ('none', 'backward', 'forward') fuses the
-  optimizer's updates (fusion.py); ``allreduce_dtype`` ('float32', 'float16', 'bfloat16') is the
-  precision of a synchronous group's gradient all-reduce (comm.py). ``intra_op_threads`` and
-  ``inter_op_threads`` (0: TF's default) size this task's thread pools, also a serving task's
-  (strategies.server_config, which keeps at least 2 inter-op threads there).
+  and ps tasks of a parameter-server group only serve. With ``codistill=True`` the group's chief
+  publishes to the exchange directory every ``exchange_every_steps`` steps and every training
+  task distills from the other groups' newest published versions: of every other group
+  (``teacher_graph='all_to_all'``) or of its predecessor only (``'ring'``), run in
+  ``teacher_precision`` (codistillation.Exchange). ``data_split='disjoint'`` gives each group (and
+  each of its input pipelines) its own shard of ``train_files``; ``batch_size`` is the global
+  batch of one step; exactly ``train_steps`` steps run, evaluated every ``steps_per_epoch``.
+  ``task`` (default ``tasks.BinaryTask()``) sets the loss, metrics and results keys;
+  ``prediction_batches`` caps the eval batches whose predictions ``save_eval_predictions`` keeps
+  (``eval_predictions.npz``; with ``prediction_history`` also at every evaluation, for churn vs
+  loss). ``fusion`` ('none', 'backward', 'forward') fuses the optimizer's updates (fusion.py);
+  ``allreduce_dtype`` is the precision of a synchronous group's gradient all-reduce (comm.py).
+  ``intra_op_threads`` and ``inter_op_threads`` (0: TF's default) size this task's thread pools,
+  also a serving task's. The chief writes ``heartbeat.json`` every ``heartbeat_every_s``;
+  ``max_wall_seconds`` ends training early, as if ``train_steps`` were reached (not for
+  ``multi_worker_mirrored``); ``save_step_timeline`` writes every timed step interval and
+  refresh/publish window (benchmarks/soak.py). Files: layout.RunDir.
+  """
+  strategy: str = "one_device"
+  train_files: Sequence[str] = ()
+  eval_files: Sequence[str] = ()
+  dataset_fn: Callable[..., tf.data.Dataset] = criteo.make_dataset
+  model_fn: Callable[[], keras.Model] = ctr.ctr_model
+  task: Optional[tasks_lib.Task] = None
+  batch_size: int = 512
+  train_steps: int = 1000
+  steps_per_epoch: int = 250
+  steps_per_execution: int = 1
+  eval_steps: Optional[int] = None
+  shuffle_buffer: int = 10_000
+  optimizer: str = "adam"
+  learning_rate: Union[float, keras.optimizers.schedules.LearningRateSchedule] = 1e-3
+  codistill: bool = False
+  alpha: float = 1.0
+  burn_in_steps: int = 0
+  distill_kind: str = "xent"
+  temperature: float = 1.0
+  teacher_graph: str = "all_to_all"
+  teacher_precision: str = "float32"
+  exchange_every_steps: int = 100
+  keep_last: int = 2
+  poll_interval_s: float = 2.0
+  data_split: str = "disjoint"
+  label_smoothing: float = 0.0
+  smoothing_prior: str = "uniform"
+  checkpoint_every_steps: int = 500
+  summary_every_steps: int = 50
+  seed: int = 0
+  save_eval_predictions: bool = False
+  prediction_batches: Optional[int] = None
+  prediction_history: bool = False
+  fusion: str = "none"
+  allreduce_dtype: str = "float32"
+  jit_compile: bool = False
+  intra_op_threads: int = 0
+  inter_op_threads: int = 0
+  heartbeat_every_s: float = 5.0
+  max_wall_seconds: Optional[float] = None
+  save_step_timeline: bool = False
+  verbose: int = 2
+
+
+def validate(config: TrainConfig, *, group: int, num_groups: int,
+             exchange_dir: Optional[str]) -> None:
+  """Raises ConfigurationError naming the first setting of group ``group`` that cannot work.
+
+  The one check of a configuration: the launcher runs it for every group before starting any,
+  and every task before it trains.
+  """
+  _validate(group, num_groups, config.codistill, exchange_dir, config.data_split,
+            config.optimizer)
+  _validate_comm(config.strategy, config.fusion, config.allreduce_dtype)
+  _validate_numbers(train_steps=config.train_steps, steps_per_epoch=config.steps_per_epoch,
+                    batch_size=config.batch_size, steps_per_execution=config.steps_per_execution,
+                    exchange_every_steps=config.exchange_every_steps, keep_last=config.keep_last,
+                    checkpoint_every_steps=config.checkpoint_every_steps)
+  if config.max_wall_seconds is not None and config.strategy == "multi_worker_mirrored":
+    raise ConfigurationError("trainer.train.max_wall_seconds cannot end a multi_worker_mirrored "
+                             "group (its workers would wait for the chief): unbind it")
+  if config.teacher_graph not in topology.GRAPHS:
+    raise ConfigurationError(
+        f"trainer.train.teacher_graph={config.teacher_graph!r} is not one of {topology.GRAPHS}")
+  if config.teacher_precision not in PRECISIONS:
+    raise ConfigurationError(f"trainer.train.teacher_precision={config.teacher_precision!r} is "
+                             f"not one of {PRECISIONS}")
+  for name in ("train_files", "eval_files"):
+    if not getattr(config, name):
+      raise ConfigurationError(
+          f"trainer.train.{name} is empty: bind it, e.g. "
+          f"--gin_bindings=\"trainer.train.{name} = ['data/{name.split('_')[0]}-*']\"")
+
+
+def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
+          exchange_dir: Optional[str] = None, **settings) -> Dict[str, float]:
+  """Runs this process's part of group ``group`` of ``num_groups``; the chief returns its metrics.
+
+  ``settings`` override fields of ``TrainConfig`` (the others come from gin bindings). Workers
+  and ps tasks of a parameter-server group serve until stopped (this call then never returns).
 
   Failures that a restart cannot fix raise before training starts where they can be seen then:
   ConfigurationError (flags, bindings, TF_CONFIG, unwritable directories, missing files) and
   DataError (an empty file, a malformed line under ``bad_lines='error'``, naming file and line;
   also raised mid-training). A NaN/Inf loss raises NonFiniteLossError naming the step, before
-  that step is checkpointed or published. The chief writes ``model_dir/heartbeat.json`` (step,
-  the step it started from, time) every ``heartbeat_every_s``; ``max_wall_seconds`` ends
-  training early, as if ``train_steps`` were reached (not for ``multi_worker_mirrored``).
-  ``save_step_timeline`` makes the chief write ``model_dir/step_timeline.json``: every timed
-  step interval and teacher-refresh/publish window on the host's monotonic clock, so that step
-  times of several groups on one machine can be lined up (benchmarks/soak.py).
+  that step is checkpointed or published.
   """
-  _validate(group, num_groups, codistill, exchange_dir, data_split, optimizer)
-  _validate_comm(strategy, fusion, allreduce_dtype)
-  _validate_numbers(train_steps=train_steps, steps_per_epoch=steps_per_epoch,
-                    batch_size=batch_size, steps_per_execution=steps_per_execution,
-                    exchange_every_steps=exchange_every_steps, keep_last=keep_last,
-                    checkpoint_every_steps=checkpoint_every_steps)
-  if max_wall_seconds is not None and strategy == "multi_worker_mirrored":
-    raise ConfigurationError("trainer.train.max_wall_seconds cannot end a multi_worker_mirrored "
-                             "group (its workers would wait for the chief): unbind it")
-  if teacher_graph not in topology.GRAPHS:
-    raise ConfigurationError(
-        f"trainer.train.teacher_graph={teacher_graph!r} is not one of {topology.GRAPHS}")
-  if teacher_precision not in PRECISIONS:
-    raise ConfigurationError(
-        f"trainer.train.teacher_precision={teacher_precision!r} is not one of {PRECISIONS}")
-  task = task or tasks_lib.BinaryTask()
-  for name, files in (("train_files", train_files), ("eval_files", eval_files)):
-    if not files:
+  config = TrainConfig(**settings)
+  validate(config, group=group, num_groups=num_groups, exchange_dir=exchange_dir)
+  return GroupTrainer(config, model_dir, group, num_groups, exchange_dir).run()
+
+
+@dataclasses.dataclass
+class _Data:
+  """A group's input: its training pipeline (a function of the input context), evaluation set,
+  probe batch of real inputs, input spec and counter of skipped records."""
+  train: Callable[..., tf.data.Dataset]
+  evaluation: tf.data.Dataset
+  probe: Any
+  input_spec: Any
+  bad_lines: criteo.BadLineCounter
+
+  @property
+  def sample(self):
+    return tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape[1:], s.dtype), self.input_spec)
+
+
+@dataclasses.dataclass
+class _Callbacks:
+  """What ``fit`` runs, and the parts of it the results are read from."""
+  fit: List[keras.callbacks.Callback]
+  driver: keras.callbacks.Callback
+  evaluation: monitoring.LocalEvaluation
+  initial_epoch: int = 0
+  summary_writer: Optional[tf.summary.SummaryWriter] = None
+  step_summaries: Optional[monitoring.StepSummaries] = None
+  step_timer: Optional[step_timing.StepTimer] = None
+  exchange: Optional[codistillation.ExchangeHooks] = None
+
+
+class GroupTrainer:
+  """One group's training in this process: ``run`` builds the data, the model and the
+  callbacks, fits, and (on the chief) evaluates, exports and writes the results."""
+
+  def __init__(self, config: TrainConfig, model_dir: str, group: int = 0, num_groups: int = 1,
+               exchange_dir: Optional[str] = None):
+    self.config = config
+    self.model_dir = model_dir
+    self.group = group
+    self.num_groups = num_groups
+    self.exchange_dir = exchange_dir
+    self.run_dir = layout.RunDir(model_dir)
+    self.task = config.task or tasks_lib.BinaryTask()
+    self.peers = (topology.teacher_groups(group, num_groups, config.teacher_graph)
+                  if config.codistill else [])
+    self.info = strategies.task_info(config.strategy)
+
+  def run(self) -> Dict[str, float]:
+    """Trains (or, on a parameter-server worker or ps task, serves until stopped)."""
+    self._prepare_process()
+    if self.info.serves_only:
+      # Blocks until the launcher (or the cluster manager) stops the task.
+      strategies.serve(self.info, strategies.server_config(self.config.inter_op_threads,
+                                                           self.config.intra_op_threads))
+      return {}
+    distribution = strategies.make_strategy(self.config.strategy)
+    if self.config.batch_size % distribution.num_replicas_in_sync:
       raise ConfigurationError(
-          f"trainer.train.{name} is empty: bind it, e.g. "
-          f"--gin_bindings=\"trainer.train.{name} = ['data/{name.split('_')[0]}-*']\"")
-  filesystems.ensure_filesystems([model_dir, exchange_dir, *train_files, *eval_files])
-  info = strategies.task_info(strategy)
-  if info.is_chief:
-    _check_writable("--model_dir", model_dir)
-    if codistill:
-      _check_writable("--exchange_dir", exchange.group_dir(exchange_dir, group))
-  if intra_op_threads:
-    tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
-  if inter_op_threads:
-    tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
-  if info.serves_only:
-    # Blocks until the launcher (or the cluster manager) stops the task.
-    strategies.serve(info, strategies.server_config(inter_op_threads, intra_op_threads))
-    return {}
-  distribution = strategies.make_strategy(strategy)
-  if batch_size % distribution.num_replicas_in_sync:
-    raise ConfigurationError(
-        f"trainer.train.batch_size={batch_size} (the global batch) must be divisible by the "
-        f"{distribution.num_replicas_in_sync} replicas of strategy {strategy!r}")
-  keras.utils.set_random_seed(seed * 7919 + group)
-  tf.io.gfile.makedirs(model_dir)
-  start = time.time()
+          f"trainer.train.batch_size={self.config.batch_size} (the global batch) must be "
+          f"divisible by the {distribution.num_replicas_in_sync} replicas of strategy "
+          f"{self.config.strategy!r}")
+    keras.utils.set_random_seed(self.config.seed * 7919 + self.group)
+    tf.io.gfile.makedirs(self.model_dir)
+    start = time.time()
+    data = self.build_data()
+    model, local = self.build_model(distribution, data)
+    callbacks = self.build_callbacks(model, local, data)
+    history = self.fit(model, data, callbacks)
+    model.flush_fusion()
+    digest = weights_digest(model.student)
+    logging.info("final student weights digest (%s:%d): %s", self.info.task_type or "local",
+                 self.info.task_id, digest)
+    if not self.info.is_chief:
+      return {}
+    return self.finalize(model, local, data, callbacks, history,
+                         {"wall_time_s": time.time() - start, "weights_digest": digest})
 
-  bad_lines = criteo.BadLineCounter()
+  def _prepare_process(self) -> None:
+    config = self.config
+    filesystems.ensure_filesystems([self.model_dir, self.exchange_dir, *config.train_files,
+                                    *config.eval_files])
+    if self.info.is_chief:
+      _check_writable("--model_dir", self.model_dir)
+      if config.codistill:
+        _check_writable("--exchange_dir", exchange.group_dir(self.exchange_dir, self.group))
+    if config.intra_op_threads:
+      tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
+    if config.inter_op_threads:
+      tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
 
-  def train_dataset(context: Optional[tf.distribute.InputContext] = None,
-                    repeat: bool = True) -> tf.data.Dataset:
-    pipelines, pipeline = (context.num_input_pipelines, context.input_pipeline_id) if context \
-        else (1, 0)
-    batch = context.get_per_replica_batch_size(batch_size) if context else batch_size
-    groups, index = (num_groups, group) if data_split == "disjoint" else (1, 0)
-    return dataset_fn(list(train_files), batch, shard_index=index * pipelines + pipeline,
-                      num_shards=groups * pipelines, repeat=repeat, shuffle_buffer=shuffle_buffer,
-                      seed=seed * 7919 + group * 101 + pipeline,
-                      bad_line_counter=None if context else bad_lines)
+  def build_data(self) -> _Data:
+    """The group's pipelines, checked: files exist, the evaluation set and this group's shard
+    of the training data hold valid examples."""
+    config, group, num_groups = self.config, self.group, self.num_groups
+    bad_lines = criteo.BadLineCounter()
 
-  with _data_errors(dataset_fn):
-    eval_ds = _open_files("eval_files", lambda: dataset_fn(list(eval_files), batch_size,
-                                                           bad_line_counter=bad_lines))
-    # A few real examples: published models and loaded teachers must predict finite values on them.
-    probe = tf.nest.map_structure(lambda t: t[:PROBE_EXAMPLES], next(iter(eval_ds))[0])
-    _check_train_data(_open_files("train_files", lambda: train_dataset(repeat=False)),
-                      train_files, group, num_groups, data_split)
-    bad_lines.reset()  # the checks read lines the training will read again
-  input_spec = eval_ds.element_spec[0]
-  sample = tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape[1:], s.dtype), input_spec)
-  prior = (task.estimate_prior(list(train_files), train_dataset())
-           if label_smoothing and smoothing_prior == "unigram" else None)
-  try:
-    task_loss = task.task_loss(label_smoothing, smoothing_prior, prior)
-  except ValueError as e:
-    raise ConfigurationError(f"trainer.train.label_smoothing/smoothing_prior: {e}") from None
-  metrics = task.metrics
+    def train_dataset(context: Optional[tf.distribute.InputContext] = None,
+                      repeat: bool = True) -> tf.data.Dataset:
+      pipelines, pipeline = ((context.num_input_pipelines, context.input_pipeline_id)
+                             if context else (1, 0))
+      batch = context.get_per_replica_batch_size(config.batch_size) if context \
+          else config.batch_size
+      groups, index = (num_groups, group) if config.data_split == "disjoint" else (1, 0)
+      return config.dataset_fn(
+          list(config.train_files), batch, shard_index=index * pipelines + pipeline,
+          num_shards=groups * pipelines, repeat=repeat, shuffle_buffer=config.shuffle_buffer,
+          seed=config.seed * 7919 + group * 101 + pipeline,
+          bad_line_counter=None if context else bad_lines)
 
-  peers = topology.teacher_groups(group, num_groups, teacher_graph) if codistill else []
-  with distribution.scope():
-    student = model_fn()
-    teacher_factory = (None if teacher_precision == "float32" else
-                       lambda: clone_architecture(student, dtype_policy=PRECISIONS[teacher_precision]))
-    reducer = (comm.GradientReducer(allreduce_dtype) if allreduce_dtype != "float32" else None)
-    model = CodistillModel(student, len(peers), alpha=alpha, burn_in_steps=burn_in_steps,
-                           output=task.output, distill_kind=distill_kind, temperature=temperature,
-                           teacher_factory=teacher_factory, fusion=fusion, reducer=reducer,
-                           fusion_binding="trainer.train.fusion")
+    with _data_errors(config.dataset_fn):
+      evaluation = _open_files("eval_files", lambda: config.dataset_fn(
+          list(config.eval_files), config.batch_size, bad_line_counter=bad_lines))
+      # A few real examples: published models and loaded teachers must predict finite values.
+      probe = tf.nest.map_structure(lambda t: t[:PROBE_EXAMPLES], next(iter(evaluation))[0])
+      _check_train_data(_open_files("train_files", lambda: train_dataset(repeat=False)),
+                        config.train_files, group, num_groups, config.data_split)
+      bad_lines.reset()  # the checks read lines the training reads again
+    return _Data(train_dataset, evaluation, probe, evaluation.element_spec[0], bad_lines)
+
+  def build_model(self, distribution: tf.distribute.Strategy, data: _Data
+                  ) -> Tuple[CodistillModel, publishing.LocalCopy]:
+    """The compiled CodistillModel (student and teacher variables created) and a local copy of
+    its student for evaluation, publishing and export."""
+    config = self.config
+    prior = (self.task.estimate_prior(list(config.train_files), data.train())
+             if config.label_smoothing and config.smoothing_prior == "unigram" else None)
     try:
-      model.compile(optimizer=OPTIMIZERS[optimizer](learning_rate=learning_rate),
-                    loss=task_loss, metrics=metrics(), steps_per_execution=steps_per_execution,
-                    jit_compile=jit_compile)
-    except fusion_lib.FusionError as e:
-      raise ConfigurationError(str(e)) from e
-  # Create student and teacher variables now, so the teacher pool can restore into them.
-  # The published signature's output shape: the student's on the data's input spec.
-  output_shape = [None] + model(sample).shape.as_list()[1:]
-  # Pending forward-fusion updates are applied before every read of the weights for a
-  # checkpoint, a publish, an evaluation or the export.
-  local = callbacks_lib.LocalCopy(student, clone_architecture(student),
-                                  before_snapshot=model.flush_fusion)
-  local.model(sample)
+      task_loss = self.task.task_loss(config.label_smoothing, config.smoothing_prior, prior)
+    except ValueError as e:
+      raise ConfigurationError(f"trainer.train.label_smoothing/smoothing_prior: {e}") from None
+    with distribution.scope():
+      student = config.model_fn()
+      reducer = (comm.GradientReducer(config.allreduce_dtype)
+                 if config.allreduce_dtype != "float32" else None)
+      model = CodistillModel(
+          student, exchange=self.exchange_config(), alpha=config.alpha,
+          burn_in_steps=config.burn_in_steps, output=self.task.output,
+          distill_kind=config.distill_kind, temperature=config.temperature,
+          fusion=config.fusion, reducer=reducer, fusion_binding="trainer.train.fusion")
+      try:
+        model.compile(optimizer=OPTIMIZERS[config.optimizer](learning_rate=config.learning_rate),
+                      loss=task_loss, metrics=self.task.metrics(),
+                      steps_per_execution=config.steps_per_execution,
+                      jit_compile=config.jit_compile)
+      except fusion_lib.FusionError as e:
+        raise ConfigurationError(str(e)) from e
+    model(data.sample)  # student and teacher variables exist before a teacher is restored
+    # Pending forward-fusion updates are applied before every read of the weights for a
+    # checkpoint, a publish, an evaluation or the export.
+    local = publishing.LocalCopy(student, clone_architecture(student),
+                                 before_snapshot=model.flush_fusion)
+    local.model(data.sample)
+    return model, local
 
-  summary_writer = None
-  evaluation = callbacks_lib.LocalEvaluation(local, eval_ds, task.task_loss(), metrics, eval_steps)
-  step_summaries = step_timer = None
-  guard = callbacks_lib.NonFiniteGuard()
-  hooks: List[callbacks_lib.StepHook] = []
-  epoch_callbacks: List[keras.callbacks.Callback] = []
-  if info.is_chief:
-    summary_writer = tf.summary.create_file_writer(os.path.join(model_dir, "tb", "steps"))
-    step_summaries = callbacks_lib.StepSummaries(
-        summary_writer, batch_size, summary_every_steps,
-        counters={SKIPPED_LINES_TAG: lambda: bad_lines.count})
-    step_timer = callbacks_lib.StepTimer(steps_per_epoch)
-    hooks += [callbacks_lib.Heartbeat(os.path.join(model_dir, "heartbeat.json"),
-                                      heartbeat_every_s, f"{info.task_type or 'chief'}:"
-                                      f"{info.task_id}"),
-              step_timer, step_summaries]
-    if max_wall_seconds is not None:
-      hooks.append(callbacks_lib.WallClockLimit(max_wall_seconds))
+  def exchange_config(self) -> Optional[codistillation.Exchange]:
+    """Where and how this group exchanges models (None without codistillation)."""
+    config = self.config
+    if not config.codistill:
+      return None
+    return codistillation.Exchange(
+        self.exchange_dir, self.group, self.num_groups, config.teacher_graph,
+        publish_every_steps=config.exchange_every_steps, keep_last=config.keep_last,
+        poll_interval_s=config.poll_interval_s, teacher_precision=config.teacher_precision)
+
+  def _predictions_of(self, data: _Data) -> tf.data.Dataset:
+    batches = self.config.prediction_batches
+    return data.evaluation if batches is None else data.evaluation.take(batches)
+
+  def _chief_callbacks(self, local: publishing.LocalCopy, data: _Data,
+                       callbacks: _Callbacks) -> Tuple[List[step_hooks.StepHook],
+                                                       List[keras.callbacks.Callback]]:
+    """The chief's step hooks (heartbeat, step timing, summaries) and epoch callbacks."""
+    config, run = self.config, self.run_dir
+    callbacks.summary_writer = tf.summary.create_file_writer(run.step_summaries)
+    callbacks.step_summaries = monitoring.StepSummaries(
+        callbacks.summary_writer, config.batch_size, config.summary_every_steps,
+        counters={SKIPPED_LINES_TAG: lambda: data.bad_lines.count})
+    callbacks.step_timer = step_timing.StepTimer(config.steps_per_epoch)
+    hooks = [monitoring.Heartbeat(run.heartbeat, config.heartbeat_every_s,
+                                  f"{self.info.task_type or 'chief'}:{self.info.task_id}"),
+             callbacks.step_timer, callbacks.step_summaries]
+    if config.max_wall_seconds is not None:
+      hooks.append(step_hooks.WallClockLimit(config.max_wall_seconds))
     epoch_callbacks = [
-        evaluation,
-        keras.callbacks.TensorBoard(os.path.join(model_dir, "tb"), update_freq="epoch"),
-        callbacks_lib.ProgressLog(os.path.join(model_dir, "progress.jsonl"), group, train_steps,
-                                rates=step_summaries.examples_per_sec),
-    ]
-    if save_eval_predictions and prediction_history:
-      epoch_callbacks.append(callbacks_lib.PredictionHistory(
-          local, eval_ds if prediction_batches is None else eval_ds.take(prediction_batches),
-          task.output, os.path.join(model_dir, "eval_predictions"), _save_npz))
-  initial_epoch = 0
-  if strategy == "parameter_server":
-    checkpoints = callbacks_lib.EpochCheckpoint(os.path.join(model_dir, "checkpoints"), model,
-                                                before_save=model.flush_fusion)
-    initial_epoch = checkpoints.restore() // steps_per_epoch
-    epoch_callbacks.insert(0, checkpoints)
-  else:
-    epoch_callbacks.insert(0, fusion_lib.BackupAndRestore(
-        os.path.join(model_dir, "backup"), model.flush_fusion, save_freq=checkpoint_every_steps))
-  refresh = publisher = None
-  if codistill:
-    pool = teachers_lib.TeacherPool(exchange_dir, peers, model, input_spec,
-                                    output_shape,
-                                    poll_interval_s=poll_interval_s, probe=probe)
-    refresh = teachers_lib.TeacherRefresh(pool, summary_writer)
-    hooks.append(refresh)
-    if info.is_chief:
-      publisher = callbacks_lib.ExchangePublisher(local, exchange_dir, group, exchange_every_steps,
-                                                  input_spec, keep_last=keep_last, probe=probe)
-      hooks.append(publisher)
-  if strategy == "parameter_server":
-    # The guard runs first in the polling thread; it makes the driver stop training.
-    driver = callbacks_lib.ThreadDriver([guard] + hooks)
-    fit_callbacks = epoch_callbacks + [driver]
-  else:
-    # The guard comes first: a NaN step is never checkpointed (BackupAndRestore) or published.
-    driver = callbacks_lib.BatchDriver(hooks)
-    fit_callbacks = [guard] + epoch_callbacks + [driver]
+        callbacks.evaluation,
+        keras.callbacks.TensorBoard(run.tensorboard, update_freq="epoch"),
+        monitoring.ProgressLog(run.progress, self.group, config.train_steps,
+                               rates=callbacks.step_summaries.examples_per_sec)]
+    if config.save_eval_predictions and config.prediction_history:
+      epoch_callbacks.append(monitoring.PredictionHistory(
+          local, self._predictions_of(data), self.task.output, run.prediction_history,
+          _save_npz))
+    return hooks, epoch_callbacks
 
-  data = train_dataset() if info.task_type is None else \
-      keras.utils.experimental.DatasetCreator(train_dataset)
-  epochs = max(1, -(-train_steps // steps_per_epoch))
-  try:
-    with _data_errors(dataset_fn):
-      history = model.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                          initial_epoch=initial_epoch, callbacks=fit_callbacks,
-                          verbose=verbose if info.is_chief else 0)
-    if isinstance(driver, callbacks_lib.ThreadDriver) and driver.error is not None:
-      raise driver.error
-  except NonFiniteLossError as e:
-    if refresh is not None:
-      refresh.pool.stop()
-    if publisher is not None:
-      publisher.drain()
-    raise NonFiniteLossError(_non_finite_message(str(e), model_dir, exchange_dir, group,
-                                                 strategy, codistill and info.is_chief),
-                             e.step) from None
-  model.flush_fusion()
-  digest = weights_digest(student)
-  logging.info("final student weights digest (%s:%d): %s", info.task_type or "local",
-               info.task_id, digest)
-  if not info.is_chief:
+  def build_callbacks(self, model: CodistillModel, local: publishing.LocalCopy,
+                      data: _Data) -> _Callbacks:
+    """Checkpoints, evaluation and monitoring (the chief's), the NaN guard, the exact step
+    limit and the exchange of models."""
+    config = self.config
+    evaluation = monitoring.LocalEvaluation(local, data.evaluation, self.task.task_loss(),
+                                            self.task.metrics, config.eval_steps)
+    callbacks = _Callbacks(fit=[], driver=None, evaluation=evaluation)
+    hooks, epoch_callbacks = [], []
+    if self.info.is_chief:
+      hooks, epoch_callbacks = self._chief_callbacks(local, data, callbacks)
+    parameter_server = config.strategy == "parameter_server"
+    if parameter_server:
+      checkpoints = checkpointing.EpochCheckpoint(self.run_dir.checkpoints, model,
+                                                  before_save=model.flush_fusion)
+      callbacks.initial_epoch = checkpoints.restore() // config.steps_per_epoch
+      epoch_callbacks.insert(0, checkpoints)
+    else:
+      epoch_callbacks.insert(0, fused_models.BackupAndRestore(
+          self.run_dir.backup, model.flush_fusion, save_freq=config.checkpoint_every_steps))
+    if config.codistill:
+      callbacks.exchange = codistillation.exchange_hooks(
+          model, model.exchange, data.input_spec, data.probe, callbacks.summary_writer,
+          local=local)
+    guard = step_hooks.NonFiniteGuard()
+    if parameter_server:
+      # The guard runs first in the polling thread; it makes the driver stop training.
+      callbacks.driver = step_hooks.ThreadDriver([guard] + hooks)
+      callbacks.fit = epoch_callbacks + [callbacks.driver]
+    else:
+      # The guard comes first: a NaN step is never checkpointed (BackupAndRestore) or published.
+      callbacks.driver = step_hooks.BatchDriver(hooks)
+      callbacks.fit = [guard] + epoch_callbacks + [callbacks.driver]
+    callbacks.fit.append(step_hooks.StepLimit(config.train_steps, config.steps_per_epoch))
+    return callbacks
+
+  def fit(self, model: CodistillModel, data: _Data, callbacks: _Callbacks
+          ) -> keras.callbacks.History:
+    """``model.fit`` for exactly ``train_steps`` steps; a NaN/Inf loss raises
+    NonFiniteLossError saying what was kept."""
+    config = self.config
+    dataset = data.train() if self.info.task_type is None else \
+        keras.utils.experimental.DatasetCreator(data.train)
+    try:
+      with _data_errors(config.dataset_fn):
+        history = model.fit(dataset, epochs=max(1, -(-config.train_steps // config.steps_per_epoch)),
+                            steps_per_epoch=config.steps_per_epoch,
+                            initial_epoch=callbacks.initial_epoch, callbacks=callbacks.fit,
+                            verbose=config.verbose if self.info.is_chief else 0,
+                            exchange_hooks=callbacks.exchange)
+      error = getattr(callbacks.driver, "error", None)
+      if error is not None:
+        raise error
+    except NonFiniteLossError as e:
+      if callbacks.exchange is not None:
+        callbacks.exchange.refresh.pool.stop()
+        if callbacks.exchange.publisher is not None:
+          callbacks.exchange.publisher.drain()
+      raise NonFiniteLossError(_non_finite_message(
+          str(e), self.model_dir, self.exchange_dir, self.group, config.strategy,
+          config.codistill and self.info.is_chief), e.step) from None
+    return history
+
+  def finalize(self, model: CodistillModel, local: publishing.LocalCopy, data: _Data,
+               callbacks: _Callbacks, history: keras.callbacks.History,
+               extra: Dict[str, Any]) -> Dict[str, Any]:
+    """The chief's end of training: final evaluation, export (refused if not finite),
+    predictions, summaries, ``results.json`` and the step timeline."""
+    config, run = self.config, self.run_dir
+    step = current_step(model)
+    final = callbacks.evaluation.evaluate()
+    weights = local.snapshot()
+    with local.at_step(step, weights) as final_model:
+      problem = publishing.finiteness_problem(final_model, weights, data.probe)
+      if problem:
+        raise NonFiniteLossError(f"the final model of step {step} is not exported: {problem}",
+                                 step)
+      exchange.save_model(final_model, run.export, data.input_spec)
+    if config.save_eval_predictions:
+      probs, labels = metrics_lib.model_probabilities(local.model, self._predictions_of(data),
+                                                      self.task.output)
+      _save_npz(run.eval_predictions, probs=probs, labels=labels)
+    skipped = data.bad_lines.count
+    if skipped:
+      logging.warning("skipped %d malformed input lines (bad_lines='skip')", skipped)
+    with callbacks.summary_writer.as_default(step=step):
+      tf.summary.scalar(SKIPPED_LINES_TAG, skipped)
+    callbacks.summary_writer.flush()
+    results = self._results(model, callbacks, history, step, final,
+                            {**extra, "skipped_lines": skipped})
+    exchange.write_atomically(run.results, json.dumps(results, indent=2, sort_keys=True))
+    if config.save_step_timeline:
+      exchange.write_atomically(run.step_timeline, json.dumps(
+          callbacks.step_timer.timeline(_windows(callbacks.exchange))))
+    logging.info("group %d done: %s steps=%d", self.group,
+                 " ".join(f"{k}={v:.4f}" for k, v in sorted(self.task.results(final).items())),
+                 step)
+    return results
+
+  def _results(self, model: CodistillModel, callbacks: _Callbacks,
+               history: keras.callbacks.History, step: int, final: Dict[str, float],
+               extra: Dict[str, Any]) -> Dict[str, Any]:
+    """The contents of ``results.json``."""
+    config, rates = self.config, callbacks.step_summaries.examples_per_sec
+    results = {
+        "group": self.group, "num_groups": self.num_groups, "strategy": config.strategy,
+        "num_workers": self.info.num_workers, "codistill": config.codistill, "steps": step,
+        **self.task.results(final),
+        "teacher_graph": config.teacher_graph, "teacher_groups": self.peers,
+        "teacher_precision": config.teacher_precision,
+        "examples_per_sec": float(np.median(rates)) if rates else None,
+        "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
+        **extra,
+    }
+    hooks = callbacks.exchange
+    if hooks is not None:
+      refresh, publisher = hooks.refresh, hooks.publisher
+      results.update(
+          teacher_loads=refresh.swaps, teacher_rejections=refresh.pool.rejections,
+          teacher_steps=[int(s) for s in model.teacher_steps.numpy()],
+          final_teacher_staleness=float(model.teacher_staleness().numpy()),
+          publishes=len(publisher.publish_seconds), publish_failures=publisher.failures,
+          publish_refused_non_finite=publisher.refused,
+          publish_seconds_median=(float(np.median(publisher.publish_seconds))
+                                  if publisher.publish_seconds else None),
+          # Step times of steps overlapping a refresh, a publish, an epoch end, or nothing.
+          step_time_ms=callbacks.step_timer.quantiles_ms(_windows(hooks)))
+    return results
+
+
+def _windows(hooks: Optional[codistillation.ExchangeHooks]) -> Dict[str, list]:
+  """When each teacher refresh (load off-thread .. swap) and publish (snapshot .. written) ran."""
+  if hooks is None:
     return {}
-
-  step = current_step(model)
-  final = evaluation.evaluate()
-  weights = local.snapshot()
-  with local.at_step(step, weights) as final_model:
-    problem = callbacks_lib.finiteness_problem(final_model, weights, probe)
-    if problem:
-      raise NonFiniteLossError(f"the final model of step {step} is not exported: {problem}", step)
-    exchange.save_model(final_model, os.path.join(model_dir, "export"), input_spec)
-  if save_eval_predictions:
-    probs, labels = metrics_lib.model_probabilities(
-        local.model, eval_ds if prediction_batches is None else eval_ds.take(prediction_batches),
-        task.output)
-    _save_npz(os.path.join(model_dir, "eval_predictions.npz"), probs=probs, labels=labels)
-  if bad_lines.count:
-    logging.warning("skipped %d malformed input lines (bad_lines='skip')", bad_lines.count)
-  with summary_writer.as_default(step=step):
-    tf.summary.scalar(SKIPPED_LINES_TAG, bad_lines.count)
-  summary_writer.flush()
-
-  # When each teacher refresh (load off-thread .. swap) and publish (snapshot .. written) ran.
-  windows = {"refresh": refresh.windows, "publish": publisher.windows} if codistill else {}
-  results = {
-      "group": group,
-      "num_groups": num_groups,
-      "strategy": strategy,
-      "num_workers": info.num_workers,
-      "codistill": codistill,
-      "steps": step,
-      **task.results(final),
-      "teacher_graph": teacher_graph,
-      "teacher_groups": peers,
-      "teacher_precision": teacher_precision,
-      "wall_time_s": time.time() - start,
-      "examples_per_sec": float(np.median(step_summaries.examples_per_sec))
-                          if step_summaries.examples_per_sec else None,
-      "skipped_lines": bad_lines.count,
-      "weights_digest": digest,
-      "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
-  }
-  if codistill:
-    results.update(teacher_loads=refresh.swaps, teacher_rejections=refresh.pool.rejections,
-                   teacher_steps=[int(s) for s in model.teacher_steps.numpy()],
-                   final_teacher_staleness=float(model.teacher_staleness().numpy()),
-                   publishes=len(publisher.publish_seconds),
-                   publish_failures=publisher.failures,
-                   publish_refused_non_finite=publisher.refused,
-                   publish_seconds_median=float(np.median(publisher.publish_seconds))
-                   if publisher.publish_seconds else None,
-                   # Step times of steps overlapping a refresh, a publish, an epoch end, or
-                   # nothing.
-                   step_time_ms=step_timer.quantiles_ms(windows))
-  exchange.write_atomically(os.path.join(model_dir, "results.json"),
-                            json.dumps(results, indent=2, sort_keys=True))
-  if save_step_timeline:
-    exchange.write_atomically(os.path.join(model_dir, "step_timeline.json"),
-                              json.dumps(step_timer.timeline(windows)))
-  logging.info("group %d done: %s steps=%d", group,
-               " ".join(f"{k}={v:.4f}" for k, v in sorted(task.results(final).items())),
-               results["steps"])
-  return results
+  return {"refresh": hooks.refresh.windows, "publish": hooks.publisher.windows}
 
 
 def _save_npz(path: str, **arrays: np.ndarray) -> None:
@@ -431,13 +585,14 @@ def _check_train_data(dataset: tf.data.Dataset, train_files: Sequence[str], grou
 def _non_finite_message(reason: str, model_dir: str, exchange_dir: Optional[str], group: int,
                         strategy: str, publishes: bool) -> str:
   """What stopped, and what was kept: the newest checkpoint and published version."""
+  run = layout.RunDir(model_dir)
   if strategy == "parameter_server":
-    checkpoint = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    checkpoint = tf.train.latest_checkpoint(run.checkpoints)
   else:
-    checkpoint = tf.train.latest_checkpoint(os.path.join(model_dir, "backup", "chief"))
+    checkpoint = tf.train.latest_checkpoint(os.path.join(run.backup, "chief"))
   kept = ["no checkpoint"]
   if checkpoint:
-    kept = [f"last checkpoint {checkpoint} (step {callbacks_lib.checkpoint_step(checkpoint)}; a "
+    kept = [f"last checkpoint {checkpoint} (step {checkpointing.checkpoint_step(checkpoint)}; a "
             "restart resumes from it)"]
   if publishes:
     versions = exchange.list_versions(exchange_dir, group)
@@ -451,25 +606,6 @@ def _validate_numbers(**values: int) -> None:
   for name, value in values.items():
     if value < 1:
       raise ConfigurationError(f"trainer.train.{name}={value} must be >= 1")
-
-
-def check_config(num_groups: int, groups: Sequence[int], exchange_dir: Optional[str]) -> None:
-  """Validates the gin-bound trainer.train settings for ``groups`` of ``num_groups`` (launcher)."""
-  bound: Dict[str, Any] = {}
-  try:
-    bound = gin.get_bindings("trainer.train")
-  except (ValueError, KeyError):
-    pass
-  defaults = {name: p.default for name, p in _signature_parameters().items()}
-  value = lambda name: bound.get(name, defaults[name])
-  for group in groups:
-    _validate(group, num_groups, value("codistill"), exchange_dir, value("data_split"),
-              value("optimizer"))
-
-
-def _signature_parameters():
-  import inspect
-  return inspect.signature(getattr(train, "__wrapped__", train)).parameters
 
 
 def _validate_comm(strategy: str, fusion: str, allreduce_dtype: str) -> None:

@@ -9,12 +9,13 @@ import signal
 import pytest
 
 from testing_utils import TRANSIENT_PS_FAULTS, Launch, alive, launch_args, progress_steps
+from tf_codistill import layout
 
 pytestmark = pytest.mark.cluster
 
 
 def _results(model_dir, group):
-  with open(os.path.join(model_dir, f"group_{group}", "results.json")) as f:
+  with open(layout.group_run(model_dir, group).results) as f:
     return json.load(f)
 
 
@@ -81,6 +82,15 @@ def test_multi_worker_mirrored_groups_load_teachers_on_every_worker(tmp_path, cr
     results = _results(model_dir, group)
     assert results["weights_digest"] == digests["chief_0"]
     assert results["num_workers"] == 3 and results["steps"] == 160
+    # Values every replica shares are reported once per group, not summed over its 3 replicas.
+    with open(f"{group_dir}/progress.jsonl") as f:
+      records = [json.loads(line) for line in f]
+    assert [r["step"] for r in records] == [80, 160]
+    for record in records:
+      assert record["alpha"] in (0.0, 1.0), record
+      assert record["teacher_staleness"] == -1.0 or 0 <= record["teacher_staleness"] <= 160, record
+    assert records[-1]["alpha"] == 1.0 and records[-1]["teacher_staleness"] >= 0, records
+    assert set(results["history"]["alpha"]) <= {0.0, 1.0}, results["history"]
 
 
 def test_killed_parameter_server_worker_is_rescheduled_and_training_completes(tmp_path, criteo_dir):

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from testing_utils import Launch, launch_args
+from tf_codistill import layout
 
 pytestmark = pytest.mark.cluster
 
@@ -30,7 +31,7 @@ def test_compressed_allreduce_training_converges_on_a_local_cluster(tmp_path, cr
                      log), task
     digests[task] = re.search(r"final student weights digest \(\w+:\d\): (\w+)", log).group(1)
   assert len(set(digests.values())) == 1, digests
-  with open(os.path.join(group_dir, "results.json")) as f:
+  with open(layout.RunDir(group_dir).results) as f:
     results = json.load(f)
   assert results["steps"] == 160
   losses = results["history"]["loss"]

@@ -16,6 +16,7 @@ import tensorflow as tf
 from data_pipelines import adult
 from testing_utils import REPO, SMALL_BINDINGS, collect
 from tf_codistill import config
+from tf_codistill import layout
 
 NUM_BUCKETS = 2000
 TRAIN_NAMES = [f"train-{i:05d}-of-00004.parquet" for i in range(4)]
@@ -179,7 +180,7 @@ def test_two_groups_codistill_on_adult(prepared, tmp_path):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   for group in (0, 1):
-    with open(os.path.join(model_dir, f"group_{group}", "results.json")) as f:
+    with open(layout.group_run(model_dir, group).results) as f:
       results = json.load(f)
     assert results["steps"] == 60 and results["codistill"]
     assert 0 < results["val_logloss"] < 0.7 and results["val_auc"] > 0.6

@@ -7,9 +7,11 @@ import pytest
 import tensorflow as tf
 
 from data_pipelines import images
+from testing_utils import require_fashion_mnist
 
 
 def _fashion(part):
+  require_fashion_mnist()
   names = images._PARTS[part]
   return images.read_idx(os.path.join(images.FASHION_MNIST_DIR, names[0]),
                          os.path.join(images.FASHION_MNIST_DIR, names[1]))

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from data_pipelines import text_lm
+from testing_utils import require_kjv
 
 TEXT = "The cat sat.\nThe dog sat, the cat ran.\n"
 # Word tokens: the cat sat . <eos> the dog sat , the cat ran . <eos>
@@ -102,6 +103,7 @@ def test_wrong_vocabulary_size_or_missing_vocabulary_names_the_file(text_dir):
 
 
 def test_king_james_bible_is_prepared_once_from_the_debian_package(tmp_path):
+  require_kjv()
   verses = text_lm.kjv_lines()
   assert len(verses) == 31_102
   assert verses[0] == "In the beginning God created the heaven and the earth."

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from testing_utils import REPO, Launch, alive, launch_args, tb_scalars
+from tf_codistill import layout
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +27,7 @@ def test_two_groups_load_each_others_published_models(tmp_path, criteo_dir):
   assert proc.returncode == 0, proc.stdout + proc.stderr
   for group, peer in ((0, 1), (1, 0)):
     group_dir = os.path.join(model_dir, f"group_{group}")
-    with open(os.path.join(group_dir, "results.json")) as f:
+    with open(layout.RunDir(group_dir).results) as f:
       results = json.load(f)
     assert results["steps"] == 240
     assert results["teacher_loads"] >= 1 and results["teacher_rejections"] == 0

@@ -12,7 +12,8 @@ import pytest
 
 from data_pipelines import images
 from data_pipelines import text_lm
-from testing_utils import REPO
+from testing_utils import REPO, require_fashion_mnist, require_kjv
+from tf_codistill import layout
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +57,7 @@ def _launch(model_dir, gin_file, data_dir, bindings):
   assert proc.returncode == 0, proc.stderr[-4000:]
   results = []
   for group in range(2):
-    with open(os.path.join(model_dir, f"group_{group}", "results.json")) as f:
+    with open(layout.group_run(model_dir, group).results) as f:
       results.append(json.load(f))
   for group, result in enumerate(results):
     assert result["steps"] == 120
@@ -67,6 +68,7 @@ def _launch(model_dir, gin_file, data_dir, bindings):
 
 
 def test_lm_two_way_codistillation(tmp_path):
+  require_kjv()
   data_dir = str(tmp_path / "kjv")
   text_lm.prepare(data_dir, vocab_size=500, num_train_files=4)
   results = _launch(str(tmp_path / "job"), "lm/codistill_2way.gin", data_dir, LM)
@@ -75,7 +77,7 @@ def test_lm_two_way_codistillation(tmp_path):
     assert result["val_loss"] < math.log(500)
     assert result["val_perplexity"] == pytest.approx(math.exp(result["val_xent"]), rel=1e-4)
     assert 0 < result["val_accuracy"] < 1
-  with np.load(tmp_path / "job" / "group_0" / "eval_predictions.npz") as npz:
+  with np.load(layout.group_run(str(tmp_path / "job"), 0).eval_predictions) as npz:
     assert npz["probs"].shape == (32, 16, 500) and npz["labels"].shape == (32, 16)
   # Churn between the two groups' exports, with the LM config's pipeline and softmax outputs.
   churn_json = str(tmp_path / "churn.json")
@@ -93,6 +95,7 @@ def test_lm_two_way_codistillation(tmp_path):
 
 
 def test_image_two_way_codistillation(tmp_path):
+  require_fashion_mnist()
   data_dir = tmp_path / "fashion"
   data_dir.mkdir()
   for part, count, files in (("train", 2400, 4), ("eval", 400, 1)):

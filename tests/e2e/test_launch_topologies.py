@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from testing_utils import REPO, launch_args
+from tf_codistill import layout
 
 pytestmark = pytest.mark.e2e
 
@@ -21,7 +22,7 @@ def test_three_groups_in_a_ring_learn_from_their_predecessor_only(tmp_path, crit
   for group in range(3):
     predecessor = (group - 1) % 3
     group_dir = os.path.join(model_dir, f"group_{group}")
-    with open(os.path.join(group_dir, "results.json")) as f:
+    with open(layout.RunDir(group_dir).results) as f:
       results = json.load(f)
     assert results["teacher_graph"] == "ring" and results["teacher_groups"] == [predecessor]
     assert results["teacher_loads"] >= 1 and len(results["teacher_steps"]) == 1

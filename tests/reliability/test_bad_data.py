@@ -110,6 +110,18 @@ def test_skip_drops_every_kind_of_bad_line_and_counts_them(tmp_path):
   assert counter.count == len(lines) - len(GOOD_LINES)
 
 
+def test_skipped_lines_count_each_bad_line_once_however_often_it_is_read(tmp_path):
+  bad = [line for line, _ in BAD_LINES][:6]
+  path = write(tmp_path / "mixed.tsv", [GOOD_LINES[0], *bad, GOOD_LINES[1]])
+  counter = criteo.BadLineCounter()
+  dataset = criteo.make_dataset(path, 3, bad_lines="skip", bad_line_counter=counter, repeat=True)
+  labels = [label.numpy() for _, label in dataset.take(10)]  # at least 5 passes over the file
+  assert sum(len(batch) for batch in labels) >= 10
+  assert counter.count == 6
+  counter.reset()
+  assert counter.count == 0
+
+
 def test_skip_drops_batches_that_become_empty(tmp_path):
   bad = BAD_LINES[7][0]
   path = write(tmp_path / "mixed.tsv", [bad, bad, GOOD_LINES[0], bad, bad])

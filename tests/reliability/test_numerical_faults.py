@@ -7,7 +7,6 @@ few steps later.
 """
 
 import glob
-import json
 import os
 import re
 
@@ -16,7 +15,9 @@ import pytest
 import tensorflow as tf
 
 from testing_utils import Launch, error_lines, launch_args, run, small_net, train_args
-from tf_codistill import callbacks
+from tf_codistill import checkpointing
+from tf_codistill import publishing
+from tf_codistill import step_hooks
 from tf_codistill import errors
 from tf_codistill import exchange
 
@@ -56,7 +57,7 @@ def test_nan_loss_stops_at_its_step_keeping_the_last_good_checkpoint_and_publish
                                                   int(match.group(4)), match.group(5))
   assert step > DIVERGE_AT and re.search(r"=(nan|inf|-inf)\b", match.group(2)), line
   # The last good checkpoint: taken before the divergence, every value finite.
-  assert checkpoint_step <= DIVERGE_AT and callbacks.checkpoint_step(checkpoint) == checkpoint_step
+  assert checkpoint_step <= DIVERGE_AT and checkpointing.checkpoint_step(checkpoint) == checkpoint_step
   assert _finite_checkpoint(checkpoint)
   # The last good published model, and every published model, is from before the NaN step.
   versions = exchange.list_versions(str(exchange_dir), 0)
@@ -87,11 +88,11 @@ def test_nan_loss_under_parameter_servers_stops_the_group_without_retrying(tmp_p
   # Epoch checkpoints (every 80 steps) that exist are all from before the NaN and finite.
   checkpoints = tf.train.get_checkpoint_state(str(model_dir / "group_0" / "checkpoints"))
   for path in checkpoints.all_model_checkpoint_paths:
-    assert callbacks.checkpoint_step(path) < step and _finite_checkpoint(path)
+    assert checkpointing.checkpoint_step(path) < step and _finite_checkpoint(path)
 
 
 def test_guard_names_the_step_and_the_non_finite_losses():
-  guard = callbacks.NonFiniteGuard()
+  guard = step_hooks.NonFiniteGuard()
   guard.check(7, {"loss": 0.5, "task_loss": 0.5, "distill_loss": 0.0})
   with pytest.raises(errors.NonFiniteLossError,
                      match=r"non-finite loss at step 8 \(distill_loss=inf, loss=nan\)") as info:
@@ -105,7 +106,7 @@ def test_guard_names_the_step_and_the_non_finite_losses():
 ], ids=["nan_weights", "inf_predictions"])
 def test_publisher_never_publishes_a_non_finite_model(tmp_path, caplog, poison, reason):
   student, local = small_net(), small_net()
-  publisher = callbacks.ExchangePublisher(callbacks.LocalCopy(student, local), str(tmp_path), 0,
+  publisher = publishing.ExchangePublisher(publishing.LocalCopy(student, local), str(tmp_path), 0,
                                           every_steps=10, input_spec=SPEC,
                                           probe=tf.ones([8, 4]))
   publisher.on_begin(None, 0)
@@ -124,9 +125,9 @@ def test_epoch_checkpoint_is_skipped_for_a_non_finite_epoch(tmp_path):
   model = small_net()
   model.compile(optimizer="sgd", loss="mse")
   model.optimizer.iterations.assign(80)
-  checkpoints = callbacks.EpochCheckpoint(str(tmp_path), model)
+  checkpoints = checkpointing.EpochCheckpoint(str(tmp_path), model)
   checkpoints.set_model(model)
   checkpoints.on_epoch_end(0, {"loss": 0.3})
   model.optimizer.iterations.assign(160)
   checkpoints.on_epoch_end(1, {"loss": float("nan")})
-  assert [callbacks.checkpoint_step(p) for p in checkpoints.manager.checkpoints] == [80]
+  assert [checkpointing.checkpoint_step(p) for p in checkpoints.manager.checkpoints] == [80]

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from testing_utils import REPO, make_unwritable, small_filesystem, small_net
-from tf_codistill import callbacks
+from tf_codistill import publishing
 from tf_codistill import exchange
 
 SPEC = tf.TensorSpec([None, 4], tf.float32)
@@ -24,7 +24,7 @@ SPEC = tf.TensorSpec([None, 4], tf.float32)
 
 def _publisher(exchange_dir):
   student, local = small_net(seed=1), small_net()
-  return callbacks.ExchangePublisher(callbacks.LocalCopy(student, local), exchange_dir, 0,
+  return publishing.ExchangePublisher(publishing.LocalCopy(student, local), exchange_dir, 0,
                                      every_steps=10, input_spec=SPEC, keep_last=2)
 
 

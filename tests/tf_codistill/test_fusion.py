@@ -7,8 +7,9 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from tf_codistill import callbacks as callbacks_lib
+from tf_codistill import fused_models
 from tf_codistill import fusion
+from tf_codistill import publishing
 from tf_codistill import trainer
 from tf_codistill.model import CodistillModel
 
@@ -71,7 +72,7 @@ def _slots(optimizer):
 def test_fused_training_gives_the_weights_of_unfused_training(name, mode, jit):
   reference = _compiled(OPTIMIZERS[name], jit)
   reference.fit(_data(), epochs=2, verbose=0)
-  fused = fusion.fuse(_compiled(OPTIMIZERS[name], jit), mode)
+  fused = fused_models.fuse(_compiled(OPTIMIZERS[name], jit), mode)
   fused.fit(_data(), epochs=2, verbose=0)
   assert int(fused.optimizer.iterations.numpy()) == 2 * STEPS
   _assert_same(reference.get_weights(), fused.get_weights())
@@ -87,7 +88,7 @@ def test_fused_training_gives_the_weights_of_unfused_training(name, mode, jit):
 def test_other_optimizers_and_per_variable_options_match(make):
   reference = _compiled(make, False)
   reference.fit(_data(), epochs=1, verbose=0)
-  fused = fusion.fuse(_compiled(make, False), "forward")
+  fused = fused_models.fuse(_compiled(make, False), "forward")
   fused.fit(_data(), epochs=1, verbose=0)
   _assert_same(reference.get_weights(), fused.get_weights())
 
@@ -113,13 +114,13 @@ def test_lstm_reading_its_cell_weights_gets_them_updated(mode):
   reference.fit(data, epochs=1, verbose=0)
   fused = make()
   fused.compile(keras.optimizers.Adam(0.01), loss)
-  fusion.fuse(fused, mode).fit(data, epochs=1, verbose=0)
+  fused_models.fuse(fused, mode).fit(data, epochs=1, verbose=0)
   _assert_same(reference.get_weights(), fused.get_weights())
 
 
 def test_forward_fusion_defers_each_update_to_the_next_step_until_flushed():
   seen = []
-  model = fusion.fuse(_compiled(OPTIMIZERS["adam"], False), "forward")
+  model = fused_models.fuse(_compiled(OPTIMIZERS["adam"], False), "forward")
   initial = model.get_weights()
   record = keras.callbacks.LambdaCallback(
       on_train_batch_end=lambda batch, logs: seen.append(model.get_weights()))
@@ -157,8 +158,8 @@ def test_backup_checkpoints_and_snapshots_hold_flushed_weights(tmp_path):
   model = CodistillModel(_model(), fusion="forward")
   model.compile(keras.optimizers.Adam(0.01), keras.losses.BinaryCrossentropy(from_logits=True))
   snapshots = []
-  local = callbacks_lib.LocalCopy(model.student, _model(), before_snapshot=model.flush_fusion)
-  backup = fusion.BackupAndRestore(str(tmp_path / "backup"), model.flush_fusion, save_freq=4,
+  local = publishing.LocalCopy(model.student, _model(), before_snapshot=model.flush_fusion)
+  backup = fused_models.BackupAndRestore(str(tmp_path / "backup"), model.flush_fusion, save_freq=4,
                                    delete_checkpoint=False)
   take = keras.callbacks.LambdaCallback(
       on_train_batch_end=lambda batch, logs: batch == 2 and snapshots.append(local.snapshot()))
@@ -187,19 +188,19 @@ def test_global_norm_clipping_is_refused_with_the_binding_named():
     model.compile(keras.optimizers.Adam(0.01, global_clipnorm=1.0), "mse")
   plain = _compiled(lambda: keras.optimizers.SGD(0.1, global_clipnorm=2.0), False)
   with pytest.raises(fusion.FusionError, match="global_clipnorm"):
-    fusion.fuse(plain, "forward")
+    fused_models.fuse(plain, "forward")
 
 
 def test_unsupported_optimizers_and_modes_are_refused():
   with pytest.raises(fusion.FusionError, match=r"no fused update for .*Nadam.*supported"):
-    fusion.fuse(_compiled(lambda: keras.optimizers.Nadam(0.01), False), "backward")
+    fused_models.fuse(_compiled(lambda: keras.optimizers.Nadam(0.01), False), "backward")
   with pytest.raises(fusion.FusionError, match=r"fusion='sideways' is not one of"):
     CodistillModel(_model(), fusion="sideways")
   with pytest.raises(fusion.FusionError, match="use_ema"):
-    fusion.fuse(_compiled(lambda: keras.optimizers.SGD(0.1, use_ema=True), False), "backward")
+    fused_models.fuse(_compiled(lambda: keras.optimizers.SGD(0.1, use_ema=True), False), "backward")
   # 'none' leaves the model alone.
   model = _compiled(OPTIMIZERS["sgd"], False)
-  assert fusion.fuse(model, "none") is model and "train_step" not in model.__dict__
+  assert fused_models.fuse(model, "none") is model and "train_step" not in model.__dict__
 
 
 def test_probe_finds_the_embedding_gradient_sparse():

@@ -11,6 +11,7 @@ import pytest
 
 from tf_codistill import config
 from tf_codistill import launcher
+from tf_codistill import layout
 from tf_codistill import strategies
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -151,3 +152,25 @@ def test_launch_without_data_trains_on_generated_sample_data(tmp_path):
       "eval-00000-of-00001.tsv"] + [f"train-{i:05d}-of-00004.tsv" for i in range(4)]
   results = json.loads((model_dir / "group_0" / "results.json").read_text())
   assert results["steps"] == 20
+  # What the launcher did, as structured events.
+  events = launcher.read_events(str(model_dir))
+  assert [(e["event"], e["group"]) for e in events] == [("launched", 0), ("finished", 0)]
+  assert events[0]["task"] == "chief" and events[0]["index"] == 0
+  assert events[0]["log"] == layout.group_run(str(model_dir), 0).task_log("chief", 0)
+  assert launcher.task_pids(events) == {(0, "chief", 0): events[0]["pid"]}
+  assert events[0]["monotonic"] <= events[1]["monotonic"]
+
+
+def test_event_log_is_read_back_without_a_line_still_being_written(tmp_path):
+  log = launcher.EventLog(layout.launch_events(str(tmp_path)))
+  log.write("launched", group=1, task="worker", index=0, pid=11)
+  log.write("restarted", group=1, task="worker", index=0, status=-9, scope="task", restart=1,
+            max_restarts=3)
+  log.write("launched", group=1, task="worker", index=0, pid=12)
+  with open(log.path, "a") as f:
+    f.write('{"event": "launch')  # a line the launcher is writing right now
+  events = launcher.read_events(str(tmp_path))
+  assert [e["event"] for e in events] == ["launched", "restarted", "launched"]
+  assert events[1]["scope"] == "task" and events[1]["status"] == -9
+  assert launcher.task_pids(events) == {(1, "worker", 0): 12}
+  assert launcher.read_events(str(tmp_path / "nothing")) == []

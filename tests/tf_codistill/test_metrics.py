@@ -73,3 +73,26 @@ def test_categorical_scores_per_example_and_per_token():
   assert scores["val_perplexity"] == pytest.approx(np.exp(scores["val_xent"]))
   tokens = metrics.categorical_scores(probs[None], np.array([[0, 2]]))  # [1 sequence, 2 tokens]
   assert tokens["val_accuracy"] == 1.0
+
+
+def _linear(weight):
+  inputs = keras.Input((2,))
+  return keras.Model(inputs, keras.layers.Dense(
+      1, kernel_initializer=keras.initializers.Constant(weight), bias_initializer="zeros")(inputs))
+
+
+def test_prediction_churn_of_two_models_on_a_dataset():
+  x = np.array([[1.0, 0.0], [-1.0, 0.0], [0.5, 0.5], [0.0, -2.0]], np.float32)
+  a, b = _linear(1.0), _linear(-1.0)
+  labelled = tf.data.Dataset.from_tensor_slices((x, np.zeros([4, 1], np.float32))).batch(3)
+  churn = metrics.prediction_churn(a, b, labelled)
+  pa = 1 / (1 + np.exp(-x.sum(axis=1)))
+  assert churn["mean_abs_diff"] == pytest.approx(np.mean(np.abs(pa - (1 - pa))), rel=1e-5)
+  assert churn["disagreement"] == 1.0
+  # Features alone work too, and a model against itself has no churn.
+  same = metrics.prediction_churn(a, a, tf.data.Dataset.from_tensor_slices(x).batch(2))
+  assert same == {"mean_abs_diff": 0.0, "disagreement": 0.0}
+  with pytest.raises(ValueError, match="dataset is empty"):
+    metrics.prediction_churn(a, b, tf.data.Dataset.from_tensor_slices(x).take(0).batch(2))
+  with pytest.raises(ValueError, match="output='probit'"):
+    metrics.prediction_churn(a, b, labelled, output="probit")

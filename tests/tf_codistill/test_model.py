@@ -181,3 +181,19 @@ def test_double_buffer_flips_and_never_touches_the_active_copy():
   model.activate_teacher(0, step=20)
   assert model.teacher_slots[0][model.active_slot[0].numpy()] is inactive
   assert model.teacher_steps.numpy().tolist() == [20]
+
+
+def test_export_writes_the_student_with_the_serving_signature(tmp_path):
+  from tf_codistill.model import export
+  model = CodistillModel(_Subclassed(), teacher_factory=_Subclassed)
+  x = tf.random.stateless_normal([3, 8], seed=[4, 2])
+  with pytest.raises(ValueError, match="input spec is unknown"):
+    export(model.student, str(tmp_path / "never_called"))
+  model(x)  # the spec of the first call is the signature's input
+  export(model, str(tmp_path / "codistill"))
+  functional = _functional()
+  export(functional, str(tmp_path / "functional"))
+  for name, reference in (("codistill", model.student), ("functional", functional)):
+    serve = tf.saved_model.load(str(tmp_path / name)).signatures["serving_default"]
+    assert serve.structured_input_signature[1]["inputs"].shape.as_list() == [None, 8]
+    np.testing.assert_allclose(serve(inputs=x)["logits"], reference(x), rtol=1e-5, atol=1e-6)

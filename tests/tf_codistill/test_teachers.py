@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from testing_utils import activate_all, small_net, student_and_pool
-from tf_codistill import callbacks
+from tf_codistill import step_hooks
 from tf_codistill import exchange
 from tf_codistill import teachers
 from tf_codistill.model import CodistillModel
@@ -115,7 +115,7 @@ def test_refresh_picks_up_newer_version_while_training_continues(tmp_path):
   x = np.random.default_rng(0).normal(size=(200 * 8, 4)).astype("float32")
   y = (x[:, :1] > 0).astype("float32")
   data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-  model.fit(data, epochs=1, verbose=0, callbacks=[callbacks.BatchDriver([refresh]), player])
+  model.fit(data, epochs=1, verbose=0, callbacks=[step_hooks.BatchDriver([refresh]), player])
   assert model.teacher_steps.numpy().tolist() == [200]
   assert refresh.swaps == 2
   seen = [teacher_step for _, teacher_step, _ in player.steps_after_publish]

@@ -2,7 +2,7 @@
 
 import os
 import sys
-from typing import List
+from typing import Dict, List, Optional, Tuple
 
 import gin
 import tensorflow as tf
@@ -13,6 +13,7 @@ from absl import logging
 from tf_codistill import demo
 from tf_codistill import exchange
 from tf_codistill import launcher
+from tf_codistill import layout
 from tf_codistill import topology
 from tf_codistill import trainer
 from tf_codistill.bin import common
@@ -49,13 +50,20 @@ def main(argv):
   # Fail on a bad config here, once, rather than in every group's process.
   common.parse_gin_or_exit(FLAGS.gin_file, FLAGS.gin_bindings)
   strategy = FLAGS.strategy or _gin_strategy()
-  exchange_dir = FLAGS.exchange_dir or os.path.join(FLAGS.model_dir, "exchange")
+  exchange_dir = FLAGS.exchange_dir or layout.exchange_dir(FLAGS.model_dir)
+  files, sample_dir = _data_files(FLAGS.model_dir)
+  overrides = {"strategy": strategy, **files}
+  if FLAGS.teacher_graph:
+    overrides["teacher_graph"] = FLAGS.teacher_graph
   try:
-    overrides = {name: value for name, value in (("workers_per_group", FLAGS.workers_per_group),
-                                                 ("ps_per_group", FLAGS.ps_per_group))
-                 if value is not None}
-    shape = launcher.group_shape(strategy, **overrides)
-    trainer.check_config(FLAGS.num_groups, range(FLAGS.num_groups), exchange_dir)
+    shape = launcher.group_shape(strategy, **{
+        name: value for name, value in (("workers_per_group", FLAGS.workers_per_group),
+                                        ("ps_per_group", FLAGS.ps_per_group))
+        if value is not None})
+    config = trainer.TrainConfig(**overrides)
+    for group in range(FLAGS.num_groups):
+      trainer.validate(config, group=group, num_groups=FLAGS.num_groups,
+                       exchange_dir=exchange_dir)
     if FLAGS.pin_groups:
       launcher.split_cpus(FLAGS.num_groups)
   except ValueError as e:
@@ -67,7 +75,13 @@ def main(argv):
       reason = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
       common.exit_with_error(f"{flag}: cannot write to {directory} ({reason}): make it writable "
                              "by this job or pass another directory")
-  gin_bindings = list(FLAGS.gin_bindings) + _data_bindings(FLAGS.model_dir)
+  if sample_dir:
+    logging.warning("trainer.train.train_files/eval_files are not bound: training on generated "
+                    "Criteo-format sample data in %s (bind them to train on your data)",
+                    sample_dir)
+    demo.sample_data(sample_dir)
+  gin_bindings = list(FLAGS.gin_bindings) + [f"trainer.train.{name} = {value!r}"
+                                              for name, value in files.items()]
   if FLAGS.teacher_graph:
     gin_bindings.append(f"trainer.train.teacher_graph = '{FLAGS.teacher_graph}'")
   try:
@@ -86,8 +100,9 @@ def main(argv):
     print(f"group {group}: {path}")
 
 
-def _data_bindings(model_dir: str) -> List[str]:
-  """Bindings for generated sample data when no data is bound; none when both files are."""
+def _data_files(model_dir: str) -> Tuple[Dict[str, List[str]], Optional[str]]:
+  """The files to bind when no data is bound (generated sample data, and where to generate
+  it); nothing when both are bound; a usage error when only one is."""
   bound = []
   for name in ("train_files", "eval_files"):
     try:
@@ -96,17 +111,15 @@ def _data_bindings(model_dir: str) -> List[str]:
     except ValueError:
       pass
   if len(bound) == 2:
-    return []
+    return {}, None
   if bound:
     missing = ({"train_files", "eval_files"} - set(bound)).pop()
     common.exit_with_error(f"trainer.train.{bound[0]} is bound but trainer.train.{missing} is "
                            f"not: pass e.g. --gin_bindings=\"trainer.train.{missing} = "
                            f"['data/{missing.split('_')[0]}-*']\"")
   data_dir = os.path.abspath(os.path.join(model_dir, "data"))
-  logging.warning("trainer.train.train_files/eval_files are not bound: training on generated "
-                  "Criteo-format sample data in %s (bind them to train on your data)", data_dir)
-  train, evaluation = demo.sample_data(data_dir)
-  return [f"trainer.train.train_files = {train!r}", f"trainer.train.eval_files = {evaluation!r}"]
+  train, evaluation = demo.sample_data_files(data_dir)
+  return {"train_files": train, "eval_files": evaluation}, data_dir
 
 
 def _gin_strategy() -> str:

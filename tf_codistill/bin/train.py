@@ -11,8 +11,8 @@ import signal
 from absl import app
 from absl import flags
 
+import tf_codistill as tfc
 from tf_codistill import errors
-from tf_codistill import trainer
 from tf_codistill.bin import common
 
 common.define_gin_flags()
@@ -29,11 +29,11 @@ def main(argv):
     common.exit_with_error(f"unexpected arguments: {argv[1:]}")
   common.parse_gin_or_exit(FLAGS.gin_file, FLAGS.gin_bindings)
   try:
-    trainer.train(FLAGS.model_dir, group=FLAGS.group, num_groups=FLAGS.num_groups,
-                  exchange_dir=FLAGS.exchange_dir)
+    tfc.train(FLAGS.model_dir, group=FLAGS.group, num_groups=FLAGS.num_groups,
+              exchange_dir=FLAGS.exchange_dir)
   except errors.ConfigurationError as e:
     common.exit_with_error(common.first_line(e), errors.CONFIGURATION_EXIT_CODE)
-  except trainer.DataError as e:
+  except tfc.DataError as e:
     common.exit_with_error(f"bad input data: {common.first_line(e)}", errors.DATA_EXIT_CODE)
   except errors.NonFiniteLossError as e:
     common.exit_with_error(common.first_line(e), errors.NON_FINITE_EXIT_CODE)

@@ -1,0 +1,35 @@
+"""The binaries hide TensorFlow's C++ start-up logging unless --tf_log_level asks for it."""
+
+import os
+import re
+import subprocess
+import sys
+
+from testing_utils import REPO
+
+# e.g. "2026-11-25 07:41:25.003047: I tensorflow/core/platform/cpu_feature_guard.cc:210] ..."
+TF_CPP_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] ", re.M)
+
+
+def _train_stderr(*flags):
+  """stderr of tf-codistill-train stopped by a configuration error, once TF is imported."""
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  done = subprocess.run([sys.executable, "-m", "tf_codistill.bin.train", "--model_dir=/nonexistent/x",
+                         "--gin_bindings=trainer.train.no_such_parameter = 1", *flags],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert "no_such_parameter" in done.stderr
+  return done.stderr
+
+
+def test_tf_start_up_logging_is_hidden_by_default_and_shown_on_request():
+  assert not TF_CPP_LINE.search(_train_stderr()), _train_stderr()
+  assert TF_CPP_LINE.search(_train_stderr("--tf_log_level=0"))
+
+
+def test_an_invalid_tf_log_level_is_refused_naming_the_flag():
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  done = subprocess.run([sys.executable, "-m", "tf_codistill.bin.train", "--model_dir=/tmp/x",
+                         "--tf_log_level=9"], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode != 0 and "tf_log_level" in done.stderr, done.stderr[-2000:]

@@ -104,6 +104,11 @@ def batched_spec(structure) -> Any:
       lambda t: tf.TensorSpec([None] + list(t.shape)[1:], t.dtype), structure)
 
 
+def sample_batch(input_spec) -> Any:
+  """A batch of one all-zero example of ``input_spec`` (builds a model's variables)."""
+  return tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape[1:], s.dtype), input_spec)
+
+
 def features_spec(data) -> Optional[Any]:
   """The features' spec of a ``tf.data.Dataset`` of ``(features, labels[, weights])``."""
   if not isinstance(data, tf.data.Dataset):
@@ -158,8 +163,9 @@ def exchange_hooks(model, exchange: Exchange, input_spec, probe=None,
   Raises:
     ConfigurationError: the chief cannot write to its group's exchange directory.
   """
-  sample = tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape[1:], s.dtype), input_spec)
-  output_shape = [None] + model(sample).shape.as_list()[1:]
+  sample = sample_batch(input_spec)
+  with model.distribute_strategy.scope():  # student and teacher variables exist from here on
+    output_shape = [None] + model(sample).shape.as_list()[1:]
   pool = teachers_lib.TeacherPool(exchange.directory, exchange.peer_groups(), model, input_spec,
                                   output_shape, poll_interval_s=exchange.poll_interval_s,
                                   probe=probe)

@@ -222,10 +222,8 @@ class CodistillModel(keras.Model):
       raise errors.ConfigurationError(
           "CodistillModel.fit: the student's input spec is unknown: fit on a tf.data.Dataset, "
           "call the model once on a batch, or set Exchange.input_spec")
-    spec = codistillation.batched_spec(spec)
-    with self.distribute_strategy.scope():
-      self(tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape[1:], s.dtype), spec))
-    return codistillation.exchange_hooks(self, self.exchange, spec, codistillation.probe_batch(x))
+    return codistillation.exchange_hooks(self, self.exchange, codistillation.batched_spec(spec),
+                                         codistillation.probe_batch(x))
 
   @property
   def num_teachers(self) -> int:

@@ -199,7 +199,7 @@ class _Data:
 
   @property
   def sample(self):
-    return tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape[1:], s.dtype), self.input_spec)
+    return codistillation.sample_batch(self.input_spec)
 
 
 @dataclasses.dataclass

@@ -20,24 +20,17 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 from typing import Dict, List
 
 import tensorflow as tf
-from absl import app
 from absl import flags
 
 from benchmarks import machine
 from benchmarks import models as bench_models
+from benchmarks import standalone
 from benchmarks import traffic
-from data_pipelines import make_criteo_like
 from tf_codistill.models import ctr
-from tf_codistill import layout
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
 
 
@@ -51,9 +44,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("exchange_every_steps", 100, "Codistillation's default exchange interval.")
   flags.DEFINE_boolean("report_only", False, "Only rewrite report.md from the summary.json at "
                        "--out (after a change of the report's layout).")
-  flags.DEFINE_string("work_dir", None, "Where data and runs go (default: a temporary directory).")
-  flags.DEFINE_string("out", os.path.join(REPO, "benchmarks", "results", "comm", "summary.json"),
-                      "JSON output.")
+  standalone.define_flags("comm")
 
 
 # name -> (allreduce dtype, bytes_per_pack)
@@ -109,35 +100,24 @@ def _launch(model_dir: str, data: str, variant: str) -> dict:
   """One synchronous group (chief + 1 worker) with ``variant``'s all-reduce; its results."""
   dtype, pack = VARIANTS[variant]
   shutil.rmtree(model_dir, ignore_errors=True)
-  bindings = [
-      f"trainer.train.train_files = ['{data}/train-*']",
-      f"trainer.train.eval_files = ['{data}/eval-*']",
+  bindings = standalone.ctr_data_bindings(data) + [
       f"trainer.train.train_steps = {FLAGS.train_steps}",
       f"trainer.train.steps_per_epoch = {FLAGS.train_steps}",
       f"trainer.train.batch_size = {2 * FLAGS.batch_per_worker}",
       "trainer.train.summary_every_steps = 20", "trainer.train.eval_steps = 5",
       "trainer.train.verbose = 0", f"trainer.train.checkpoint_every_steps = {10 ** 6}",
       f"trainer.train.allreduce_dtype = '{dtype}'", f"strategies.make_strategy.bytes_per_pack = {pack}"]
-  args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
-          f"--gin_file={REPO}/gin/criteo/sync_2workers.gin", "--num_groups=1"]
-  args += [f"--gin_bindings={b}" for b in bindings]
-  start = time.monotonic()
-  proc = subprocess.run(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                        text=True, check=False)
-  if proc.returncode:
-    raise RuntimeError(f"{variant} arm exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-  with open(layout.group_run(model_dir, 0).results) as f:
-    results = json.load(f)
-  return {"examples_per_sec": results["examples_per_sec"], "wall_s": time.monotonic() - start,
+  run = standalone.Launch(standalone.launch_args(model_dir, "sync_2workers.gin", ["--num_groups=1"],
+                                                 bindings))
+  wall = run.finish()
+  results = run.results()
+  return {"examples_per_sec": results["examples_per_sec"], "wall_s": wall,
           "val_logloss": results["val_logloss"], "loss": results["history"]["loss"][-1]}
 
 
 def cluster_throughput(work: str, rounds: int) -> Dict[str, dict]:
   """examples/sec of a 2-worker synchronous group per all-reduce variant, rounds interleaved."""
-  data = os.path.join(work, "data")
-  if not os.path.exists(os.path.join(data, "eval-00000-of-00001.tsv")):
-    make_criteo_like.generate(data, FLAGS.train_rows, num_files=4, seed=0, prefix="train")
-    make_criteo_like.generate(data, 10_000, num_files=1, seed=1, prefix="eval")
+  data = standalone.ensure_ctr_data(os.path.join(work, "data"), FLAGS.train_rows)
   runs: Dict[str, List[dict]] = {v: [] for v in VARIANTS}
   for r in range(rounds):
     for variant in VARIANTS:
@@ -164,6 +144,25 @@ def _kb(value: float) -> str:
   return f"{value / 1e3:,.1f}"
 
 
+def _bytes_table(cfg: dict, table: Dict[str, dict], k: int) -> str:
+  """Per model and worker count: all-reduce bytes per variant vs codistillation's, in kB."""
+  header = (["model", "params", "workers", *cfg["variants"], "dense f32", f"codistill K={k}",
+             "codistill K=2500", "reduction vs as sent", "vs float16", "vs dense f32"])
+  rows = []
+  for name, entry in table.items():
+    for w in cfg["workers"]:
+      sent = entry["allreduce"][str(w)]
+      red = entry["reduction_at_default_interval"][str(w)]
+      rows.append([f"`{name}`", f"{entry['params']:,}", w,
+                   *(_kb(sent[v]["bytes_per_step"]) for v in cfg["variants"]),
+                   _kb(entry["dense_allreduce"][str(w)]),
+                   _kb(entry["codistill"][str(k)]["bytes_per_step"]),
+                   _kb(entry["codistill"]["2500"]["bytes_per_step"]),
+                   f"x{red['vs_packed_float32_as_sent']:.1f}", f"x{red['vs_float16']:.1f}",
+                   f"x{red['vs_dense_float32']:.1f}"])
+  return standalone.markdown_table(header, rows)
+
+
 def write_report(summary: dict, path: str) -> None:
   """report.md: the regenerating command, the bytes table, the cluster throughput and the goal."""
   cfg, table = summary["config"], summary["bytes"]
@@ -178,7 +177,7 @@ def write_report(summary: dict, path: str) -> None:
       "synchronous group (chief + worker on 127.0.0.1) per all-reduce variant.", "",
       "Regenerate (numbers below come from that run's `summary.json`, never typed in):", "",
       "```sh", summary["command"], "```", "",
-      f"- variants: " + ", ".join(
+      "- variants: " + ", ".join(
           f"`{name}` (all-reduce in {v['allreduce_dtype']}, bytes_per_pack {v['bytes_per_pack']})"
           for name, v in cfg["variants"].items()),
       "- `plain` is one collective per gradient, `packed` TF's default packing (same bytes, fewer "
@@ -191,26 +190,11 @@ def write_report(summary: dict, path: str) -> None:
       f"{summary['load_avg_before'][0]:.2f} before, {summary['load_avg_after'][0]:.2f} after; "
       f"TensorFlow {cfg['tensorflow']}", "",
       "## Goal", "",
-      "| goal | value | goal | met |", "| --- | --- | --- | --- |",
-      f"| `codistill_traffic_reduction` (CTR model, 2 workers: packed float32 all-reduce bytes "
-      f"as sent / codistillation bytes per step at K={k}) | {headline:.1f} | >= {GOAL:.0f} | "
-      f"{'yes' if summary['goal_verdicts']['codistill_traffic_reduction']['met'] else '**no**'} |",
-      "", "## Bytes per worker per step (kB)", "",
-      "| model | params | workers | " + " | ".join(cfg["variants"]) + " | dense f32 | "
-      f"codistill K={k} | codistill K=2500 | reduction vs as sent | vs float16 | vs dense f32 |",
-      "| --- " * (len(cfg["variants"]) + 9) + "|"]
-  for name, entry in table.items():
-    for w in cfg["workers"]:
-      sent = entry["allreduce"][str(w)]
-      red = entry["reduction_at_default_interval"][str(w)]
-      lines.append(
-          f"| `{name}` | {entry['params']:,} | {w} | "
-          + " | ".join(_kb(sent[v]["bytes_per_step"]) for v in cfg["variants"])
-          + f" | {_kb(entry['dense_allreduce'][str(w)])} | "
-          f"{_kb(entry['codistill'][str(k)]['bytes_per_step'])} | "
-          f"{_kb(entry['codistill']['2500']['bytes_per_step'])} | "
-          f"x{red['vs_packed_float32_as_sent']:.1f} | x{red['vs_float16']:.1f} | "
-          f"x{red['vs_dense_float32']:.1f} |")
+      standalone.markdown_table(["goal", "value", "goal", "met"], [[
+          "`codistill_traffic_reduction` (CTR model, 2 workers: packed float32 all-reduce bytes "
+          f"as sent / codistillation bytes per step at K={k})", f"{headline:.1f}", f">= {GOAL:.0f}",
+          "yes" if summary["goal_verdicts"]["codistill_traffic_reduction"]["met"] else "**no**"]]),
+      "", "## Bytes per worker per step (kB)", "", _bytes_table(cfg, table, k)]
   lines += ["", "SavedModel sizes (MB): " + ", ".join(
       f"{name} {entry['codistill'][str(k)]['saved_model_bytes'] / 1e6:.1f}"
       for name, entry in table.items()), ""]
@@ -244,13 +228,13 @@ def write_report(summary: dict, path: str) -> None:
               f"{cfg['rounds']} interleaved rounds of {cfg['train_steps']} steps per variant "
               "(one `tf-codistill-launch` per run: chief + 1 worker, MultiWorkerMirroredStrategy "
               "on 127.0.0.1).", "",
-              "| variant | examples/s best | median | ratio to plain (best) | (median) | "
-              "final val log loss |", "| --- | --- | --- | --- | --- | --- |"]
-    for variant, f in throughput.items():
-      lines.append(f"| `{variant}` | {f['examples_per_sec_best']:,.0f} | "
-                   f"{f['examples_per_sec_median']:,.0f} | x{f['ratio_to_plain_best']:.3f} | "
-                   f"x{f['ratio_to_plain_median']:.3f} | "
-                   f"{f['runs'][-1]['val_logloss']:.4f} |")
+              standalone.markdown_table(
+                  ["variant", "examples/s best", "median", "ratio to plain (best)", "(median)",
+                   "final val log loss"],
+                  [[f"`{variant}`", f"{f['examples_per_sec_best']:,.0f}",
+                    f"{f['examples_per_sec_median']:,.0f}", f"x{f['ratio_to_plain_best']:.3f}",
+                    f"x{f['ratio_to_plain_median']:.3f}", f"{f['runs'][-1]['val_logloss']:.4f}"]
+                   for variant, f in throughput.items()])]
     lines += ["", "Both workers share the same 2 cores and talk over loopback, so the all-reduce "
               "costs CPU time (serialization, the reduction, for float16/bfloat16 the casts) "
               "rather than network time: smaller messages help only as far as that CPU work "
@@ -281,7 +265,7 @@ def main(argv):
             f"{entry['reduction_at_default_interval'][str(w)]['vs_packed_float32_as_sent']:>9.1f}x")
   throughput = {}
   if FLAGS.rounds:
-    work = FLAGS.work_dir or tempfile.mkdtemp(prefix="comm_bench_")
+    work = standalone.work_dir("comm_bench")
     throughput = cluster_throughput(work, FLAGS.rounds)
     print("\nlocal 2-worker synchronous group, examples/sec (best, median) and ratio to plain:")
     for variant, figures in throughput.items():
@@ -309,9 +293,7 @@ def main(argv):
       "codistill_traffic_reduction_by_model": {
           name: entry["reduction_at_default_interval"] for name, entry in table.items()},
   }
-  os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
-  with open(FLAGS.out, "w") as f:
-    json.dump(summary, f, indent=2)
+  standalone.write_json(FLAGS.out, summary)
   write_report(summary, os.path.join(os.path.dirname(FLAGS.out), "report.md"))
   from benchmarks import report  # pylint: disable=g-import-not-at-top (matplotlib: only now)
   report.update_index_for(FLAGS.out)

@@ -1,5 +1,6 @@
 """Process faults on real local clusters, repeated: kill -9 of a worker, a ps task, a chief, and
-a whole group at seeded random steps; for each trial: did the job finish, did the killed group
+a whole group of parameter-server training, and of the chief or the worker of a synchronous
+group, at seeded random steps; for each trial: did the job finish, did the killed group
 resume correctly, how many steps it lost, and how long it took to recover.
 
 Every trial runs ``tf-codistill-launch`` as users do (one process per task, TF_CONFIG, ports on
@@ -9,7 +10,12 @@ Every trial runs ``tf-codistill-launch`` as users do (one process per task, TF_C
   config; the launcher restarts a dead worker alone (the coordinator reschedules its steps
   meanwhile), and restarts the whole group from its last checkpoint after a dead ps or chief;
 - ``group``: 2-way codistillation, each group a parameter-server cluster (chief, 1 worker, 1 ps);
-  every task of group 1 is killed at once; it restarts from its checkpoint while group 0 goes on.
+  every task of group 1 is killed at once; it restarts from its checkpoint while group 0 goes on;
+- ``sync_chief``, ``sync_worker``: one MultiWorkerMirrored group (chief, 1 worker), baseline
+  config; the launcher restarts the group from its last checkpoint (an all-reduce cannot go on
+  without a replica).
+
+Every trial uses the launcher's default fault policy (no ``--max_restarts``).
 
 The kill step is drawn from [25%, 70%] of the training steps by ``random.Random(seed)``; the
 killed group's chief writes ``heartbeat.json`` (step, step it started from, pid) every 0.1 s,
@@ -22,7 +28,7 @@ which is how the kill point and the recovery are seen:
 - progress_s: kill -> the killed group's step is past the step at the kill again;
 - recovery_s: the later of the two (back at full strength and past the kill point).
 
-  .venv/bin/python -m benchmarks.fault_trials --trials=10 [--kinds=worker,ps,chief,group]
+  .venv/bin/python -m benchmarks.fault_trials --trials=10 [--kinds=worker,ps,chief,group,...]
 
 writes benchmarks/results/fault_trials/summary.json (every trial and a summary per kind), from
 which ``python -m benchmarks.fault_trials --table`` prints the table of docs/reliability.md.
@@ -30,30 +36,24 @@ which ``python -m benchmarks.fault_trials --table`` prints the table of docs/rel
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
-from absl import app
 from absl import flags
 
 from benchmarks import machine
-from data_pipelines import make_criteo_like
-from tf_codistill import launcher
+from benchmarks import standalone
 from tf_codistill import layout
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KINDS = ("worker", "ps", "chief", "group")
-DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results", "fault_trials", "summary.json")
+KINDS = ("worker", "ps", "chief", "group", "sync_chief", "sync_worker")
 
 # Small sizes: a trial trains in tens of seconds per process on a 2-core machine.
 BINDINGS = (
@@ -75,96 +75,38 @@ BINDINGS = (
 
 def ensure_data(data_dir: str) -> str:
   """Generated Criteo-format training (4 files, 40k rows) and eval files under ``data_dir``."""
-  if not os.path.exists(os.path.join(data_dir, "eval-00000-of-00001.tsv")):
-    make_criteo_like.generate(data_dir, 40_000, num_files=4, seed=0, prefix="train",
-                              vocab_size=2000)
-    make_criteo_like.generate(data_dir, 4_000, num_files=1, seed=1, prefix="eval",
-                              vocab_size=2000)
-  return data_dir
+  return standalone.ensure_ctr_data(data_dir, 40_000, eval_rows=4_000, vocab_size=2000)
 
 
 def trial_command(kind: str, model_dir: str, data_dir: str, train_steps: int,
                   steps_per_epoch: int) -> List[str]:
   """The tf-codistill-launch command line of one trial of ``kind``."""
   if kind == "group":
-    shape = ["--num_groups=2", "--workers_per_group=1", "--ps_per_group=1"]
+    shape = ["--strategy=parameter_server", "--num_groups=2", "--workers_per_group=1",
+             "--ps_per_group=1"]
     gin = "codistill_2way.gin"
-  else:
-    shape = ["--num_groups=1", "--workers_per_group=2", "--ps_per_group=1"]
+  elif kind.startswith("sync_"):
+    shape = ["--strategy=multi_worker_mirrored", "--num_groups=1", "--workers_per_group=1"]
     gin = "baseline.gin"
-  args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
-          f"--gin_file={REPO}/gin/criteo/{gin}", "--strategy=parameter_server",
-          "--max_restarts=3", *shape]
-  bindings = list(BINDINGS) + [
+  else:
+    shape = ["--strategy=parameter_server", "--num_groups=1", "--workers_per_group=2",
+             "--ps_per_group=1"]
+    gin = "baseline.gin"
+  bindings = list(BINDINGS) + standalone.ctr_data_bindings(data_dir) + [
       f"trainer.train.train_steps = {train_steps}",
       f"trainer.train.steps_per_epoch = {steps_per_epoch}",
-      f"trainer.train.train_files = ['{data_dir}/train-*']",
-      f"trainer.train.eval_files = ['{data_dir}/eval-*']"]
-  return args + [f"--gin_bindings={b}" for b in bindings]
+      # Sync (and single-process) groups checkpoint with BackupAndRestore at this interval.
+      f"trainer.train.checkpoint_every_steps = {steps_per_epoch}"]
+  return standalone.launch_args(model_dir, gin, shape, bindings)
 
 
-class _Launch:
-  """A running launcher; its stderr is kept in the background and its tasks' pids tracked."""
-
-  def __init__(self, args: Sequence[str]):
-    self.proc = subprocess.Popen(list(args), cwd=REPO, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True)
-    self.model_dir = next(a.split("=", 1)[1] for a in args if a.startswith("--model_dir="))
-    self.lines: List[str] = []
-    self._reader = threading.Thread(target=self._read, daemon=True)
-    self._reader.start()
-
-  def _read(self):
-    for line in self.proc.stderr:
-      self.lines.append(line)
-
-  @property
-  def pids(self) -> Dict[tuple, int]:
-    """(group, task, index) -> the newest pid launched for it (the launcher's events)."""
-    return launcher.task_pids(launcher.read_events(self.model_dir))
-
-  @property
-  def started(self) -> Dict[tuple, float]:
-    """(group, task, index) -> when its newest pid was launched (CLOCK_MONOTONIC)."""
-    return {(e["group"], e["task"], e["index"]): e["monotonic"]
-            for e in launcher.read_events(self.model_dir) if e["event"] == "launched"}
-
-  def wait(self, timeout: float) -> Optional[int]:
-    try:
-      self.proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-      self.proc.send_signal(signal.SIGTERM)  # the launcher stops every task it started
-      try:
-        self.proc.wait(timeout=60)
-      except subprocess.TimeoutExpired:
-        self.proc.kill()
-        self.proc.wait()
-      self._reader.join(timeout=10)
-      return None
-    self._reader.join(timeout=10)
-    return self.proc.returncode
-
-  @property
-  def stderr(self) -> str:
-    return "".join(self.lines)
-
-
-def _heartbeat(group_dir: str) -> Optional[dict]:
+def heartbeat(group_dir: str) -> Optional[dict]:
+  """The group chief's last heartbeat, or None while there is none."""
   try:
     with open(layout.RunDir(group_dir).heartbeat) as f:
       return json.load(f)
   except (OSError, ValueError):  # not written yet, or replaced while read
     return None
-
-
-def _wait(condition, timeout: float, what: str, poll: float = 0.05):
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    value = condition()
-    if value:
-      return value
-    time.sleep(poll)
-  raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _serving_count(model_dir: str, task: tuple) -> int:
@@ -178,12 +120,88 @@ def _serving_count(model_dir: str, task: tuple) -> int:
     return 0
 
 
-def _results(group_dir: str) -> Optional[dict]:
-  try:
-    with open(layout.RunDir(group_dir).results) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
+@dataclasses.dataclass
+class _Kill:
+  """What a trial killed, and where its group stood then."""
+  victims: List[tuple]
+  old_pids: Dict[tuple, int]
+  chief_pid: int
+  step: int
+  at: float  # time.monotonic()
+
+
+def _kill(launch: standalone.Launch, kind: str, rng: random.Random, group_dir: str,
+          kill_step: int, timeout: float) -> _Kill:
+  """Waits for the victim group's step ``kill_step``, then SIGKILLs the trial's victims."""
+  victim_group = 1 if kind == "group" else 0
+  beat = standalone.wait_for(
+      lambda: (lambda b: b if b and b["step"] >= kill_step else None)(heartbeat(group_dir)),
+      timeout, f"step {kill_step} of group {victim_group}")
+  if kind == "group":
+    victims = [key for key in launch.pids if key[0] == victim_group]
+  else:
+    victims = [(0, kind.replace("sync_", ""), rng.randrange(2) if kind == "worker" else 0)]
+  kill = _Kill(victims, {key: launch.pids[key] for key in victims}, beat["pid"], beat["step"],
+               time.monotonic())
+  for key in victims:
+    try:
+      os.kill(kill.old_pids[key], signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+  return kill
+
+
+def _recovery(launch: standalone.Launch, kind: str, kill: _Kill, model_dir: str, group_dir: str,
+              deadline: float) -> dict:
+  """Watches the recovery: every killed task relaunched (restart_s), and the group's step past
+  the kill point again (progress_s); the step the group resumed from."""
+  restart_s = progress_s = start_step = None
+  while time.monotonic() < deadline and (restart_s is None or progress_s is None):
+    now = time.monotonic()
+    if restart_s is None and all(launch.pids.get(k) != kill.old_pids[k] for k in kill.victims):
+      if kind != "worker":
+        restart_s = max(launch.started[k] for k in kill.victims) - kill.at
+      elif _serving_count(model_dir, kill.victims[0]) >= 2:  # the new worker serves again
+        restart_s = now - kill.at
+    beat = heartbeat(group_dir)
+    if beat and beat["pid"] != kill.chief_pid and start_step is None:
+      start_step = beat["start_step"]
+    if progress_s is None and beat and beat["step"] > kill.step and (
+        kind == "worker" or beat["pid"] != kill.chief_pid):
+      progress_s = now - kill.at
+    if launch.proc.poll() is not None:
+      break
+    time.sleep(0.05)
+  return {"restart_s": restart_s, "progress_s": progress_s, "start_step": start_step}
+
+
+def _verdict(kind: str, kill: _Kill, recovery: dict, launch: standalone.Launch, code: int,
+             finished: Dict[int, Optional[dict]], train_steps: int, steps_per_epoch: int) -> dict:
+  """The trial's judged fields: steps lost, whether it resumed correctly and finished."""
+  start_step, restart_s, progress_s = (recovery["start_step"], recovery["restart_s"],
+                                       recovery["progress_s"])
+  if kind == "worker":
+    steps_lost = 0
+    # ClusterCoordinator retries the step the dead worker ran; one may count (and apply) twice.
+    resumed_ok = True
+  else:
+    steps_lost = None if start_step is None else kill.step - start_step
+    # Resumed from a checkpoint at most one interval (plus the steps in flight) behind the kill,
+    # never from scratch once a checkpoint existed, never from the future.
+    resumed_ok = (start_step is not None and 0 <= kill.step - start_step
+                  and (kill.step < steps_per_epoch or start_step > 0)
+                  and kill.step - start_step <= steps_per_epoch + 20)
+  restarted = any(e["event"] == "restarted" and e.get("status") == -9 for e in launch.events())
+  finished_ok = (code == 0 and all(r is not None and train_steps <= r["steps"] <= train_steps + 2
+                                   for r in finished.values()))
+  return dict(
+      steps_lost=steps_lost, resumed_from_step=start_step, restart_s=_round(restart_s),
+      progress_s=_round(progress_s),
+      recovery_s=_round(None if restart_s is None or progress_s is None
+                        else max(restart_s, progress_s)),
+      launcher_restarted=restarted, finished=finished_ok, resumed_correctly=resumed_ok,
+      ok=bool(finished_ok and resumed_ok and restarted and progress_s is not None
+              and restart_s is not None))
 
 
 def run_trial(kind: str, seed: int, work_dir: str, data_dir: str, train_steps: int = 240,
@@ -195,97 +213,35 @@ def run_trial(kind: str, seed: int, work_dir: str, data_dir: str, train_steps: i
   kill_step = rng.randint(int(0.25 * train_steps), int(0.7 * train_steps))
   model_dir = os.path.join(work_dir, f"{kind}_{seed}")
   shutil.rmtree(model_dir, ignore_errors=True)
-  victim_group = 1 if kind == "group" else 0
-  group_dir = layout.group_dir(model_dir, victim_group)
+  group_dir = layout.group_dir(model_dir, 1 if kind == "group" else 0)
+  peer_dir = layout.group_dir(model_dir, 0)
   record = {"kind": kind, "seed": seed, "train_steps": train_steps,
             "checkpoint_every_steps": steps_per_epoch, "kill_step_target": kill_step}
   started = time.monotonic()
-  launch = _Launch(trial_command(kind, model_dir, data_dir, train_steps, steps_per_epoch))
+  launch = standalone.Launch(trial_command(kind, model_dir, data_dir, train_steps,
+                                           steps_per_epoch))
   try:
-    def reached():
-      beat = _heartbeat(group_dir)
-      return beat if beat and beat["step"] >= kill_step else None
-    beat = _wait(reached, timeout, f"step {kill_step} of group {victim_group}")
+    kill = _kill(launch, kind, rng, group_dir, kill_step, timeout)
+    record.update(step_at_kill=kill.step,
+                  killed=[f"group {g} {t}:{k}" for g, t, k in kill.victims],
+                  killed_after_s=round(kill.at - started, 2))
+    peer_step_at_kill = (heartbeat(peer_dir) or {}).get("step") if kind == "group" else None
+    recovery = _recovery(launch, kind, kill, model_dir, group_dir, kill.at + timeout)
     if kind == "group":
-      victims = [key for key in launch.pids if key[0] == victim_group]
-    else:
-      victims = [(0, {"worker": "worker", "ps": "ps", "chief": "chief"}[kind],
-                  rng.randrange(2) if kind == "worker" else 0)]
-    old_pids = {key: launch.pids[key] for key in victims}
-    chief_pid = beat["pid"]
-    step_at_kill = beat["step"]
-    killed_at = time.monotonic()
-    for key in victims:
-      try:
-        os.kill(old_pids[key], signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-    record.update(step_at_kill=step_at_kill, killed=[f"group {g} {t}:{k}" for g, t, k in victims],
-                  killed_after_s=round(killed_at - started, 2))
-    peer_step_at_kill = None
-    if kind == "group":
-      peer = _heartbeat(layout.group_dir(model_dir, 0))
-      peer_step_at_kill = peer["step"] if peer else None
-
-    # Recovery: every killed task relaunched, and the group's step past the kill point again.
-    restart_s = progress_s = start_step = None
-    resumed_pid = None
-    deadline = killed_at + timeout
-    while time.monotonic() < deadline and (restart_s is None or progress_s is None):
-      now = time.monotonic()
-      if restart_s is None and all(launch.pids.get(k) != old_pids[k] for k in victims):
-        if kind != "worker":
-          restart_s = max(launch.started[k] for k in victims) - killed_at
-        elif _serving_count(model_dir, victims[0]) >= 2:  # the new worker serves again
-          restart_s = now - killed_at
-      beat = _heartbeat(group_dir)
-      if beat and beat["pid"] != chief_pid and start_step is None:
-        start_step, resumed_pid = beat["start_step"], beat["pid"]
-      if progress_s is None and beat and beat["step"] > step_at_kill and (
-          kind == "worker" or beat["pid"] != chief_pid):
-        progress_s = now - killed_at
-      if launch.proc.poll() is not None:
-        break
-      time.sleep(0.05)
-    if kind == "group":
-      peer = _heartbeat(layout.group_dir(model_dir, 0))
+      peer = heartbeat(peer_dir)
       record["peer_steps_while_down"] = (peer["step"] - peer_step_at_kill
                                          if peer and peer_step_at_kill is not None else None)
-    remaining = max(60.0, deadline - time.monotonic())
-    code = launch.wait(remaining)
+    code = launch.wait(max(60.0, kill.at + timeout - time.monotonic()))
   except TimeoutError as e:
-    launch.proc.send_signal(signal.SIGTERM)
-    code = launch.wait(60)
+    launch.stop()
     record.update(ok=False, error=str(e), stderr_tail=launch.stderr[-3000:],
                   wall_s=round(time.monotonic() - started, 1))
     return record
-  record["wall_s"] = round(time.monotonic() - started, 1)
-  record["exit_code"] = code
-  groups = (0, 1) if kind == "group" else (0,)
-  finished = {g: _results(layout.group_dir(model_dir, g)) for g in groups}
+  record.update(wall_s=round(time.monotonic() - started, 1), exit_code=code)
+  finished = {g: launch.results(g) for g in ((0, 1) if kind == "group" else (0,))}
   record["final_steps"] = {str(g): (r or {}).get("steps") for g, r in finished.items()}
-  if kind == "worker":
-    steps_lost = 0
-    # ClusterCoordinator retries the step the dead worker ran; one may count (and apply) twice.
-    resumed_ok = True
-  else:
-    steps_lost = None if start_step is None else step_at_kill - start_step
-    # Resumed from a checkpoint at most one interval (plus the steps in flight) behind the kill,
-    # never from scratch once a checkpoint existed, never from the future.
-    resumed_ok = (start_step is not None and 0 <= step_at_kill - start_step
-                  and (step_at_kill < steps_per_epoch or start_step > 0)
-                  and step_at_kill - start_step <= steps_per_epoch + 20)
-  restarted = f"exited with status -9; restarting" in launch.stderr
-  finished_ok = (code == 0 and all(r is not None and train_steps <= r["steps"] <= train_steps + 2
-                                   for r in finished.values()))
-  record.update(
-      steps_lost=steps_lost, resumed_from_step=start_step, restart_s=_round(restart_s),
-      progress_s=_round(progress_s),
-      recovery_s=_round(None if restart_s is None or progress_s is None
-                        else max(restart_s, progress_s)),
-      launcher_restarted=restarted, finished=finished_ok, resumed_correctly=resumed_ok,
-      ok=bool(finished_ok and resumed_ok and restarted and progress_s is not None
-              and restart_s is not None))
+  record.update(_verdict(kind, kill, recovery, launch, code, finished, train_steps,
+                         steps_per_epoch))
   if not record["ok"]:
     record["stderr_tail"] = launch.stderr[-3000:]
   return record
@@ -328,21 +284,23 @@ CASES = {
     "ps": "kill -9 of the ps task (1 group: chief, 2 workers, 1 ps)",
     "chief": "kill -9 of the chief (1 group: chief, 2 workers, 1 ps)",
     "group": "kill -9 of every task of group 1 of 2-way codistillation (each: chief, 1 worker, 1 ps)",
+    "sync_chief": "kill -9 of the chief of a synchronous group (chief, 1 worker; MultiWorkerMirrored)",
+    "sync_worker": "kill -9 of the worker of a synchronous group (chief, 1 worker; MultiWorkerMirrored)",
 }
 
 
 def markdown_table(summary_json: dict) -> str:
   """The docs/reliability.md table from a summary.json."""
-  lines = ["| case | trials | outcome | steps lost (median, min-max) | recovery time s "
-           "(median, min-max) |", "|---|---|---|---|---|"]
+  rows = []
   for kind, row in summary_json["summary"].items():
     lost, rec = row["steps_lost"], row["recovery_s"]
     outcome = (f"{row['finished']}/{row['trials']} finished, "
                f"{row['resumed_correctly']}/{row['trials']} resumed correctly")
     lost_text = "-" if lost is None else f"{lost['median']:g} ({lost['min']:g}-{lost['max']:g})"
     rec_text = "-" if rec is None else f"{rec['median']:.1f} ({rec['min']:.1f}-{rec['max']:.1f})"
-    lines.append(f"| {CASES[kind]} | {row['trials']} | {outcome} | {lost_text} | {rec_text} |")
-  return "\n".join(lines)
+    rows.append([CASES[kind], row["trials"], outcome, lost_text, rec_text])
+  return standalone.markdown_table(["case", "trials", "outcome", "steps lost (median, min-max)",
+                                    "recovery time s (median, min-max)"], rows)
 
 
 def _define_flags() -> None:
@@ -351,8 +309,7 @@ def _define_flags() -> None:
   flags.DEFINE_list("kinds", list(KINDS), f"Which faults, of {KINDS}.")
   flags.DEFINE_integer("train_steps", 240, "Training steps per trial.")
   flags.DEFINE_integer("steps_per_epoch", 40, "Steps per epoch (= checkpoint interval).")
-  flags.DEFINE_string("work_dir", None, "Where data and runs go (default: a temporary directory).")
-  flags.DEFINE_string("out", DEFAULT_OUT, "JSON output.")
+  standalone.define_flags("fault_trials")
   flags.DEFINE_bool("table", False, "Only print the Markdown table of --out and exit.")
 
 
@@ -365,7 +322,7 @@ def main(argv):
     with open(FLAGS.out) as f:
       print(markdown_table(json.load(f)))
     return
-  work = FLAGS.work_dir or tempfile.mkdtemp(prefix="fault_trials_")
+  work = standalone.work_dir("fault_trials")
   data = ensure_data(os.path.join(work, "data"))
   trials = []
   start = time.time()
@@ -380,9 +337,7 @@ def main(argv):
             "wall_s": round(time.time() - start, 1),
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
             "summary": summarize(trials), "trials": trials}
-  os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
-  with open(FLAGS.out, "w") as f:
-    json.dump(result, f, indent=1)
+  standalone.write_json(FLAGS.out, result, indent=1)
   print(markdown_table(result))
   failed = [t for t in trials if not t.get("ok")]
   if failed:

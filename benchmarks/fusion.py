@@ -30,14 +30,14 @@ from typing import Dict, List
 
 import tensorflow as tf
 import tf_keras as keras
-from absl import app
 from absl import flags
 
 from benchmarks.models import MODELS, Arm
 from benchmarks import machine
+from benchmarks import standalone
 from tf_codistill import fused_models
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = standalone.REPO
 FLAGS = flags.FLAGS
 
 
@@ -51,8 +51,7 @@ def define_flags() -> None:
   flags.DEFINE_list("modes", ["none", "backward", "forward", "grads_only"], "Arms per model.")
   flags.DEFINE_list("jit", ["0", "1"], "jit_compile settings (0/1).")
   flags.DEFINE_float("scale", 1.0, "Scales model sizes and batches down for smoke runs (0 < s <= 1).")
-  flags.DEFINE_string("out", os.path.join(REPO, "benchmarks", "results", "fusion", "summary.json"),
-                      "JSON output (report.md goes next to it).")
+  standalone.define_flags("fusion", work_dir=False)
   flags.DEFINE_boolean("report_only", False, "Only rewrite report.md from the summary.json at "
                        "--out (after a change of the report's layout).")
   flags.DEFINE_string("group", None, "Internal: measure only this 'model/jit' group in this "
@@ -228,7 +227,7 @@ def write_report(summary: dict, path: str) -> None:
       f"- machine load (1-minute load average, shared machine): {summary['load_avg_before'][0]:.2f} "
       f"before, {summary['load_avg_after'][0]:.2f} after; per group at its end: "
       + ", ".join(f"{g} {v['load_avg_1min']:.1f}" for g, v in summary["groups"].items()),
-      f"- peak RSS per group process (MB): "
+      "- peak RSS per group process (MB): "
       + ", ".join(f"{g} {v['peak_rss_mb']:.0f}" for g, v in summary["groups"].items()),
       f"- wall time: {summary['wall_s']:.0f} s", "",
       "## Goal", "",
@@ -338,9 +337,7 @@ def main(argv):
           f"{'n/a' if share is None else f'{share:.0%}':>13}")
   print(f"speedups are unfused/fused step time, paired median over rounds (best rounds); "
         f"best_fusion_speedup {best:.3f} ({best_key})")
-  os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
-  with open(FLAGS.out, "w") as f:
-    json.dump(summary, f, indent=2)
+  standalone.write_json(FLAGS.out, summary)
   write_report(summary, os.path.join(os.path.dirname(FLAGS.out), "report.md"))
   from benchmarks import report  # pylint: disable=g-import-not-at-top (matplotlib: only now)
   report.update_index_for(FLAGS.out)

@@ -9,7 +9,6 @@ includes graph building and cold caches). Prints a table and writes JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -18,10 +17,10 @@ import time
 from typing import Dict, List
 
 import tensorflow as tf
-from absl import app
 from absl import flags
 
 from benchmarks import machine
+from benchmarks import standalone
 from data_pipelines import criteo
 from data_pipelines import make_criteo_like
 
@@ -29,7 +28,7 @@ flags.DEFINE_integer("num_rows", 200_000, "Rows generated per format.")
 flags.DEFINE_integer("num_files", 2, "Files the rows are split over.")
 flags.DEFINE_integer("batch_size", 4096, "make_dataset batch size.")
 flags.DEFINE_list("formats", list(criteo.FILE_FORMATS), "File formats to measure.")
-flags.DEFINE_string("out", "benchmarks/results/parse_throughput/summary.json", "JSON output.")
+standalone.define_flags("parse_throughput", work_dir=False)
 FLAGS = flags.FLAGS
 
 
@@ -82,9 +81,7 @@ def main(argv: List[str]) -> None:
           "load_average_1min_at_end": os.getloadavg()[0],
       },
   }
-  os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
-  with open(FLAGS.out, "w") as f:
-    json.dump(summary, f, indent=2)
+  standalone.write_json(FLAGS.out, summary)
   print(f"wrote {FLAGS.out}")
 
 

@@ -17,13 +17,13 @@ from typing import Sequence
 
 from benchmarks import fault_trials
 from benchmarks import soak
+from benchmarks import standalone
 
-REPO = fault_trials.REPO
-DOC = os.path.join(REPO, "docs", "reliability.md")
+DOC = os.path.join(standalone.REPO, "docs", "reliability.md")
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 
 
-def measured_section(faults_path: str = fault_trials.DEFAULT_OUT,
+def measured_section(faults_path: str = standalone.results_path("fault_trials"),
                      soak_paths: Sequence[str] = (soak.DEFAULT_OUT, soak.SHARED_CPUS_OUT)) -> str:
   """The table (kill trials, then one row per soak summary) and a paragraph per measurement."""
   soaks = []

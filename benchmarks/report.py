@@ -170,28 +170,9 @@ def _protocol_lines(summary: dict) -> List[str]:
 
 def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
   """The report: description, command, goal figures, per-arm table, churn, plots."""
-  lines = [f"# Benchmark suite `{summary['suite']}`", ""]
-  if summary.get("description"):
-    lines += [summary["description"].strip(), ""]
-  lines += ["Regenerate (numbers below come from that run's `summary.json`, never typed in):", "",
-            "```sh", command, "```", ""]
-  data = {"criteo_like": "generated Criteo-format TSV (planted model, data_pipelines/"
-          "make_criteo_like.py)", "adult": "UCI Adult census (real data; data_pipelines/README.md)",
-          "kjv": "the King James Bible, word tokens (real data; data_pipelines/README.md)",
-          "fashion_mnist": "Fashion-MNIST as ImageNet-style TFRecords (real data; "
-          "data_pipelines/README.md)"}
   loss_name = _LOSS_NAMES.get(summary.get("loss_key", runner.LOSS_KEY), "loss")
   softmax = summary.get("output") == "softmax"
-  lines += [f"- data: {data.get(summary['data'], summary['data'])}",
-            f"- shared bindings: `{'`, `'.join(summary['common_bindings']) or 'none'}`"]
-  if summary.get("target_loss") is not None:
-    origin = (f" (final loss of `{summary['target_from_arm']}`)" if summary.get("target_from_arm")
-              else "")
-    lines.append(f"- target validation {loss_name}: {summary['target_loss']:.4f}{origin}")
-  if summary.get("simulated"):
-    lines.append(f"- simulated: {summary['simulated']}")
-  lines += _load_lines(summary)
-  lines.append("")
+  lines = _header_lines(summary, command, loss_name)
   rows = goal_rows(summary)
   if rows:
     lines += ["## Goals", "", "| goal | value | 90% interval (bootstrap over seeds or pairs) | "
@@ -200,50 +181,8 @@ def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
     lines += [f"| `{name}` | " + " | ".join(cells) + " |" for name, *cells in rows]
     lines.append("")
   lines += _protocol_lines(summary)
-  lines += ["## Arms", "",
-            f"| arm | groups x seeds | final val {loss_name} | "
-            f"final val {'accuracy' if softmax else 'AUC'} | steps | "
-            "steps to target | reached | wall time to target (s) | examples/s per group |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-  for name, arm in summary["arms"].items():
-    config = arm["config"]
-    groups = config["num_groups"] if config["kind"] == "train" else 1
-    steps = arm["runs"][0]["steps"] if arm["runs"] else "n/a"
-    lines.append(
-        f"| `{name}` | {groups} x {arm['seeds']} | {_fmt(arm['final_val_loss'])} | "
-        f"{_fmt(arm.get('final_val_accuracy') if softmax else arm['final_val_auc'])} | {steps} | {_fmt(arm['steps_to_target'], 0)} | "
-        f"{arm['reached_target']}/{len(arm['runs'])} | {_fmt(arm['wall_time_to_target_s'], 1)} | "
-        f"{_fmt(arm['examples_per_sec'], 0)} |")
-  lines.append("")
-  lines += ["Arm configurations:", ""]
-  for name, arm in summary["arms"].items():
-    config = arm["config"]
-    what = config["label"] or ""
-    if config["kind"] == "train":
-      how = (f"`{'`, `'.join(config['gin_files'])}`"
-             + (f" + `{'`, `'.join(config['gin_bindings'])}`" if config["gin_bindings"] else ""))
-      if config["strategy"] != "one_device":
-        how += (f"; {config['strategy']}, {config['workers_per_group']} workers, "
-                f"{config['ps_per_group']} ps per group")
-    elif config["kind"] == "ensemble":
-      how = f"average of {config['ensemble_size']} seeds of `{config['source_arm']}`"
-    else:
-      how = (f"student distilling from the trained `{config['source_arm']}` model (frozen, "
-             f"published once): `{'`, `'.join(config['gin_files'])}`"
-             + (f" + `{'`, `'.join(config['gin_bindings'])}`" if config["gin_bindings"] else ""))
-    lines.append(f"- `{name}`: {what}{' — ' if what else ''}{how}")
-  lines.append("")
-  churned = {n: a["churn"] for n, a in summary["arms"].items() if a.get("churn")}
-  if churned:
-    lines += ["## Prediction churn between retrains (different seeds)", "",
-              "| arm | pairs | mean abs diff of predicted probabilities | disagreement "
-              f"({'argmax' if softmax else 'p > 0.5'}) | final val {loss_name} |",
-              "| --- | --- | --- | --- | --- |"]
-    for name, churn in churned.items():
-      lines.append(f"| `{name}` | {len(churn['pairs'])} | {_fmt(churn['mean_abs_diff'], 5)} | "
-                   f"{_fmt(churn['disagreement'], 5)} | "
-                   f"{_fmt(summary['arms'][name]['final_val_loss'])} |")
-    lines.append("")
+  lines += _arm_lines(summary, softmax, loss_name)
+  lines += _churn_lines(summary, softmax, loss_name)
   lines += _matched_churn_lines(summary, softmax, loss_name)
   if plots:
     lines += ["## Plots", ""]
@@ -253,6 +192,90 @@ def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
             "staleness) are in `runs/<arm>/seed_<s>_group_<g>.jsonl`, final results next to them.",
             ""]
   return "\n".join(lines)
+
+
+_DATA = {"criteo_like": "generated Criteo-format TSV (planted model, data_pipelines/"
+         "make_criteo_like.py)", "adult": "UCI Adult census (real data; data_pipelines/README.md)",
+         "kjv": "the King James Bible, word tokens (real data; data_pipelines/README.md)",
+         "fashion_mnist": "Fashion-MNIST as ImageNet-style TFRecords (real data; "
+         "data_pipelines/README.md)"}
+
+
+def _header_lines(summary: dict, command: str, loss_name: str) -> List[str]:
+  """Title, description, the regenerating command, data, bindings, target and machine load."""
+  lines = [f"# Benchmark suite `{summary['suite']}`", ""]
+  if summary.get("description"):
+    lines += [summary["description"].strip(), ""]
+  lines += ["Regenerate (numbers below come from that run's `summary.json`, never typed in):", "",
+            "```sh", command, "```", ""]
+  lines += [f"- data: {_DATA.get(summary['data'], summary['data'])}",
+            f"- shared bindings: `{'`, `'.join(summary['common_bindings']) or 'none'}`"]
+  if summary.get("target_loss") is not None:
+    origin = (f" (final loss of `{summary['target_from_arm']}`)" if summary.get("target_from_arm")
+              else "")
+    lines.append(f"- target validation {loss_name}: {summary['target_loss']:.4f}{origin}")
+  if summary.get("simulated"):
+    lines.append(f"- simulated: {summary['simulated']}")
+  lines += _load_lines(summary)
+  lines.append("")
+  return lines
+
+
+def _arm_lines(summary: dict, softmax: bool, loss_name: str) -> List[str]:
+  """The per-arm table and what each arm ran."""
+  lines = ["## Arms", "",
+           f"| arm | groups x seeds | final val {loss_name} | "
+           f"final val {'accuracy' if softmax else 'AUC'} | steps | "
+           "steps to target | reached | wall time to target (s) | examples/s per group |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for name, arm in summary["arms"].items():
+    config = arm["config"]
+    groups = config["num_groups"] if config["kind"] == "train" else 1
+    steps = arm["runs"][0]["steps"] if arm["runs"] else "n/a"
+    lines.append(
+        f"| `{name}` | {groups} x {arm['seeds']} | {_fmt(arm['final_val_loss'])} | "
+        f"{_fmt(arm.get('final_val_accuracy') if softmax else arm['final_val_auc'])} | {steps} | {_fmt(arm['steps_to_target'], 0)} | "
+        f"{arm['reached_target']}/{len(arm['runs'])} | {_fmt(arm['wall_time_to_target_s'], 1)} | "
+        f"{_fmt(arm['examples_per_sec'], 0)} |")
+  lines += ["", "Arm configurations:", ""]
+  for name, arm in summary["arms"].items():
+    config = arm["config"]
+    what = config["label"] or ""
+    lines.append(f"- `{name}`: {what}{' — ' if what else ''}{_arm_how(config)}")
+  lines.append("")
+  return lines
+
+
+def _arm_how(config: dict) -> str:
+  """How an arm ran, from its recorded configuration."""
+  bindings = f" + `{'`, `'.join(config['gin_bindings'])}`" if config["gin_bindings"] else ""
+  if config["kind"] == "train":
+    how = f"`{'`, `'.join(config['gin_files'])}`" + bindings
+    if config["strategy"] != "one_device":
+      how += (f"; {config['strategy']}, {config['workers_per_group']} workers, "
+              f"{config['ps_per_group']} ps per group")
+    return how
+  if config["kind"] == "ensemble":
+    return f"average of {config['ensemble_size']} seeds of `{config['source_arm']}`"
+  return (f"student distilling from the trained `{config['source_arm']}` model (frozen, "
+          f"published once): `{'`, `'.join(config['gin_files'])}`" + bindings)
+
+
+def _churn_lines(summary: dict, softmax: bool, loss_name: str) -> List[str]:
+  """Churn between retrains at the end of training, per arm that has it."""
+  churned = {n: a["churn"] for n, a in summary["arms"].items() if a.get("churn")}
+  if not churned:
+    return []
+  lines = ["## Prediction churn between retrains (different seeds)", "",
+           "| arm | pairs | mean abs diff of predicted probabilities | disagreement "
+           f"({'argmax' if softmax else 'p > 0.5'}) | final val {loss_name} |",
+           "| --- | --- | --- | --- | --- |"]
+  for name, churn in churned.items():
+    lines.append(f"| `{name}` | {len(churn['pairs'])} | {_fmt(churn['mean_abs_diff'], 5)} | "
+                 f"{_fmt(churn['disagreement'], 5)} | "
+                 f"{_fmt(summary['arms'][name]['final_val_loss'])} |")
+  lines.append("")
+  return lines
 
 
 def _matched_churn_lines(summary: dict, softmax: bool, loss_name: str) -> List[str]:

@@ -446,17 +446,46 @@ def _config_path(arm: Arm, paths: RunPaths) -> str:
   return os.path.join(paths.results_dir, "runs", arm.name, "config.json")
 
 
-def _arm_done(arm: Arm, paths: RunPaths, config: dict) -> bool:
-  """Whether every run of the arm is recorded, from the same configuration."""
-  groups = arm.num_groups if arm.kind == "train" else 1
+def _recorded_config(arm: Arm, paths: RunPaths) -> Optional[dict]:
   try:
     with open(_config_path(arm, paths)) as f:
-      if json.load(f) != config:
-        return False
+      return json.load(f)
   except (OSError, ValueError):
-    return False
-  return all(os.path.exists(paths.result(arm.name, s, g)) and os.path.exists(paths.curve(arm.name, s, g))
-             for s in arm.seed_list for g in range(groups))
+    return None
+
+
+def _seed_recorded(arm: Arm, paths: RunPaths, seed: int) -> bool:
+  """Whether every group's result and curve of ``seed`` is in the results directory."""
+  groups = arm.num_groups if arm.kind == "train" else 1
+  return all(os.path.exists(paths.result(arm.name, seed, g))
+             and os.path.exists(paths.curve(arm.name, seed, g)) for g in range(groups))
+
+
+def _arm_done(arm: Arm, paths: RunPaths, config: dict) -> bool:
+  """Whether every run of the arm is recorded, from the same configuration, with its churn."""
+  return (_recorded_config(arm, paths) == config
+          and all(_seed_recorded(arm, paths, s) for s in arm.seed_list)
+          and (arm.seeds < 2 or os.path.exists(_churn_path(arm, paths))))
+
+
+def _seeds_to_run(arm: Arm, paths: RunPaths, config: dict) -> List[int]:
+  """The seeds a (re)started arm must still run. Runs recorded under the same configuration are
+  kept (a suite stopped mid-arm resumes seed by seed) where churn can still use them: their
+  predictions are in this work directory. Anything recorded under another configuration (or
+  none) is stale, removed, and the configuration is recorded before the first run."""
+  arm_dir = os.path.join(paths.results_dir, "runs", arm.name)
+  if _recorded_config(arm, paths) != config:
+    shutil.rmtree(arm_dir, ignore_errors=True)
+    os.makedirs(arm_dir)
+    with open(_config_path(arm, paths), "w") as f:
+      json.dump(config, f, indent=1, sort_keys=True)
+  return [seed for seed in arm.seed_list
+          if not (_seed_recorded(arm, paths, seed)
+                  and (arm.seeds < 2 or os.path.exists(paths.predictions(arm.name, seed, 0))))]
+
+
+def _churn_path(arm: Arm, paths: RunPaths) -> str:
+  return os.path.join(paths.results_dir, "runs", arm.name, "churn.json")
 
 
 def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str,
@@ -501,7 +530,9 @@ def _launch(arm: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence[s
   shape = launcher.GroupShape(arm.strategy, arm.workers_per_group, arm.ps_per_group)
   return launcher.launch(model_dir, num_groups or arm.num_groups, exchange_dir=exchange_dir,
                          gin_files=[_gin_path(p) for p in arm.gin_files], gin_bindings=bindings,
-                         shape=shape, groups=groups, pin_groups=pin)
+                         shape=shape, groups=groups, pin_groups=pin,
+                         # A run restarted from a checkpoint is not the run its curve claims.
+                         max_restarts=0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -625,14 +656,16 @@ def run_arm(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], force:
   if not force and _arm_done(arm, paths, config):
     progress(f"[{suite.name}] {arm.name}: reusing {arm.seeds} recorded run(s) (--force reruns)")
     return False
-  # Whatever was recorded for this arm before is stale from here on.
-  shutil.rmtree(os.path.join(paths.results_dir, "runs", arm.name), ignore_errors=True)
+  if force:
+    shutil.rmtree(os.path.join(paths.results_dir, "runs", arm.name), ignore_errors=True)
+  seeds = _seeds_to_run(arm, paths, config)
+  if len(seeds) < arm.seeds:
+    progress(f"[{suite.name}] {arm.name}: reusing {arm.seeds - len(seeds)} recorded run(s), "
+             f"running seeds {seeds}")
   needed = _cpus_needed(arm)
   workers = cpus.size // needed if cpus and needed else 1
   _at_once(lambda seed: _run_seed(arm, suite, paths, data, seed, allow_load, progress, cpus),
-           list(arm.seed_list), workers)
-  with open(_config_path(arm, paths), "w") as f:
-    json.dump(config, f, indent=1, sort_keys=True)
+           seeds, workers)
   churn = _churn(arm, paths, suite)
   if churn:
     progress(f"[{suite.name}] {arm.name}: churn mean |pa-pb| {churn['mean_abs_diff']['mean']:.5f} "
@@ -751,7 +784,7 @@ def _churn(arm: Arm, paths: RunPaths, suite: Suite) -> Optional[dict]:
   curves = [_churn_curve(arm, paths, suite, p["seeds"]) for p in independent]
   if curves and all(curves):
     churn["curves"] = curves
-  with open(os.path.join(paths.results_dir, "runs", arm.name, "churn.json"), "w") as f:
+  with open(_churn_path(arm, paths), "w") as f:
     json.dump(churn, f, indent=1, sort_keys=True)
   return churn
 

@@ -38,23 +38,21 @@ import re
 import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from typing import Dict, List, Optional
 
-from absl import app
 from absl import flags
 
 from benchmarks import fault_trials
 from benchmarks import machine
+from benchmarks import standalone
 from tf_codistill import launcher
 from tf_codistill import layout
 
-REPO = fault_trials.REPO
-DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results", "soak", "summary.json")
+DEFAULT_OUT = standalone.results_path("soak")
 # The same soak with both groups on every CPU (--nopin_groups).
-SHARED_CPUS_OUT = os.path.join(REPO, "benchmarks", "results", "soak", "shared_cpus.json")
+SHARED_CPUS_OUT = os.path.join(os.path.dirname(DEFAULT_OUT), "shared_cpus.json")
 
 BINDINGS = (
     "NUM_BUCKETS = 1000",
@@ -85,6 +83,54 @@ def rss_kib(pid: int) -> Optional[int]:
   return None
 
 
+class _Sampler:
+  """Samples, every ``sample_s`` in the background, the RSS of the launcher and of every task
+  it started, and when each group's training started (its chief's first heartbeat)."""
+
+  def __init__(self, launch: standalone.Launch, sample_s: float):
+    self.launch, self.sample_s = launch, sample_s
+    self.rss_mib: Dict[str, List[List[float]]] = {}  # process -> [[t, rss_mib], ...]
+    self.train_start: Dict[int, float] = {}  # group -> seconds after launch
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread.start()
+
+  def _run(self) -> None:
+    while not self._stop.is_set():
+      now = time.monotonic() - self.launch.start
+      procs = {"launcher": self.launch.proc.pid}
+      procs.update({f"group_{g}/{t}_{k}": pid for (g, t, k), pid in self.launch.pids.items()})
+      for group in (0, 1):
+        if group not in self.train_start and os.path.exists(
+            layout.group_run(self.launch.model_dir, group).heartbeat):
+          self.train_start[group] = round(now, 1)
+      for name, pid in procs.items():
+        rss = rss_kib(pid)
+        if rss is not None:
+          self.rss_mib.setdefault(name, []).append([round(now, 1), round(rss / 1024.0, 1)])
+      self._stop.wait(self.sample_s)
+
+  def stop(self) -> None:
+    self._stop.set()
+    self._thread.join(timeout=10)
+
+
+def _group_record(launch: standalone.Launch, group: int) -> dict:
+  """A group's results and what its chief's log says about teacher loads and publishes."""
+  results = launch.results(group) or {}
+  chief_log = layout.group_run(launch.model_dir, group).task_log("chief", 0)
+  log = open(chief_log, errors="replace").read() if os.path.exists(chief_log) else ""
+  return {
+      "steps": results.get("steps"),
+      "teacher_loads": results.get("teacher_loads"),
+      "teacher_loads_logged": len(re.findall(r"teacher: loaded peer group", log)),
+      "publishes_logged": len(re.findall(r"exchange: published step", log)),
+      "step_time_ms": results.get("step_time_ms"),
+      "examples_per_sec": results.get("examples_per_sec"),
+      "val_logloss": results.get("val_logloss"),
+  }
+
+
 def run_soak(work_dir: str, duration_s: float, exchange_every_steps: int = 40,
              poll_interval_s: float = 0.5, steps_per_epoch: int = 2000, sample_s: float = 5.0,
              warmup_s: Optional[float] = None, strategy: str = "parameter_server",
@@ -99,75 +145,37 @@ def run_soak(work_dir: str, duration_s: float, exchange_every_steps: int = 40,
   shutil.rmtree(model_dir, ignore_errors=True)
   shape = (["--workers_per_group=1", "--ps_per_group=1"] if strategy == "parameter_server"
            else [])
-  args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
-          f"--gin_file={REPO}/gin/criteo/codistill_2way.gin", f"--strategy={strategy}",
-          "--num_groups=2", *shape] + (["--pin_groups"] if pin_groups else [])
-  bindings = list(BINDINGS) + [
+  bindings = list(BINDINGS) + standalone.ctr_data_bindings(data) + [
       f"trainer.train.max_wall_seconds = {float(duration_s)}",
       f"trainer.train.exchange_every_steps = {exchange_every_steps}",
       f"trainer.train.poll_interval_s = {poll_interval_s}",
-      f"trainer.train.steps_per_epoch = {steps_per_epoch}",
-      f"trainer.train.train_files = ['{data}/train-*']",
-      f"trainer.train.eval_files = ['{data}/eval-*']"]
-  args += [f"--gin_bindings={b}" for b in bindings]
-  launch = fault_trials._Launch(args)  # pylint: disable=protected-access
-  start = time.monotonic()
-  samples: Dict[str, List[List[float]]] = {}  # process -> [[t, rss_mib], ...]
-  train_start: Dict[int, float] = {}  # group -> seconds after launch its training started
-  stop = threading.Event()
+      f"trainer.train.steps_per_epoch = {steps_per_epoch}"]
+  launch = standalone.Launch(standalone.launch_args(
+      model_dir, "codistill_2way.gin",
+      [f"--strategy={strategy}", "--num_groups=2", *shape, *(["--pin_groups"] if pin_groups else [])],
+      bindings))
+  sampler = _Sampler(launch, sample_s)
   cpus = dict(enumerate(launcher.split_cpus(2))) if pin_groups else {}
-
-  def sample():
-    while not stop.is_set():
-      now = time.monotonic() - start
-      procs = {"launcher": launch.proc.pid}
-      procs.update({f"group_{g}/{t}_{k}": pid for (g, t, k), pid in list(launch.pids.items())})
-      for group in (0, 1):  # training starts when the chief writes its first heartbeat
-        if group not in train_start and os.path.exists(
-            layout.group_run(model_dir, group).heartbeat):
-          train_start[group] = round(now, 1)
-      for name, pid in procs.items():
-        rss = rss_kib(pid)
-        if rss is not None:
-          samples.setdefault(name, []).append([round(now, 1), round(rss / 1024.0, 1)])
-      stop.wait(sample_s)
-
-  sampler = threading.Thread(target=sample, daemon=True)
-  sampler.start()
   # Training ends at max_wall_seconds after the chiefs start; startup and the final evaluation
   # come on top.
   code = launch.wait(timeout=duration_s + 600)
-  stop.set()
-  sampler.join(timeout=10)
-  wall = time.monotonic() - start
-  groups, timelines = {}, {}
+  sampler.stop()
+  wall = time.monotonic() - launch.start
+  timelines = {}
   for group in (0, 1):
-    group_dir = layout.group_dir(model_dir, group)
-    timeline_path = layout.RunDir(group_dir).step_timeline
+    timeline_path = layout.group_run(model_dir, group).step_timeline
     if os.path.exists(timeline_path):
       with open(timeline_path) as f:
         timelines[str(group)] = json.load(f)
-    results = fault_trials._results(group_dir) or {}  # pylint: disable=protected-access
-    chief_log = layout.RunDir(group_dir).task_log("chief", 0)
-    log = open(chief_log, errors="replace").read() if os.path.exists(chief_log) else ""
-    # When each chief started training (its first heartbeat), to place warm-up after it.
-    groups[str(group)] = {
-        "steps": results.get("steps"),
-        "teacher_loads": results.get("teacher_loads"),
-        "teacher_loads_logged": len(re.findall(r"teacher: loaded peer group", log)),
-        "publishes_logged": len(re.findall(r"exchange: published step", log)),
-        "step_time_ms": results.get("step_time_ms"),
-        "examples_per_sec": results.get("examples_per_sec"),
-        "val_logloss": results.get("val_logloss"),
-    }
   if warmup_s is None:
     warmup_s = min(180.0, 0.25 * duration_s)
   return {"exit_code": code, "duration_s": duration_s, "wall_s": round(wall, 1),
           "strategy": strategy, "exchange_every_steps": exchange_every_steps,
           "group_cpus": {str(g): sorted(c) for g, c in cpus.items()},
           "poll_interval_s": poll_interval_s, "sample_s": sample_s, "warmup_s": warmup_s,
-          "groups": groups, "rss_mib": samples, "timelines": timelines,
-          "train_start_s": {str(g): t for g, t in train_start.items()},
+          "groups": {str(g): _group_record(launch, g) for g in (0, 1)},
+          "rss_mib": sampler.rss_mib, "timelines": timelines,
+          "train_start_s": {str(g): t for g, t in sampler.train_start.items()},
           "stderr_tail": launch.stderr[-3000:] if code else ""}
 
 
@@ -313,8 +321,7 @@ def _define_flags() -> None:
   flags.DEFINE_string("strategy", "parameter_server", "Each group's strategy.")
   flags.DEFINE_bool("pin_groups", True, "Give each group half of the CPUs, as if it had its "
                     "own machine; --nopin_groups lets both groups share every CPU.")
-  flags.DEFINE_string("work_dir", None, "Where data and the job go (default: a temporary dir).")
-  flags.DEFINE_string("out", DEFAULT_OUT, "JSON output.")
+  standalone.define_flags("soak")
   flags.DEFINE_bool("table", False, "Only print the Markdown row of --out and exit.")
 
 
@@ -327,7 +334,7 @@ def main(argv):
     with open(FLAGS.out) as f:
       print(markdown_row(json.load(f)))
     return
-  work = FLAGS.work_dir or tempfile.mkdtemp(prefix="soak_")
+  work = standalone.work_dir("soak")
   started = time.time()
   run = run_soak(work, FLAGS.duration_s, FLAGS.exchange_every_steps, FLAGS.poll_interval_s,
                  sample_s=FLAGS.sample_s, strategy=FLAGS.strategy, pin_groups=FLAGS.pin_groups)
@@ -335,14 +342,11 @@ def main(argv):
              "cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
              "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
              "verdict": judge(run), "run": run}
-  os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
   # The raw step timelines (a few hundred kB) go beside the summary, which stays readable.
   timelines_path = os.path.splitext(FLAGS.out)[0] + "_step_timelines.json"
-  with open(timelines_path, "w") as f:
-    json.dump(run.pop("timelines"), f)
+  standalone.write_json(timelines_path, run.pop("timelines"), indent=None)
   summary["timelines_file"] = os.path.basename(timelines_path)
-  with open(FLAGS.out, "w") as f:
-    json.dump(summary, f, indent=1)
+  standalone.write_json(FLAGS.out, summary, indent=1)
   print(json.dumps(summary["verdict"], indent=1))
   print(markdown_row(summary))
   shutil.rmtree(os.path.join(work, "job"), ignore_errors=True)

@@ -1,33 +1,36 @@
-"""Step time of the CTR model: plain tf_keras vs CodistillModel without and with a loaded teacher.
+"""Step time of the CTR model: plain tf_keras vs CodistillModel without a teacher, with a loaded
+float32 teacher and with a bfloat16 one.
 
-The arms run interleaved in one process (rounds of ``--steps`` steps each, repeated ``--rounds``
-times) so machine noise hits them alike; the report is the median steps/sec per arm and the ratios.
-Also measured: the pause the training thread sees when a refreshed teacher is swapped in.
+Per-step times inside one ``fit`` per arm and round, arms interleaved (``benchmarks.step_times``);
+ratios are formed within each round and reported as their median over rounds with a 90% bootstrap
+interval. Also measured: the pause the training thread sees when a refreshed teacher is swapped
+in, against assigning its values in place.
 
   .venv/bin/python -m benchmarks.teacher_overhead [--optimizer=adagrad]
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
+from typing import Dict
 
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
-from absl import app
 from absl import flags
 
 from benchmarks import machine
-from tf_codistill.model import CodistillModel
+from benchmarks import standalone
+from benchmarks import step_times
+from tf_codistill.model import CodistillModel, clone_architecture
 from tf_codistill.models import ctr
 
 flags.DEFINE_integer("batch_size", 512, "Examples per step.")
 flags.DEFINE_integer("num_buckets", 20_000, "Hash buckets per categorical feature.")
 flags.DEFINE_integer("embedding_dim", 16, "Embedding width.")
-flags.DEFINE_integer("steps", 60, "Steps per arm per round.")
+flags.DEFINE_integer("steps", 60, "Timed steps per arm per round (each in one fit).")
 flags.DEFINE_integer("rounds", 11, "Interleaved rounds.")
 flags.DEFINE_enum("optimizer", "adam", ["adam", "adagrad"],
                   "adam updates whole embedding tables every step (dense slots); adagrad only the "
@@ -46,82 +49,96 @@ def _dataset(batch_size: int, num_buckets: int) -> tf.data.Dataset:
   return tf.data.Dataset.from_tensor_slices((features, labels)).batch(batch_size).repeat()
 
 
-def _compile(model: keras.Model) -> keras.Model:
-  optimizer = {"adam": keras.optimizers.Adam, "adagrad": keras.optimizers.Adagrad}[FLAGS.optimizer]
-  model.compile(optimizer=optimizer(1e-3),
+def _compile(model: keras.Model, optimizer: str) -> keras.Model:
+  make_optimizer = {"adam": keras.optimizers.Adam, "adagrad": keras.optimizers.Adagrad}[optimizer]
+  model.compile(optimizer=make_optimizer(1e-3),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
   return model
 
 
-def main(argv):
-  del argv
-  make = lambda: ctr.ctr_model(num_buckets=FLAGS.num_buckets, embedding_dim=FLAGS.embedding_dim)
-  data = _dataset(FLAGS.batch_size, FLAGS.num_buckets)
-  sample = next(iter(data))[0]
-  plain = _compile(make())
-  no_teacher = _compile(CodistillModel(make(), 0))
-  with_teacher = _compile(CodistillModel(make(), 1, alpha=1.0))
-  for model in (plain, no_teacher, with_teacher):
-    model(sample)
-  with_teacher.set_teacher_weights(0, with_teacher.student.get_weights(), step=0)
-  arms = {"plain_keras": plain, "codistill_no_teacher": no_teacher,
-          "codistill_one_teacher": with_teacher}
-  for model in arms.values():  # warm-up: tracing and first-touch allocations
-    model.fit(data, steps_per_epoch=20, epochs=1, verbose=0)
-  rates = {name: [] for name in arms}
-  for _ in range(FLAGS.rounds):
-    for name, model in arms.items():
-      start = time.perf_counter()
-      model.fit(data, steps_per_epoch=FLAGS.steps, epochs=1, verbose=0)
-      rates[name].append(FLAGS.steps / (time.perf_counter() - start))
+GOALS = {"teacher_throughput_ratio": (">=", 0.95),
+         "teacher_throughput_ratio_bfloat16": (">=", 0.97)}
 
-  # The training thread's part of a refresh: flipping the double buffer (the restore itself runs
-  # in the teacher pool's thread). Compared with assigning the values in place, as a single-buffer
-  # design would have to.
-  weights = with_teacher.student.get_weights()
+
+def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
+               optimizer: str = "adam") -> Dict[str, keras.Model]:
+  """The compiled, built models of every arm; the teachers hold the student's weights."""
+  make = lambda: ctr.ctr_model(num_buckets=num_buckets, embedding_dim=embedding_dim)
+  sample = next(iter(_dataset(batch_size, num_buckets)))[0]
+  arms = {"plain_keras": _compile(make(), optimizer),
+          "codistill_no_teacher": _compile(CodistillModel(make(), 0), optimizer)}
+  for name, policy in (("codistill_one_teacher", None), ("codistill_bfloat16_teacher",
+                                                         "mixed_bfloat16")):
+    student = make()
+    arms[name] = _compile(CodistillModel(
+        student, 1, alpha=1.0, teacher_factory=lambda s=student, p=policy: clone_architecture(s, p)),
+        optimizer)
+  for model in arms.values():
+    model(sample)
+  for name in ("codistill_one_teacher", "codistill_bfloat16_teacher"):
+    arms[name].set_teacher_weights(0, arms[name].student.get_weights(), step=0)
+  return arms
+
+
+def measure(arms: Dict[str, keras.Model], data: tf.data.Dataset, steps: int, rounds: int) -> dict:
+  """Interleaved per-step times of every arm, and the ratios the goals are about."""
+  times = step_times.interleave(
+      {name: (lambda m=model: step_times.fit_step_times(m, data, steps)) for name, model in arms.items()},
+      rounds)
+  ratios = {
+      "no_teacher_vs_plain": step_times.throughput_ratio(times, "codistill_no_teacher", "plain_keras"),
+      "one_teacher_vs_no_teacher": step_times.throughput_ratio(times, "codistill_one_teacher",
+                                                               "codistill_no_teacher"),
+      "bfloat16_teacher_vs_no_teacher": step_times.throughput_ratio(
+          times, "codistill_bfloat16_teacher", "codistill_no_teacher"),
+  }
+  return {"step_times": step_times.describe(times), "ratios": ratios}
+
+
+def swap_pause(model: CodistillModel, repeats: int = 10) -> Dict[str, float]:
+  """The training thread's part of a refresh, flipping the double buffer (the restore itself runs
+  in the teacher pool's thread), against assigning the values in place as a single buffer would."""
+  weights = model.student.get_weights()
   flips, assigns = [], []
-  for _ in range(10):
+  for _ in range(repeats):
     start = time.perf_counter()
-    with_teacher.activate_teacher(0, step=1)
+    model.activate_teacher(0, step=1)
     flips.append(time.perf_counter() - start)
     start = time.perf_counter()
-    for var, value in zip(with_teacher.inactive_teacher(0).weights, weights):
+    for var, value in zip(model.inactive_teacher(0).weights, weights):
       var.assign(value)
     assigns.append(time.perf_counter() - start)
+  return {"swap_flip_ms_median": 1e3 * statistics.median(flips),
+          "in_place_assign_ms_median": 1e3 * statistics.median(assigns)}
 
-  median = {name: statistics.median(r) for name, r in rates.items()}
-  # Interference on a shared machine only slows rounds down: the best round is the cleanest view.
-  best = {name: max(r) for name, r in rates.items()}
-  summary = {
-      "config": {"optimizer": FLAGS.optimizer, "batch_size": FLAGS.batch_size, "num_buckets": FLAGS.num_buckets,
-                 "embedding_dim": FLAGS.embedding_dim, "steps": FLAGS.steps,
-                 "rounds": FLAGS.rounds, "cpus": os.cpu_count()},
-      "steps_per_sec": {name: {"median": median[name], "best": best[name], "all": rates[name]}
-                        for name in rates},
-      "best_ratio_no_teacher_vs_plain": best["codistill_no_teacher"] / best["plain_keras"],
-      "best_ratio_one_teacher_vs_no_teacher": (best["codistill_one_teacher"]
-                                               / best["codistill_no_teacher"]),
-      "ratio_no_teacher_vs_plain": median["codistill_no_teacher"] / median["plain_keras"],
-      "ratio_one_teacher_vs_no_teacher": (median["codistill_one_teacher"]
-                                          / median["codistill_no_teacher"]),
-      "swap_flip_ms_median": 1e3 * statistics.median(flips),
-      "in_place_assign_ms_median": 1e3 * statistics.median(assigns),
-  }
-  print(f"{'arm':<24} {'steps/s median':>15} {'best':>7} {'examples/s (median)':>20}   all rounds")
-  for name in arms:
-    print(f"{name:<24} {median[name]:>15.1f} {best[name]:>7.1f} "
-          f"{median[name] * FLAGS.batch_size:>20.0f}   " + " ".join(f"{r:.1f}" for r in rates[name]))
-  print(f"ratio codistill(no teacher)/plain:     median {summary['ratio_no_teacher_vs_plain']:.3f}"
-        f"  best {summary['best_ratio_no_teacher_vs_plain']:.3f}")
-  print(f"ratio codistill(1 teacher)/no teacher: median "
-        f"{summary['ratio_one_teacher_vs_no_teacher']:.3f}"
-        f"  best {summary['best_ratio_one_teacher_vs_no_teacher']:.3f}")
+
+def main(argv):
+  del argv
+  arms = build_arms(FLAGS.batch_size, FLAGS.num_buckets, FLAGS.embedding_dim, FLAGS.optimizer)
+  summary = measure(arms, _dataset(FLAGS.batch_size, FLAGS.num_buckets), FLAGS.steps, FLAGS.rounds)
+  summary.update(swap_pause(arms["codistill_one_teacher"]))
+  summary["config"] = {"optimizer": FLAGS.optimizer, "batch_size": FLAGS.batch_size,
+                       "num_buckets": FLAGS.num_buckets, "embedding_dim": FLAGS.embedding_dim,
+                       "steps": FLAGS.steps, "rounds": FLAGS.rounds, "cpus": os.cpu_count(),
+                       "harness": "per-step times inside one fit, arms interleaved"}
+  values = {"teacher_throughput_ratio": summary["ratios"]["one_teacher_vs_no_teacher"],
+            "teacher_throughput_ratio_bfloat16": summary["ratios"]["bfloat16_teacher_vs_no_teacher"]}
+  summary["goals"] = {name: v["median"] for name, v in values.items()}
+  summary["goal_verdicts"] = {
+      name: {"threshold": list(GOALS[name]), "interval90": v["interval90"],
+             "met": v["median"] >= GOALS[name][1] and v["interval90"][0] >= GOALS[name][1] - 0.02}
+      for name, v in values.items()}
+  print(f"{'arm':<28} {'median ms':>10} {'p90 ms':>8} {'steps/s':>8}")
+  for name, row in summary["step_times"].items():
+    print(f"{name:<28} {row['median_ms']:>10.2f} {row['p90_ms']:>8.2f} {row['steps_per_sec']:>8.1f}")
+  for name, ratio in summary["ratios"].items():
+    low, high = ratio["interval90"]
+    print(f"throughput ratio {name}: {ratio['median']:.3f} [{low:.3f}, {high:.3f}]")
   print(f"training-thread pause of a refresh: flip {summary['swap_flip_ms_median']:.2f} ms "
         f"(in-place assign would be {summary['in_place_assign_ms_median']:.1f} ms)")
-  out = FLAGS.out = FLAGS.out or f"benchmarks/results/teacher_overhead/summary_{FLAGS.optimizer}.json"
-  os.makedirs(os.path.dirname(out), exist_ok=True)
-  with open(out, "w") as f:
-    json.dump(summary, f, indent=2)
+  FLAGS.out = FLAGS.out or os.path.join(os.path.dirname(standalone.results_path("teacher_overhead")),
+                                        f"summary_{FLAGS.optimizer}.json")
+  standalone.write_json(FLAGS.out, summary)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """Step time of codistillation with a float32 vs a bfloat16 teacher, and how far the bfloat16
 teacher's predictions are from float32's (LM and image models at their gin-config sizes).
 
-Arms run interleaved in one process (rounds of ``--steps`` train steps each, ``--rounds`` times),
-all on the same real batches; the teacher holds the student's own weights. Reported per task:
-steps/sec of no-teacher, float32-teacher and bfloat16-teacher steps, the ratios (median and best
-round), the teacher forward pass alone in each precision, and the max/mean absolute difference of
-the teacher's probabilities. The effect on final loss is the ``codistill_bf16`` arm of the ``lm``
+Per-step times inside one ``fit`` per arm and round, arms interleaved (``benchmarks.step_times``),
+all on the same real batches; the teacher holds the student's own weights. Reported per task: step
+times of no-teacher, float32-teacher and bfloat16-teacher steps, their throughput ratios (median
+over rounds, 90% interval), the teacher forward pass alone in each precision, and the max/mean
+absolute difference of the teacher's probabilities. The effect on final loss is the ``codistill_bf16`` arm of the ``lm``
 and ``image`` suites.
 
   .venv/bin/python -m benchmarks.teacher_precision --data_dir=/tmp/bench/data
@@ -13,19 +13,18 @@ and ``image`` suites.
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
-from absl import app
 from absl import flags
 
 from benchmarks import machine
+from benchmarks import standalone
+from benchmarks import step_times
 from data_pipelines import images
 from data_pipelines import text_lm
 from tf_codistill import losses
@@ -38,7 +37,7 @@ flags.DEFINE_integer("vocab_size", 4000, "LM vocabulary (the lm suite's).")
 flags.DEFINE_integer("steps", 20, "Steps per arm per round.")
 flags.DEFINE_integer("rounds", 7, "Interleaved rounds.")
 flags.DEFINE_multi_enum("task", ["lm", "image"], ["lm", "image"], "Tasks to measure.")
-flags.DEFINE_string("out", "benchmarks/results/teacher_precision/summary.json", "JSON output.")
+standalone.define_flags("teacher_precision", work_dir=False)
 FLAGS = flags.FLAGS
 
 
@@ -57,13 +56,20 @@ def _setup(task: str):
   return make, "softmax", data, keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def _time(fn: Callable[[], None], steps: int) -> float:
-  start = time.perf_counter()
-  fn()
-  return steps / (time.perf_counter() - start)
+def _forward_times(run: Callable[[], object], steps: int) -> List[float]:
+  """Times of ``steps`` calls of ``run`` (a teacher's forward pass alone), after one untimed."""
+  run()
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    run()
+    times.append(time.perf_counter() - start)
+  return times
 
 
-def measure(task: str) -> Dict[str, object]:
+def _arms(task: str):
+  """The no-teacher, float32-teacher and bfloat16-teacher models of ``task`` (teachers hold the
+  student's weights), the batches they train on and the task's output."""
   make, output, data, loss = _setup(task)
   data = data.take(8).cache().repeat()  # the same real batches every step, no input cost
   sample = next(iter(data))[0]
@@ -77,43 +83,42 @@ def measure(task: str) -> Dict[str, object]:
     model(sample)
     if teachers:
       model.set_teacher_weights(0, student.get_weights(), step=0)
-    model.fit(data, steps_per_epoch=5, epochs=1, verbose=0)  # tracing
     arms[name] = model
-  rates = {name: [] for name in arms}
-  for _ in range(FLAGS.rounds):
-    for name, model in arms.items():
-      rates[name].append(_time(lambda: model.fit(data, steps_per_epoch=FLAGS.steps, epochs=1,
-                                                 verbose=0), FLAGS.steps))
-  # The teacher forward pass alone, and its predictions against float32's.
-  reference = arms["float32_teacher"]
-  forward = {}
-  for name in ("float32_teacher", "bfloat16_teacher"):
-    teacher = arms[name].teacher_slots[0][int(arms[name].active_slot.numpy()[0])]
-    teacher.set_weights(reference.student.get_weights())
-    run = tf.function(lambda x, t=teacher: t(x, training=False))
-    run(sample)
-    forward[name] = [_time(lambda: [run(sample) for _ in range(FLAGS.steps)], FLAGS.steps)
-                     for _ in range(FLAGS.rounds)]
+  return arms, data, sample, output
+
+
+def measure(task: str) -> Dict[str, object]:
+  """Per-step times of the three arms (interleaved, inside one fit per round), the teachers'
+  forward passes alone, and how far bfloat16's probabilities are from float32's."""
+  arms, data, sample, output = _arms(task)
+  times = step_times.interleave(
+      {name: (lambda m=model: step_times.fit_step_times(m, data, FLAGS.steps))
+       for name, model in arms.items()}, FLAGS.rounds)
   teachers = {name: arms[name].teacher_slots[0][int(arms[name].active_slot.numpy()[0])]
               for name in ("float32_teacher", "bfloat16_teacher")}
+  runs = {name: tf.function(lambda x, t=teacher: t(x, training=False))
+          for name, teacher in teachers.items()}
+  forward = step_times.interleave(
+      {name: (lambda r=run: _forward_times(lambda: r(sample), FLAGS.steps))
+       for name, run in runs.items()}, FLAGS.rounds)
   diffs = []
   for x, _ in data.take(4):
     p32 = losses.probabilities(teachers["float32_teacher"](x, training=False), output)
     p16 = losses.probabilities(tf.cast(teachers["bfloat16_teacher"](x, training=False),
                                        tf.float32), output)
-    diffs.append(np.abs(p32.numpy() - p16.numpy()))
-  diff = np.concatenate([d.reshape(-1) for d in diffs])
-  median = {n: statistics.median(r) for n, r in rates.items()}
-  best = {n: max(r) for n, r in rates.items()}
+    diffs.append(np.abs(p32.numpy() - p16.numpy()).reshape(-1))
+  diff = np.concatenate(diffs)
   return {
-      "steps_per_sec": {n: {"median": median[n], "best": best[n], "all": rates[n]} for n in rates},
-      "step_time_ratio_bf16_vs_fp32_teacher_median": median["float32_teacher"] / median["bfloat16_teacher"],
-      "step_time_ratio_bf16_vs_fp32_teacher_best": best["float32_teacher"] / best["bfloat16_teacher"],
-      "step_time_ratio_fp32_teacher_vs_none_median": median["no_teacher"] / median["float32_teacher"],
-      "teacher_forward_per_sec": {n: {"median": statistics.median(r), "best": max(r)}
-                                  for n, r in forward.items()},
-      "teacher_forward_time_ratio_bf16_vs_fp32_median":
-          statistics.median(forward["float32_teacher"]) / statistics.median(forward["bfloat16_teacher"]),
+      "step_times": step_times.describe(times),
+      "throughput_ratio_bf16_vs_fp32_teacher": step_times.throughput_ratio(
+          times, "bfloat16_teacher", "float32_teacher"),
+      "throughput_ratio_fp32_teacher_vs_none": step_times.throughput_ratio(
+          times, "float32_teacher", "no_teacher"),
+      "throughput_ratio_bf16_teacher_vs_none": step_times.throughput_ratio(
+          times, "bfloat16_teacher", "no_teacher"),
+      "teacher_forward": step_times.describe(forward),
+      "teacher_forward_speed_ratio_bf16_vs_fp32": step_times.throughput_ratio(
+          forward, "bfloat16_teacher", "float32_teacher"),
       "prob_abs_diff": {"max": float(diff.max()), "mean": float(diff.mean())},
   }
 
@@ -124,18 +129,15 @@ def main(argv):
                         "load_avg_1m_at_start": os.getloadavg()[0],
                         "gpus": len(tf.config.list_physical_devices("GPU"))}}
   for task in FLAGS.task:
-    summary[task] = measure(task)
-    result = summary[task]
-    print(f"{task}: step time bf16/fp32 teacher (median) "
-          f"{result['step_time_ratio_bf16_vs_fp32_teacher_median']:.3f}, best "
-          f"{result['step_time_ratio_bf16_vs_fp32_teacher_best']:.3f}; teacher forward bf16/fp32 "
-          f"{result['teacher_forward_time_ratio_bf16_vs_fp32_median']:.3f}; "
-          f"|p16 - p32| max {result['prob_abs_diff']['max']:.4f} "
-          f"mean {result['prob_abs_diff']['mean']:.6f}")
+    summary[task] = result = measure(task)
+    ratio = lambda key: (f"{result[key]['median']:.3f} [{result[key]['interval90'][0]:.3f}, "
+                         f"{result[key]['interval90'][1]:.3f}]")
+    print(f"{task}: throughput bf16/fp32 teacher {ratio('throughput_ratio_bf16_vs_fp32_teacher')}, "
+          f"fp32 teacher/none {ratio('throughput_ratio_fp32_teacher_vs_none')}, teacher forward "
+          f"speed bf16/fp32 {ratio('teacher_forward_speed_ratio_bf16_vs_fp32')}; |p16 - p32| max "
+          f"{result['prob_abs_diff']['max']:.4f} mean {result['prob_abs_diff']['mean']:.6f}")
   summary["config"]["load_avg_1m_at_end"] = os.getloadavg()[0]
-  os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
-  with open(FLAGS.out, "w") as f:
-    json.dump(summary, f, indent=2)
+  standalone.write_json(FLAGS.out, summary)
 
 
 if __name__ == "__main__":

@@ -161,6 +161,7 @@ def make_dataset(
     deterministic: bool = True,
     drop_remainder: bool = False,
     bad_line_counter: records.BadLineCounter | None = None,
+    cache: bool = False,
 ) -> tf.data.Dataset:
   """Batches of ``(features, label)`` from prepared Adult Parquet files, shard ``shard_index``.
 
@@ -168,7 +169,9 @@ def make_dataset(
   ``num_shards`` files, else by row within every file; ``bad_lines='error'`` fails iteration naming
   the file and row of the first label not in {0, 1}, ``'skip'`` drops such rows and counts them in
   ``bad_line_counter``. Every matching file is checked first (SchemaError names file and column); an
-  empty file is an error under 'error' and skipped with a warning under 'skip'.
+  empty file is an error under 'error' and skipped with a warning under 'skip'. ``cache`` keeps
+  the shard's rows in memory after the first pass (``records.read_tagged_files``): the data is
+  small, and later epochs then read and decode no Parquet.
   """
   records.check_choice("bad_lines", bad_lines, records.BAD_LINE_POLICIES)
   records.check_choice("file_format", file_format, FILE_FORMATS)
@@ -191,7 +194,7 @@ def make_dataset(
       files, _parquet_reader(), parse, batch_size, bad_lines=bad_lines, prefix=_MESSAGE_PREFIX,
       counter=bad_line_counter, shard_index=shard_index, num_shards=num_shards, repeat=repeat,
       shuffle_buffer=shuffle_buffer, seed=seed, deterministic=deterministic,
-      drop_remainder=drop_remainder)
+      drop_remainder=drop_remainder, cache=cache)
 
 
 def resolve_files(file_pattern: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:

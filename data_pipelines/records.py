@@ -102,12 +102,16 @@ def drop_empty_files(files: Sequence[str], bad_lines: str, pattern,
 def read_tagged_files(files: Sequence[str], open_file: Callable[[tf.Tensor], tf.data.Dataset],
                       batch_size: int, *, shard_index: int = 0, num_shards: int = 1,
                       repeat: bool = False, shuffle_buffer: int = 0, seed: int | None = None,
-                      deterministic: bool = True, drop_remainder: bool = False) -> tf.data.Dataset:
+                      deterministic: bool = True, drop_remainder: bool = False,
+                      cache: bool = False) -> tf.data.Dataset:
   """Batches of ``(file_ids, record_numbers, records)`` of shard ``shard_index`` of ``files``.
 
   ``open_file(path)`` yields one file's records. Shards are disjoint: by file when there are at
   least ``num_shards`` files, else by record within every file (whatever order interleave
   produces). ``file_ids`` index ``files``; record numbers are 1-based within their file.
+  ``cache`` keeps the shard's records in memory after the first pass, so later epochs read no
+  file (for data that fits in memory); the files are then read in one fixed order, and records
+  are still shuffled every epoch.
   """
   if not 0 <= shard_index < num_shards:
     raise ValueError(f"shard_index={shard_index} must be in [0, num_shards={num_shards})")
@@ -125,7 +129,7 @@ def read_tagged_files(files: Sequence[str], open_file: Callable[[tf.Tensor], tf.
         file_id, index, records, None if shard_by_file else (num_shards, shard_index)))
 
   dataset = tf.data.Dataset.from_tensor_slices(tf.constant(ids, tf.int64))
-  if shuffle_buffer > 0:
+  if shuffle_buffer > 0 and not cache:
     dataset = dataset.shuffle(len(ids), seed=seed)
   dataset = dataset.interleave(
       read_file,
@@ -133,6 +137,8 @@ def read_tagged_files(files: Sequence[str], open_file: Callable[[tf.Tensor], tf.
       num_parallel_calls=tf.data.AUTOTUNE,
       deterministic=deterministic,
   ).unbatch()
+  if cache:
+    dataset = dataset.cache()
   if shuffle_buffer > 0:
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
   if repeat:

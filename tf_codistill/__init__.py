@@ -11,9 +11,13 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
 * ``tfc.export``: writes a model as a SavedModel with the serving signature peers and servers
   read.
 * ``tfc.TrainConfig``, ``tfc.train``, ``tfc.GroupTrainer``: one group's training as the
-  binaries run it (gin-configurable: ``trainer.train.*``); ``tfc.launch``: n groups on this
-  machine, each a local TF cluster, supervised.
-* ``tfc.ConfigurationError``, ``tfc.DataError``, ``tfc.NonFiniteLossError``: what fails.
+  binaries run it (gin-configurable: ``trainer.train.*``).
+* ``tfc.launch_job``: n groups on this machine, each a local TF cluster in a private network
+  namespace, their configuration checked once, supervised and restarted after faults (what
+  ``tf-codistill-launch`` runs); ``tfc.launch``: the same without the checks, for a group shape
+  and gin configuration already known to be valid.
+* ``tfc.ConfigurationError``, ``tfc.DataError``, ``tfc.NonFiniteLossError``,
+  ``tfc.GroupFailedError``: what fails.
 
 Names are resolved on first use, so importing the package (e.g. by the launcher) stays cheap.
 """
@@ -32,6 +36,8 @@ _PUBLIC = {
     "train": "tf_codistill.trainer",
     "GroupTrainer": "tf_codistill.trainer",
     "launch": "tf_codistill.launcher",
+    "launch_job": "tf_codistill.jobs",
+    "GroupFailedError": "tf_codistill.launcher",
     "ConfigurationError": "tf_codistill.errors",
     "NonFiniteLossError": "tf_codistill.errors",
     "DataError": "data_pipelines.records",

@@ -6,12 +6,18 @@ runs ``python -m tf_codistill.bin.train`` with its own ``TF_CONFIG`` whose addre
 on 127.0.0.1 (outside the kernel's ephemeral range, distinct within the launch); its log is
 ``model_dir/group_<i>/<task>_<k>.log``.
 
+Isolation: by default every task of the launch, of every group, runs inside one private network
+namespace with only loopback up (``isolation.NetworkNamespace``): TF's servers listen on all
+interfaces and run whatever graph a client sends, so nothing outside the launch may reach them.
+Where no namespace can be made, or ``isolate_network=False``, the launch refuses to start unless
+``allow_exposed_ports=True``, and then warns what is exposed.
+
 Supervision:
 - a group is done when its chief exits 0; its remaining tasks (parameter-server workers and ps
   tasks, which serve forever) are then stopped;
 - a parameter-server worker that dies is restarted (the coordinator reschedules its steps
   meanwhile); any other failed task restarts the whole group, which resumes from its checkpoint;
-  at most ``max_restarts`` restarts per group;
+  at most ``max_restarts`` restarts per group (default ``DEFAULT_MAX_RESTARTS``);
 - a task that exits with one of ``errors.PERMANENT_EXIT_CODES`` (configuration error, bad input
   data, non-finite loss) fails its group at once: a restart would fail the same way;
 - a group out of restarts has failed: ``on_group_failure='stop_all'`` stops every group,
@@ -22,8 +28,9 @@ Supervision:
 ``pin_groups`` pins each group's tasks to its own share of the CPUs (``split_cpus``).
 
 Everything the launcher does is also written as one JSON object a line to
-``model_dir/launch_events.jsonl`` (``EventLog``; read with ``read_events``): ``launched`` (group,
-task, index, pid, cpus, log), ``restarted`` (group, task, index, status, scope ``task`` or
+``model_dir/launch_events.jsonl`` (``EventLog``; read with ``read_events``): ``network``
+(isolated, namespace_pid), ``launched`` (group,
+task, index, pid, cpus, log, address), ``restarted`` (group, task, index, status, scope ``task`` or
 ``group``, restart, max_restarts), ``finished`` and ``failed`` (group, reason), each with
 ``time`` (epoch seconds) and ``monotonic`` (CLOCK_MONOTONIC, one clock for every process here).
 """
@@ -46,9 +53,11 @@ import gin
 from absl import logging
 
 from tf_codistill import errors
+from tf_codistill import isolation
 from tf_codistill import layout
 
 _GRACE_SECONDS = 10.0
+DEFAULT_MAX_RESTARTS = 3
 _SYNC_WORKER_FINISH_SECONDS = 60.0
 STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
 FAILURE_POLICIES = ("stop_all", "continue")
@@ -66,16 +75,17 @@ class GroupShape:
   ps: int = 0
 
   def __post_init__(self):
+    refuse = errors.ConfigurationError
     if self.strategy not in STRATEGIES:
-      raise ValueError(f"--strategy={self.strategy!r} is not one of {STRATEGIES}")
+      raise refuse(f"--strategy={self.strategy!r} is not one of {STRATEGIES}")
     if self.strategy in ("one_device", "mirrored") and (self.workers or self.ps):
-      raise ValueError(f"--strategy={self.strategy} runs one process per group: "
-                       "--workers_per_group and --ps_per_group must be 0")
+      raise refuse(f"--strategy={self.strategy} runs one process per group: "
+                   "--workers_per_group and --ps_per_group must be 0")
     if self.strategy == "multi_worker_mirrored" and self.ps:
-      raise ValueError("--strategy=multi_worker_mirrored has no ps tasks: --ps_per_group must be 0")
+      raise refuse("--strategy=multi_worker_mirrored has no ps tasks: --ps_per_group must be 0")
     if self.strategy == "parameter_server" and (self.workers < 1 or self.ps < 1):
-      raise ValueError("--strategy=parameter_server needs --workers_per_group >= 1 and "
-                       "--ps_per_group >= 1")
+      raise refuse("--strategy=parameter_server needs --workers_per_group >= 1 and "
+                   "--ps_per_group >= 1")
 
   def tasks(self) -> List[Tuple[str, int]]:
     return ([("chief", 0)] + [("worker", k) for k in range(self.workers)]
@@ -197,8 +207,8 @@ def split_cpus(num_groups: int, cpus: Optional[Set[int]] = None) -> List[Set[int
   group, as if each group had its own machine."""
   cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
   if len(cpus) < num_groups:
-    raise ValueError(f"--pin_groups needs a CPU per group: {num_groups} groups, "
-                     f"{len(cpus)} CPUs ({','.join(map(str, cpus))})")
+    raise errors.ConfigurationError(f"--pin_groups needs a CPU per group: {num_groups} groups, "
+                                    f"{len(cpus)} CPUs ({','.join(map(str, cpus))})")
   share = len(cpus) // num_groups
   return [set(cpus[g * share:(g + 1) * share]) for g in range(num_groups)]
 
@@ -237,8 +247,10 @@ class _Group:
 
   def __init__(self, index: int, num_groups: int, shape: GroupShape, model_dir: str,
                exchange_dir: str, gin_files: Sequence[str], gin_bindings: Sequence[str],
-               ports: Set[int], events: EventLog, cpus: Optional[Set[int]] = None):
+               ports: Set[int], events: EventLog, cpus: Optional[Set[int]] = None,
+               network: Optional[isolation.NetworkNamespace] = None):
     self.index = index
+    self.network = network  # the launch's private network namespace (None: this machine's)
     self.events = events
     self.cpus = cpus  # CPUs every task of the group is pinned to (None: not pinned)
     self.ports = ports  # every port of this launch, shared by its groups
@@ -274,7 +286,8 @@ class _Group:
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     with open(self.log_path(task), "ab") as log:
       # Own session: a terminal's Ctrl-C reaches the launcher, which stops tasks in order.
-      self.procs[task] = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+      command = self.network.command(self.command) if self.network else self.command
+      self.procs[task] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=env,
                                           start_new_session=True, preexec_fn=pin)
     logging.info("launched group %d %s:%d (pid %d)%s, log %s", self.index, task[0], task[1],
@@ -283,7 +296,8 @@ class _Group:
                  self.log_path(task))
     self.events.write("launched", group=self.index, task=task[0], index=task[1],
                       pid=self.procs[task].pid, cpus=sorted(cpus) if cpus else None,
-                      log=self.log_path(task))
+                      log=self.log_path(task),
+                      address=self.cluster[task[0]][task[1]] if self.cluster else None)
 
   def stop_all(self) -> None:
     stop_processes(list(self.procs.values()))
@@ -292,31 +306,80 @@ class _Group:
     return not self.done and self.failed is None
 
 
+def private_network(isolate_network: bool = True,
+                    allow_exposed_ports: bool = False) -> Optional[isolation.NetworkNamespace]:
+  """The launch's private network namespace, or None where its tasks are to share this
+  machine's network: allowed only with ``allow_exposed_ports`` (then a warning says what is
+  exposed); a ConfigurationError otherwise."""
+  if isolate_network:
+    try:
+      return isolation.NetworkNamespace()
+    except isolation.IsolationError as e:
+      reason = f"no private network namespace can be made here ({e})"
+  else:
+    reason = "isolate_network is off"
+  if not allow_exposed_ports:
+    raise errors.ConfigurationError(
+        f"{reason}: the tasks' TF servers would listen on every interface of this machine and "
+        "run any graph sent to them, unauthenticated. Run as root or allow unprivileged user "
+        "namespaces (sysctl kernel.unprivileged_userns_clone=1), or pass --allow_exposed_ports "
+        "to start them anyway on a machine only you can reach")
+  logging.warning("%s: every task's TF server listens on all interfaces of this machine "
+                  "(its ports are in launch_events.jsonl) and runs any graph sent to it, "
+                  "unauthenticated (--allow_exposed_ports)", reason)
+  return None
+
+
 def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = None,
            gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = (),
-           shape: GroupShape = GroupShape(), max_restarts: int = 0,
+           shape: GroupShape = GroupShape(), max_restarts: int = DEFAULT_MAX_RESTARTS,
            on_group_failure: str = "stop_all", poll_seconds: float = 0.5,
-           groups: Optional[Sequence[int]] = None, pin_groups: bool = False) -> Dict[int, str]:
+           groups: Optional[Sequence[int]] = None, pin_groups: bool = False,
+           isolate_network: bool = True, allow_exposed_ports: bool = False) -> Dict[int, str]:
   """Runs ``num_groups`` groups of ``shape`` to completion; returns each group's model dir.
 
   ``groups`` runs only those of the ``num_groups`` groups here (the others run elsewhere, or
   are frozen teachers already published to the exchange). ``pin_groups`` pins each group's
-  tasks to its own share of this machine's CPUs (split_cpus).
+  tasks to its own share of this machine's CPUs (split_cpus). ``isolate_network`` and
+  ``allow_exposed_ports``: see ``private_network``. Raises ConfigurationError on bad arguments,
+  GroupFailedError when a group fails for good.
   """
   if num_groups < 1:
-    raise ValueError(f"--num_groups={num_groups} must be >= 1")
+    raise errors.ConfigurationError(f"--num_groups={num_groups} must be >= 1")
   indices = list(range(num_groups)) if groups is None else list(groups)
   if not indices or any(not 0 <= g < num_groups for g in indices):
-    raise ValueError(f"groups={groups} must be a non-empty subset of 0..{num_groups - 1}")
+    raise errors.ConfigurationError(
+        f"groups={groups} must be a non-empty subset of 0..{num_groups - 1}")
   if on_group_failure not in FAILURE_POLICIES:
-    raise ValueError(f"--on_group_failure={on_group_failure!r} is not one of {FAILURE_POLICIES}")
+    raise errors.ConfigurationError(
+        f"--on_group_failure={on_group_failure!r} is not one of {FAILURE_POLICIES}")
+  if max_restarts < 0:
+    raise errors.ConfigurationError(f"--max_restarts={max_restarts} must be >= 0")
   exchange_dir = exchange_dir or layout.exchange_dir(model_dir)
   os.makedirs(model_dir, exist_ok=True)
   shares = split_cpus(len(indices)) if pin_groups else [None] * len(indices)
-  ports: Set[int] = set()
+  network = private_network(isolate_network, allow_exposed_ports) if shape.is_cluster else None
   events = EventLog(layout.launch_events(model_dir))
+  events.write("network", isolated=network is not None,
+               namespace_pid=network.pid if network else None)
+  ports: Set[int] = set()
   groups = [_Group(g, num_groups, shape, model_dir, exchange_dir, gin_files, list(gin_bindings),
-                   ports, events, cpus) for g, cpus in zip(indices, shares)]
+                   ports, events, cpus, network) for g, cpus in zip(indices, shares)]
+  try:
+    _run(groups, max_restarts, on_group_failure, poll_seconds)
+  finally:
+    if network:
+      network.close()
+  failed = [g.failed for g in groups if g.failed]
+  if failed:
+    raise GroupFailedError("\n".join(failed))
+  return {g.index: g.dir for g in groups}
+
+
+def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
+         poll_seconds: float) -> None:
+  """Starts the groups and supervises them until each has finished or failed; on SIGINT or
+  SIGTERM, or when a group fails under ``stop_all``, every process started is stopped."""
 
   def on_signal(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
@@ -339,10 +402,16 @@ def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = Non
     stop_processes([p for g in groups for p in g.procs.values()])
     for s, handler in previous.items():
       signal.signal(s, handler)
-  failed = [g.failed for g in groups if g.failed]
-  if failed:
-    raise GroupFailedError("\n".join(failed))
-  return {g.index: g.dir for g in groups}
+
+
+def _describe(status: int) -> str:
+  """An exit status as people read it: 'status 1', 'signal SIGKILL'."""
+  if status < 0:
+    try:
+      return f"signal {signal.Signals(-status).name}"
+    except ValueError:
+      return f"signal {-status}"
+  return f"status {status}"
 
 
 def _supervise(group: _Group, max_restarts: int) -> None:
@@ -398,20 +467,21 @@ def _supervise(group: _Group, max_restarts: int) -> None:
     group.stop_all()
     return
   group.restarts += 1
+  why = _describe(status)
   worker_only = (group.shape.strategy == "parameter_server"
                  and all(t[0] == "worker" for t, _ in dead))
   group.events.write("restarted", group=group.index, task=task[0], index=task[1], status=status,
                      scope="task" if worker_only else "group", restart=group.restarts,
                      max_restarts=max_restarts)
   if worker_only:
-    logging.warning("group %d: %s:%d exited with status %s; restarting it (restart %d/%d); the "
-                    "coordinator reschedules its steps meanwhile", group.index, task[0], task[1],
-                    status, group.restarts, max_restarts)
+    logging.warning("group %d: %s:%d exited with %s; restarting it (restart %d/%d); training "
+                    "goes on meanwhile (the coordinator reschedules its steps)", group.index,
+                    task[0], task[1], why, group.restarts, max_restarts)
     for worker, _ in dead:
       group.start(worker)
     return
-  logging.warning("group %d: %s:%d exited with status %s; restarting the group from its last "
-                  "checkpoint (restart %d/%d)", group.index, task[0], task[1], status,
+  logging.warning("group %d: %s:%d exited with %s; restarting the group from its last "
+                  "checkpoint (restart %d/%d)", group.index, task[0], task[1], why,
                   group.restarts, max_restarts)
   group.stop_all()
   group.start_all()

@@ -73,12 +73,17 @@ def test_metric_ratio_divides_arm_means_and_skips_missing_figures():
                              denominator="sync") == (None, [])
 
 
-def test_recorded_runs_are_reused_only_while_the_arm_configuration_is_unchanged(tmp_path):
+def _one_arm(tmp_path, seeds):
+  """Result paths, an arm "a" of ``seeds`` seeds, its suite, data bindings and configuration."""
   paths = runner.RunPaths(work_dir=str(tmp_path / "work"), results_dir=str(tmp_path / "results"))
-  arm = runner.Arm("a", seeds=1)
+  arm = runner.Arm("a", seeds=seeds)
   suite = runner.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 10"])
   data = ["trainer.train.train_files = ['x']"]
-  config = runner.arm_config(arm, suite, data)
+  return paths, arm, suite, data, runner.arm_config(arm, suite, data)
+
+
+def test_recorded_runs_are_reused_only_while_the_arm_configuration_is_unchanged(tmp_path):
+  paths, arm, suite, data, config = _one_arm(tmp_path, seeds=1)
   for path in (paths.result("a", 0, 0), paths.curve("a", 0, 0)):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -93,6 +98,41 @@ def test_recorded_runs_are_reused_only_while_the_arm_configuration_is_unchanged(
   assert not runner._arm_done(arm, paths, runner.arm_config(arm, changed, data))
   more_seeds = runner.Arm("a", seeds=2)
   assert not runner._arm_done(more_seeds, paths, runner.arm_config(more_seeds, suite, data))
+
+
+def test_a_stopped_arm_resumes_seed_by_seed_and_a_changed_one_starts_over(tmp_path):
+  paths, arm, suite, data, config = _one_arm(tmp_path, seeds=3)
+
+  def record(seed, predictions=True):
+    paths_ = [paths.result("a", seed, 0), paths.curve("a", seed, 0)]
+    if predictions:
+      paths_.append(paths.predictions("a", seed, 0))
+    for path in paths_:
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "w") as f:
+        f.write("{}\n")
+
+  # Recorded before any configuration was: stale, removed.
+  record(0)
+  assert runner._seeds_to_run(arm, paths, config) == [0, 1, 2]
+  assert not os.path.exists(paths.result("a", 0, 0))
+  # Seeds 0 and 1 finished under this configuration, seed 1's predictions are gone (another
+  # machine): 1 and 2 run again, 0 is kept.
+  record(0)
+  record(1, predictions=False)
+  assert runner._seeds_to_run(arm, paths, config) == [1, 2]
+  assert os.path.exists(paths.result("a", 0, 0))
+  assert not runner._arm_done(arm, paths, config)
+  record(1)
+  record(2)
+  assert runner._seeds_to_run(arm, paths, config) == []
+  assert not runner._arm_done(arm, paths, config)  # churn not computed yet
+  with open(runner._churn_path(arm, paths), "w") as f:
+    f.write("{}")
+  assert runner._arm_done(arm, paths, config)
+  changed = runner.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 20"])
+  assert runner._seeds_to_run(arm, paths, runner.arm_config(arm, changed, data)) == [0, 1, 2]
+  assert not os.path.exists(paths.result("a", 0, 0))
 
 
 def test_softmax_suites_average_class_probabilities_for_ensembles(tmp_path):

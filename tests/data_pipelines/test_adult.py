@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -184,3 +185,28 @@ def test_two_groups_codistill_on_adult(prepared, tmp_path):
       results = json.load(f)
     assert results["steps"] == 60 and results["codistill"]
     assert 0 < results["val_logloss"] < 0.7 and results["val_auc"] > 0.6
+
+
+def test_cached_rows_are_read_from_the_file_once_and_reshuffled_every_epoch(prepared, tmp_path):
+  _, _, evaluation = prepared
+
+  def epoch(dataset):
+    rows = [np.concatenate([f["dense"].numpy(), f["categorical"].numpy().astype(np.float32),
+                            y.numpy()], axis=1) for f, y in dataset]
+    return np.concatenate(rows)
+
+  for cache in (False, True):
+    copy = str(tmp_path / f"eval_{cache}.parquet")
+    shutil.copy(evaluation[0], copy)
+    dataset = adult.make_dataset([copy], 4096, num_buckets=NUM_BUCKETS, shuffle_buffer=20_000,
+                                 seed=3, cache=cache)
+    first = epoch(dataset)
+    os.remove(copy)
+    if not cache:
+      with pytest.raises(tf.errors.OpError):  # the control: every epoch reads the file
+        epoch(dataset)
+      continue
+    second = epoch(dataset)  # from memory: the file is gone
+    assert first.shape == second.shape == (16_281, first.shape[1])
+    assert not np.array_equal(first, second)  # shuffled anew
+    np.testing.assert_array_equal(np.unique(first, axis=0), np.unique(second, axis=0))

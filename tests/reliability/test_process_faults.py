@@ -1,5 +1,6 @@
 """Process faults on real local clusters: kill -9 of a parameter-server worker, of a ps task, of a
-chief and of a whole codistillation group, each at a seeded random step (benchmarks/fault_trials).
+chief, of a whole codistillation group, and of a synchronous group's chief or worker, each at a
+seeded random step (benchmarks/fault_trials), under the launcher's default fault policy.
 
 The reduced form (one trial of each kind that tests/cluster does not cover, marked ``cluster``)
 runs with the other cluster tests; the repeated trials (``soak``, deselected by default) are
@@ -45,7 +46,8 @@ def _check(record):
 
 
 # In CI: the kinds tests/cluster/test_clusters.py does not already kill (it kills a
-# parameter-server worker and a chief); the repeated trials below cover all four.
+# parameter-server worker, parameter-server, sync and one-device chiefs, and a sync worker); the
+# repeated trials below cover all six.
 @pytest.mark.cluster
 @pytest.mark.parametrize("kind", ["ps", "group"])
 def test_kill_9_at_a_random_step_recovers(work, kind):

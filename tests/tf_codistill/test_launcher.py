@@ -154,11 +154,13 @@ def test_launch_without_data_trains_on_generated_sample_data(tmp_path):
   assert results["steps"] == 20
   # What the launcher did, as structured events.
   events = launcher.read_events(str(model_dir))
-  assert [(e["event"], e["group"]) for e in events] == [("launched", 0), ("finished", 0)]
-  assert events[0]["task"] == "chief" and events[0]["index"] == 0
-  assert events[0]["log"] == layout.group_run(str(model_dir), 0).task_log("chief", 0)
-  assert launcher.task_pids(events) == {(0, "chief", 0): events[0]["pid"]}
-  assert events[0]["monotonic"] <= events[1]["monotonic"]
+  assert [(e["event"], e.get("group")) for e in events] == [
+      ("network", None), ("launched", 0), ("finished", 0)]
+  assert not events[0]["isolated"]  # one process per group: no server to isolate
+  assert events[1]["task"] == "chief" and events[1]["index"] == 0 and events[1]["address"] is None
+  assert events[1]["log"] == layout.group_run(str(model_dir), 0).task_log("chief", 0)
+  assert launcher.task_pids(events) == {(0, "chief", 0): events[1]["pid"]}
+  assert events[1]["monotonic"] <= events[2]["monotonic"]
 
 
 def test_event_log_is_read_back_without_a_line_still_being_written(tmp_path):
@@ -174,3 +176,16 @@ def test_event_log_is_read_back_without_a_line_still_being_written(tmp_path):
   assert events[1]["scope"] == "task" and events[1]["status"] == -9
   assert launcher.task_pids(events) == {(1, "worker", 0): 12}
   assert launcher.read_events(str(tmp_path / "nothing")) == []
+
+
+def test_servers_on_this_machines_network_only_with_allow_exposed_ports(tmp_path, criteo_dir):
+  args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",
+          f"--gin_file={REPO}/gin/criteo/async_2workers.gin", "--noisolate_network",
+          f"--gin_bindings=trainer.train.train_files = ['{criteo_dir}/train-*']",
+          f"--gin_bindings=trainer.train.eval_files = ['{criteo_dir}/eval-*']"]
+  proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]  # a configuration error, before any task
+  assert ("tf-codistill-launch: error: isolate_network is off: the tasks' TF servers would listen "
+          "on every interface of this machine") in proc.stderr
+  assert "--allow_exposed_ports" in proc.stderr
+  assert not glob.glob(f"{tmp_path}/m/group_*")

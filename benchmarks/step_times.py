@@ -1,0 +1,90 @@
+"""The step-time harness of the performance benchmarks: per-step times inside one ``fit``, arms
+interleaved, paired ratios with an interval.
+
+Timing whole ``fit`` calls measures ``fit``'s set-up as well as the steps (some calls carry a fixed
+stall of about a second). Here a callback stamps the end of every step, so a step's time is the
+time between two consecutive step ends inside one ``fit``; each ``fit`` first runs ``skip`` steps
+that are not counted. Arms run in rounds, in a rotated order each round, so that drifting machine
+load hits them alike. A ratio of two arms is formed within each round (the ratio of their median
+step times) and summarized over rounds by its median and a 90% bootstrap interval.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Dict, List, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+# arm -> rounds -> step times (seconds)
+Times = Dict[str, List[List[float]]]
+
+
+class StepClock(keras.callbacks.Callback):
+  """The end time of every training step of a ``fit`` (``time.perf_counter``)."""
+
+  def __init__(self):
+    super().__init__()
+    self.ends: List[float] = []
+
+  def on_train_begin(self, logs=None):
+    self.ends = []
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.ends.append(time.perf_counter())
+
+  def step_times(self, skip: int) -> List[float]:
+    """Times of the steps after the first ``skip`` (the first step has no start stamp)."""
+    return list(np.diff(self.ends)[max(0, skip - 1):])
+
+
+def fit_step_times(model: keras.Model, data: tf.data.Dataset, steps: int, skip: int = 3,
+                   callbacks: Sequence[keras.callbacks.Callback] = ()) -> List[float]:
+  """Trains ``model`` for ``skip + steps`` steps in one ``fit``; the last ``steps`` step times."""
+  clock = StepClock()
+  model.fit(data, steps_per_epoch=skip + steps, epochs=1, verbose=0,
+            callbacks=[*callbacks, clock])
+  return clock.step_times(skip)
+
+
+def interleave(arms: Mapping[str, Callable[[], List[float]]], rounds: int) -> Times:
+  """Runs every arm once per round, the order rotated by one arm each round; each call returns
+  that round's step times."""
+  names = list(arms)
+  times: Times = {name: [] for name in names}
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      times[name].append(list(arms[name]()))
+  return times
+
+
+def bootstrap_median(values: Sequence[float], resamples: int = 2000, seed: int = 0) -> List[float]:
+  """90% bootstrap interval of the median of ``values``."""
+  rng = np.random.default_rng(seed)
+  data = np.asarray(values, np.float64)
+  medians = np.median(data[rng.integers(0, len(data), (resamples, len(data)))], axis=1)
+  return [float(np.percentile(medians, 5)), float(np.percentile(medians, 95))]
+
+
+def throughput_ratio(times: Times, arm: str, baseline: str) -> Dict[str, object]:
+  """Steps/s of ``arm`` over ``baseline``'s, per round (the inverse ratio of their median step
+  times in that round): the median over rounds, its 90% interval, and every round's value."""
+  per_round = [statistics.median(b) / statistics.median(a)
+               for a, b in zip(times[arm], times[baseline])]
+  return {"median": statistics.median(per_round), "interval90": bootstrap_median(per_round),
+          "rounds": per_round}
+
+
+def describe(times: Times) -> Dict[str, Dict[str, float]]:
+  """Per arm over all rounds: step time median, p90 and max (ms), steps counted, steps/s."""
+  out = {}
+  for name, rounds in times.items():
+    every = np.asarray([t for r in rounds for t in r], np.float64)
+    out[name] = {"median_ms": 1e3 * float(np.median(every)),
+                 "p90_ms": 1e3 * float(np.percentile(every, 90)),
+                 "max_ms": 1e3 * float(every.max()), "steps": int(every.size),
+                 "steps_per_sec": 1.0 / float(np.median(every))}
+  return out

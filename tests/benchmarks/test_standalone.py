@@ -1,0 +1,48 @@
+"""What the standalone benchmark scripts share (benchmarks/standalone.py)."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from benchmarks import standalone
+
+
+def test_markdown_table_renders_every_cell():
+  table = standalone.markdown_table(["a", "b"], [[1, "x"], [2.5, None]])
+  assert table.splitlines() == ["| a | b |", "|---|---|", "| 1 | x |", "| 2.5 | None |"]
+
+
+def test_json_is_written_whole_into_a_new_directory(tmp_path):
+  path = str(tmp_path / "new" / "summary.json")
+  standalone.write_json(path, {"b": 1, "a": [1, 2]})
+  assert json.load(open(path)) == {"a": [1, 2], "b": 1}
+  assert os.listdir(tmp_path / "new") == ["summary.json"]  # no temporary file left
+
+
+def test_launch_args_name_the_gin_file_under_gin_criteo_unless_absolute():
+  args = standalone.launch_args("/m", "baseline.gin", ["--num_groups=1"], ["x = 1"])
+  assert args[:3] == [sys.executable, "-m", "tf_codistill.bin.launch"]
+  assert args[3:] == ["--model_dir=/m", f"--gin_file={standalone.REPO}/gin/criteo/baseline.gin",
+                      "--num_groups=1", "--gin_bindings=x = 1"]
+  assert standalone.launch_args("/m", "/abs.gin")[4] == "--gin_file=/abs.gin"
+
+
+def test_wait_for_returns_the_first_true_value_or_names_what_timed_out():
+  values = iter([None, 0, "ready"])
+  assert standalone.wait_for(lambda: next(values), 5, "x", poll=0) == "ready"
+  with pytest.raises(TimeoutError, match="waiting for the thing"):
+    standalone.wait_for(lambda: None, 0.05, "the thing", poll=0.01)
+
+
+def test_generated_ctr_data_is_made_once_and_reused(tmp_path):
+  data = standalone.ensure_ctr_data(str(tmp_path / "data"), 200, eval_rows=50, vocab_size=100)
+  files = sorted(os.listdir(data))
+  assert files == ["eval-00000-of-00001.tsv"] + [f"train-{i:05d}-of-00004.tsv" for i in range(4)]
+  stamp = os.path.getmtime(os.path.join(data, files[0]))
+  standalone.ensure_ctr_data(data, 200, eval_rows=50, vocab_size=100)
+  assert os.path.getmtime(os.path.join(data, files[0])) == stamp
+  assert standalone.ctr_data_bindings(data) == [
+      f"trainer.train.train_files = ['{data}/train-*']",
+      f"trainer.train.eval_files = ['{data}/eval-*']"]

@@ -1,0 +1,63 @@
+"""The step-time harness (benchmarks/step_times.py) and the teacher-overhead benchmark on it, at
+toy sizes: what is measured, not how fast (tests do not time)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from benchmarks import step_times
+from benchmarks import teacher_overhead
+
+
+def _model():
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+  model.compile(keras.optimizers.SGD(0.1), "mse")
+  return model
+
+
+def _data():
+  return tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "float32"),
+                                             np.ones((8, 1), "float32"))).batch(2).repeat()
+
+
+def test_one_time_per_step_after_the_skipped_ones_inside_one_fit():
+  model = _model()
+  times = step_times.fit_step_times(model, _data(), steps=7, skip=3)
+  assert len(times) == 7 and all(t > 0 for t in times)
+  assert int(model.optimizer.iterations.numpy()) == 10  # skipped steps train too
+
+
+def test_arms_run_in_a_rotated_order_every_round():
+  order = []
+  arms = {name: (lambda n=name: order.append(n) or [0.1]) for name in "abc"}
+  times = step_times.interleave(arms, rounds=3)
+  assert order == list("abc" "bca" "cab")
+  assert times == {name: [[0.1]] * 3 for name in "abc"}
+
+
+def test_ratios_are_formed_within_rounds_and_come_with_an_interval():
+  # Round 2 is slow for every arm alike (machine noise); b is twice as fast as a in every round.
+  times = {"a": [[0.2, 0.2], [1.0, 1.0], [0.2, 0.2]], "b": [[0.1, 0.1], [0.5, 0.5], [0.1, 0.1]]}
+  ratio = step_times.throughput_ratio(times, "b", "a")
+  assert ratio["rounds"] == pytest.approx([2.0, 2.0, 2.0])
+  assert ratio["median"] == pytest.approx(2.0) and ratio["interval90"] == pytest.approx([2.0, 2.0])
+  noisy = {"a": [[1.0]] * 5, "b": [[1.0], [0.5], [1.0], [2.0], [1.0]]}
+  low, high = step_times.throughput_ratio(noisy, "b", "a")["interval90"]
+  assert low <= 1.0 <= high and low < high
+  described = step_times.describe(times)
+  assert described["b"]["median_ms"] == pytest.approx(100.0) and described["b"]["steps"] == 6
+
+
+def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
+  arms = teacher_overhead.build_arms(batch_size=8, num_buckets=50, embedding_dim=2)
+  assert set(arms) == {"plain_keras", "codistill_no_teacher", "codistill_one_teacher",
+                       "codistill_bfloat16_teacher"}
+  bf16_teacher = arms["codistill_bfloat16_teacher"].teacher_slots[0][0]
+  assert bf16_teacher.compute_dtype == "bfloat16"
+  summary = teacher_overhead.measure(arms, teacher_overhead._dataset(8, 50), steps=3, rounds=2)
+  assert {row["steps"] for row in summary["step_times"].values()} == {6}
+  for ratio in summary["ratios"].values():
+    assert ratio["median"] > 0 and len(ratio["rounds"]) == 2
+  pause = teacher_overhead.swap_pause(arms["codistill_one_teacher"], repeats=2)
+  assert pause["swap_flip_ms_median"] >= 0 and pause["in_place_assign_ms_median"] > 0

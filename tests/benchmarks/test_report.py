@@ -67,6 +67,20 @@ def test_index_opens_with_what_codistillation_reached_per_real_data_set(tmp_path
   assert "`codistill_steps_ratio` met on 0 real data set(s) (needed: 1): **missed**" in section
   assert "not yet run under the protocol: King James Bible" in section
   assert "old_image" not in section  # suites from before the protocol are not counted
+  # Same-data codistillation has its own column; n/a where a suite did not run it.
+  assert " | n/a | [loss vs steps](adult_protocol/" in section
+
+
+def test_index_shows_same_data_codistillation_and_a_b_star_taken_from_elsewhere(tmp_path):
+  summary = _protocol_summary("fashion_mnist", 0.01, [0.005, 0.02], None, 0.1)
+  summary["goals"].update({"codistill_same_minus_best_sync_loss": -0.0074,
+                           "codistill_same_minus_best_sync_loss_interval": [-0.0098, -0.0049]})
+  del summary["protocol"]
+  (tmp_path / "fashion_mlp_long").mkdir()
+  (tmp_path / "fashion_mlp_long" / "summary.json").write_text(json.dumps(summary))
+  section = report.index_markdown(str(tmp_path)).split("## Every suite")[0]
+  assert "| [`fashion_mlp_long`](fashion_mlp_long/report.md) | (set) | 0.0100 " in section
+  assert "| -0.0074 [-0.0098, -0.0049] | [loss vs steps](fashion_mlp_long/" in section
 
 
 def test_report_shows_churn_at_matched_loss_and_plots_churn_vs_loss(tmp_path):

@@ -193,4 +193,4 @@ def _criteo(*args, **kwargs):
 
 def _ctr():
   from tf_codistill.models import ctr  # pylint: disable=g-import-not-at-top
-  return ctr.ctrcases.model(num_buckets=1000, embedding_dim=4, hidden_units=(16,), seed=3)
+  return ctr.ctr_model(num_buckets=1000, embedding_dim=4, hidden_units=(16,), seed=3)

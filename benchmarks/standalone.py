@@ -169,9 +169,13 @@ def write_json(path: str, value: object, indent: int = 2) -> None:
   """Writes ``value`` as JSON to ``path`` atomically, making its directory."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   temp = f"{path}.tmp-{os.getpid()}"
-  with open(temp, "w") as f:
-    json.dump(value, f, indent=indent, sort_keys=True)
-  os.replace(temp, path)
+  try:
+    with open(temp, "w") as f:
+      json.dump(value, f, indent=indent, sort_keys=True)
+    os.replace(temp, path)
+  finally:
+    if os.path.exists(temp):  # a value JSON cannot hold: nothing half-written is left
+      os.remove(temp)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -72,9 +72,9 @@ def bootstrap_median(values: Sequence[float], resamples: int = 2000, seed: int =
 def throughput_ratio(times: Times, arm: str, baseline: str) -> Dict[str, object]:
   """Steps/s of ``arm`` over ``baseline``'s, per round (the inverse ratio of their median step
   times in that round): the median over rounds, its 90% interval, and every round's value."""
-  per_round = [statistics.median(b) / statistics.median(a)
+  per_round = [float(statistics.median(b) / statistics.median(a))
                for a, b in zip(times[arm], times[baseline])]
-  return {"median": statistics.median(per_round), "interval90": bootstrap_median(per_round),
+  return {"median": float(statistics.median(per_round)), "interval90": bootstrap_median(per_round),
           "rounds": per_round}
 
 

@@ -19,6 +19,10 @@ def test_json_is_written_whole_into_a_new_directory(tmp_path):
   standalone.write_json(path, {"b": 1, "a": [1, 2]})
   assert json.load(open(path)) == {"a": [1, 2], "b": 1}
   assert os.listdir(tmp_path / "new") == ["summary.json"]  # no temporary file left
+  with pytest.raises(TypeError):
+    standalone.write_json(path, {"a": object()})
+  assert os.listdir(tmp_path / "new") == ["summary.json"]
+  assert json.load(open(path)) == {"a": [1, 2], "b": 1}  # the previous summary is intact
 
 
 def test_launch_args_name_the_gin_file_under_gin_criteo_unless_absolute():

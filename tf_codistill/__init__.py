@@ -7,7 +7,9 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
   groups, publishing the student and refreshing the teachers by itself, under every
   ``tf.distribute`` strategy.
 * ``tfc.Exchange``: where and how a group exchanges models with its peers.
-* ``tfc.prediction_churn``: how much two models' predictions on a dataset differ.
+* ``tfc.prediction_churn``: how much two models' predictions on a dataset differ;
+  ``tfc.predict_probabilities`` and ``tfc.pairwise_churn`` do it for SavedModels (exports or
+  exchange versions).
 * ``tfc.export``: writes a model as a SavedModel with the serving signature peers and servers
   read.
 * ``tfc.TrainConfig``, ``tfc.train``, ``tfc.GroupTrainer``: one group's training as the
@@ -16,8 +18,11 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
   namespace, their configuration checked once, supervised and restarted after faults (what
   ``tf-codistill-launch`` runs); ``tfc.launch``: the same without the checks, for a group shape
   and gin configuration already known to be valid.
+* ``tfc.parse_gin``: gin files and bindings parsed, every bound value checked against its type.
+* ``tfc.run_demo``: the README's demo (a small 2-way job and its baseline, on generated data).
 * ``tfc.ConfigurationError``, ``tfc.DataError``, ``tfc.NonFiniteLossError``,
-  ``tfc.GroupFailedError``: what fails.
+  ``tfc.GroupFailedError``: what fails; ``tf_codistill.errors``: the exit statuses of a task that
+  failed for good.
 
 Names are resolved on first use, so importing the package (e.g. by the launcher) stays cheap.
 """
@@ -31,6 +36,10 @@ _PUBLIC = {
     "clone_architecture": "tf_codistill.model",
     "Exchange": "tf_codistill.codistillation",
     "prediction_churn": "tf_codistill.metrics",
+    "predict_probabilities": "tf_codistill.metrics",
+    "pairwise_churn": "tf_codistill.metrics",
+    "parse_gin": "tf_codistill.config",
+    "run_demo": "tf_codistill.demo",
     "export": "tf_codistill.model",
     "TrainConfig": "tf_codistill.trainer",
     "train": "tf_codistill.trainer",

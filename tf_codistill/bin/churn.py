@@ -7,8 +7,8 @@ import numpy as np
 from absl import app
 from absl import flags
 
+import tf_codistill as tfc
 from data_pipelines import criteo
-from tf_codistill import metrics
 from tf_codistill.bin import common
 
 common.define_gin_flags()
@@ -33,8 +33,8 @@ def main(argv):
   dataset = (dataset_fn or criteo.make_dataset)(FLAGS.data, FLAGS.batch_size)
   task = _bound("task")
   output = FLAGS.output or (task.output if task is not None else "sigmoid")
-  preds = [metrics.predict_probabilities(p, dataset, output) for p in FLAGS.saved_model]
-  pairs = metrics.pairwise_churn(preds, output)
+  preds = [tfc.predict_probabilities(p, dataset, output) for p in FLAGS.saved_model]
+  pairs = tfc.pairwise_churn(preds, output)
   print(f"{'model a':>8} {'model b':>8} {'mean |pa-pb|':>13} {'disagreement':>13}")
   for pair in pairs:
     print(f"{pair['a']:>8} {pair['b']:>8} {pair['mean_abs_diff']:>13.5f} "

@@ -5,7 +5,7 @@ from typing import NoReturn, Sequence
 
 from absl import flags
 
-from tf_codistill import config
+import tf_codistill as tfc
 from tf_codistill import errors
 
 
@@ -40,6 +40,6 @@ def parse_flags_or_exit(argv: Sequence[str]) -> Sequence[str]:
 def parse_gin_or_exit(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
   """Parses gin; a bad file, binding or value type is a one-line error before any work starts."""
   try:
-    config.parse_gin(gin_files, gin_bindings)
-  except config.ConfigError as e:
+    tfc.parse_gin(gin_files, gin_bindings)
+  except tfc.ConfigurationError as e:
     exit_with_error(first_line(e))

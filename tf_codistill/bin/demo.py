@@ -3,7 +3,7 @@
 from absl import app
 from absl import flags
 
-from tf_codistill import demo
+import tf_codistill as tfc
 
 flags.DEFINE_string("work_dir", "demo_run", "Where the demo writes data, models and logs.")
 flags.DEFINE_integer("train_rows", 1_600_000, "Generated training rows.")
@@ -15,8 +15,8 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  demo.run_demo(FLAGS.work_dir, train_rows=FLAGS.train_rows, eval_rows=FLAGS.eval_rows,
-                steps=FLAGS.steps)
+  tfc.run_demo(FLAGS.work_dir, train_rows=FLAGS.train_rows, eval_rows=FLAGS.eval_rows,
+               steps=FLAGS.steps)
 
 
 def run():

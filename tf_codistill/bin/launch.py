@@ -7,8 +7,6 @@ from absl import flags
 from absl import logging
 
 import tf_codistill as tfc
-from tf_codistill import launcher
-from tf_codistill import topology
 from tf_codistill.bin import common
 
 common.define_gin_flags()
@@ -16,23 +14,26 @@ flags.DEFINE_string("model_dir", "codistill_run",
                     "Job directory; group i writes to model_dir/group_<i>.")
 flags.DEFINE_integer("num_groups", 2, "Number of codistillation groups.", lower_bound=1)
 flags.DEFINE_string("exchange_dir", None, "Shared exchange directory (default model_dir/exchange).")
-flags.DEFINE_enum("strategy", None, list(launcher.STRATEGIES),
-                  "Strategy inside each group (default: the gin binding trainer.train.strategy, "
-                  "else one_device).")
+flags.DEFINE_string("strategy", None,
+                    "Strategy inside each group: one_device, mirrored, multi_worker_mirrored or "
+                    "parameter_server (default: the gin binding trainer.train.strategy, else "
+                    "one_device).")
 flags.DEFINE_integer("workers_per_group", None,
                      "Worker tasks per group besides the chief (default: the gin binding "
                      "launcher.group_shape.workers_per_group, else 0).", lower_bound=0)
 flags.DEFINE_integer("ps_per_group", None, "Parameter-server tasks per group (default: the gin "
                      "binding launcher.group_shape.ps_per_group, else 0).", lower_bound=0)
-flags.DEFINE_integer("max_restarts", launcher.DEFAULT_MAX_RESTARTS,
-                     "Restarts allowed per group after a task dies (a lost parameter-server "
-                     "worker alone, else the group from its last checkpoint).", lower_bound=0)
-flags.DEFINE_enum("on_group_failure", "stop_all", list(launcher.FAILURE_POLICIES),
-                  "When a group fails for good: stop every group, or let its peers continue.")
-flags.DEFINE_enum("teacher_graph", None, list(topology.GRAPHS),
-                  "Which peers each group distills from: every other group (all_to_all) or its "
-                  "predecessor (ring) (default: the gin binding trainer.train.teacher_graph, "
-                  "else all_to_all).")
+flags.DEFINE_integer("max_restarts", None,
+                     "Restarts allowed per group after a task dies: a lost parameter-server "
+                     "worker alone, else the group from its last checkpoint (default 3).",
+                     lower_bound=0)
+flags.DEFINE_string("on_group_failure", "stop_all",
+                    "When a group fails for good: stop every group (stop_all), or let its peers "
+                    "continue (continue).")
+flags.DEFINE_string("teacher_graph", None,
+                    "Which peers each group distills from: every other group (all_to_all) or its "
+                    "predecessor (ring) (default: the gin binding trainer.train.teacher_graph, "
+                    "else all_to_all).")
 flags.DEFINE_bool("isolate_network", True,
                   "Run every task of the launch in one private network namespace (loopback only): "
                   "TF's servers listen on all interfaces and run any graph sent to them.")
@@ -48,14 +49,15 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     common.exit_with_error(f"unexpected arguments: {argv[1:]}")
+  policy = {} if FLAGS.max_restarts is None else {"max_restarts": FLAGS.max_restarts}
   try:
     dirs = tfc.launch_job(
         FLAGS.model_dir, FLAGS.num_groups, gin_files=FLAGS.gin_file,
         gin_bindings=FLAGS.gin_bindings, exchange_dir=FLAGS.exchange_dir, strategy=FLAGS.strategy,
         workers_per_group=FLAGS.workers_per_group, ps_per_group=FLAGS.ps_per_group,
-        teacher_graph=FLAGS.teacher_graph, max_restarts=FLAGS.max_restarts,
-        on_group_failure=FLAGS.on_group_failure, pin_groups=FLAGS.pin_groups,
-        isolate_network=FLAGS.isolate_network, allow_exposed_ports=FLAGS.allow_exposed_ports)
+        teacher_graph=FLAGS.teacher_graph, on_group_failure=FLAGS.on_group_failure,
+        pin_groups=FLAGS.pin_groups, isolate_network=FLAGS.isolate_network, allow_exposed_ports=FLAGS.allow_exposed_ports,
+        **policy)
   except tfc.ConfigurationError as e:
     common.exit_with_error(common.first_line(e))
   except tfc.GroupFailedError as e:

@@ -28,6 +28,8 @@ from typing import Callable, Iterator, List, Optional, Sequence
 from absl import app
 from absl import flags
 
+from benchmarks import standalone
+
 LOCK_ENV = "TF_CODISTILL_BENCH_LOCK"
 
 
@@ -217,7 +219,4 @@ def _record_into(path: Optional[str], session: Session) -> None:
   if not isinstance(summary, dict):
     return
   summary["machine"] = session.record()
-  temp = f"{path}.tmp-{os.getpid()}"
-  with open(temp, "w") as f:
-    json.dump(summary, f, indent=1, sort_keys=True)
-  os.replace(temp, path)
+  standalone.write_json(path, summary, indent=1)

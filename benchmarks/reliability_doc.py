@@ -44,21 +44,22 @@ def measured_section(faults_path: str = standalone.results_path("fault_trials"),
             f"{kind} {row['kill_steps']}" for kind, row in faults["summary"].items()) + ".")
   for summary in soaks:
     run, verdict = summary["run"], summary["verdict"]
-    rss = "; ".join(f"{name} {r['after_warmup_mib']:.0f} -> {r['end_mib']:.0f} MiB"
+    rss = "; ".join(f"{name} {r['after_warmup_mib']:.0f} -> {r['end_mib']:.0f} MiB "
+                    f"({r['second_half_growth_mib']:+.1f} in the second half)"
                     for name, r in sorted(verdict["rss"].items()) if r.get("flat") is not None)
     times = "; ".join(
-        f"group {g}: plain step p50 {s['plain_p50_ms']:.1f} ms, max {s['plain_max_ms']:.1f} ms, "
-        f"{s['plain_over_3x_median']} of {s['plain_intervals']} over 3x the median "
-        f"({s['during_peer_events']} during the other group's refresh/publish/epoch end, "
-        f"{s['unexplained']} unexplained), {s['intervals_in_own_windows']} intervals overlapping "
-        f"its own refresh/publish"
-        for g, s in sorted(verdict["step_times"].items()) if s["plain_intervals"])
+        f"group {g}: plain step p50 {s['plain_p50_ms']:.1f} ms, p99 {s['plain_p99_ms']:.1f} ms, "
+        f"max {s['plain_max_ms']:.1f} ms, {s['plain_slow']} of {s['plain_steps']} over "
+        f"{s['rule']['slow_x_median']:g}x the median ({s['during_peer_events']} during the other "
+        f"group's refresh/publish/epoch end, {s['unexplained']} unexplained), "
+        f"{s['steps_in_own_windows']} steps overlapping its own refresh/publish"
+        for g, s in sorted(verdict["step_times"].items()) if s["plain_steps"])
     parts.append(
         f"Soak: `{summary['command']}`, {summary['started_utc']}, {run['duration_s'] / 60:g} min "
         f"of training ({run['wall_s'] / 60:.1f} min wall), warm-up {run['warmup_s']:g} s, RSS "
         f"sampled every {run['sample_s']:g} s; load average at the end "
         f"{summary['load_avg_at_end'][0]:.1f}. RSS after warm-up -> end: {rss}. Step times "
-        f"(chief's view, one interval per poll of the step counter): {times}."
+        f"(each scheduled step, timed as it finished on its worker): {times}."
         + (f" {summary['note']}" if summary.get("note") else ""))
   return "\n\n".join(parts) if parts else "(no measurements yet)"
 

@@ -34,6 +34,7 @@ from absl import logging
 
 from benchmarks import machine
 from benchmarks import protocol
+from benchmarks import standalone
 from tf_codistill import config
 from tf_codistill import demo
 from tf_codistill import exchange
@@ -477,8 +478,7 @@ def _seeds_to_run(arm: Arm, paths: RunPaths, config: dict) -> List[int]:
   if _recorded_config(arm, paths) != config:
     shutil.rmtree(arm_dir, ignore_errors=True)
     os.makedirs(arm_dir)
-    with open(_config_path(arm, paths), "w") as f:
-      json.dump(config, f, indent=1, sort_keys=True)
+    standalone.write_json(_config_path(arm, paths), config, indent=1)
   return [seed for seed in arm.seed_list
           if not (_seed_recorded(arm, paths, seed)
                   and (arm.seeds < 2 or os.path.exists(paths.predictions(arm.name, seed, 0))))]
@@ -507,8 +507,7 @@ def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str
   with open(paths.curve(arm.name, seed, group), "w") as f:
     for record in records:
       f.write(json.dumps({k: record[k] for k in keep if k in record}, sort_keys=True) + "\n")
-  with open(paths.result(arm.name, seed, group), "w") as f:
-    json.dump(results, f, indent=1, sort_keys=True)
+  standalone.write_json(paths.result(arm.name, seed, group), results, indent=1)
   return results
 
 
@@ -753,8 +752,7 @@ def _ensemble(arm: Arm, paths: RunPaths, seed: int, suite: Suite) -> dict:
             "wall_time_s": sum(r["wall_time_s"] for r in member_results),
             "examples_per_sec": None}
   os.makedirs(os.path.dirname(paths.result(arm.name, seed, 0)), exist_ok=True)
-  with open(paths.result(arm.name, seed, 0), "w") as f:
-    json.dump(result, f, indent=1, sort_keys=True)
+  standalone.write_json(paths.result(arm.name, seed, 0), result, indent=1)
   with open(paths.curve(arm.name, seed, 0), "w") as f:
     f.write(json.dumps({"step": result["steps"], "wall_time_s": result["wall_time_s"],
                         **scores}) + "\n")
@@ -784,8 +782,7 @@ def _churn(arm: Arm, paths: RunPaths, suite: Suite) -> Optional[dict]:
   curves = [_churn_curve(arm, paths, suite, p["seeds"]) for p in independent]
   if curves and all(curves):
     churn["curves"] = curves
-  with open(_churn_path(arm, paths), "w") as f:
-    json.dump(churn, f, indent=1, sort_keys=True)
+  standalone.write_json(_churn_path(arm, paths), churn, indent=1)
   return churn
 
 
@@ -1012,6 +1009,6 @@ def summarize_recorded(suite: Suite, paths: RunPaths) -> dict:
 
 def _write_summary(summary: dict, paths: RunPaths) -> dict:
   path = os.path.join(paths.results_dir, "summary.json")
-  exchange.write_atomically(path, json.dumps(summary, indent=1, sort_keys=True))
+  standalone.write_json(path, summary, indent=1)
   logging.info("wrote %s", path)
   return summary

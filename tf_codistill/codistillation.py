@@ -26,7 +26,8 @@ from tf_codistill.errors import ConfigurationError
 
 # Teacher forward-pass precision -> the tf_keras dtype policy of the teacher copies (variables
 # stay float32, so the peers' float32 SavedModels load as they are).
-PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
+# teacher_precision -> the tf_keras dtype policy of the teacher copies.
+PRECISIONS = {"float32": "float32", "bfloat16": "bfloat16", "mixed_bfloat16": "mixed_bfloat16"}
 PROBE_EXAMPLES = 8
 
 
@@ -45,7 +46,9 @@ class Exchange:
     publish_every_steps: the chief publishes the student every this many optimizer steps (K).
     keep_last: published versions of this group kept in the directory (older ones are removed).
     poll_interval_s: how often the background thread looks for newer peer versions.
-    teacher_precision: ``float32`` or ``bfloat16`` (teachers computed in mixed bfloat16).
+    teacher_precision: ``float32``; ``bfloat16`` (teacher variables and compute in bfloat16:
+      half the memory, restored from peers' float32 versions through a float32 copy);
+      ``mixed_bfloat16`` (float32 variables, bfloat16 compute).
     input_spec: the student's input spec (a ``tf.TensorSpec`` or a dict of them), needed only
       when ``fit`` is not given a ``tf.data.Dataset`` and the model was never called.
 

@@ -74,7 +74,7 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
                          gin_bindings=bindings, shape=shape, **launch_options)
 
 
-def _bound(name: str, default: str) -> str:
+def _bound(name: str, default: Optional[str]) -> Optional[str]:
   """The gin binding ``trainer.train.<name>``, or ``default`` when it is not bound."""
   try:
     return gin.query_parameter(f"trainer.train.{name}")
@@ -85,13 +85,7 @@ def _bound(name: str, default: str) -> str:
 def _data_files(model_dir: str) -> Tuple[Dict[str, List[str]], Optional[str]]:
   """The files to bind when no data is bound (generated sample data, and where to generate
   it); nothing when both are bound; a ConfigurationError when only one is."""
-  bound = []
-  for name in ("train_files", "eval_files"):
-    try:
-      gin.query_parameter(f"trainer.train.{name}")
-      bound.append(name)
-    except ValueError:
-      pass
+  bound = [name for name in ("train_files", "eval_files") if _bound(name, None) is not None]
   if len(bound) == 2:
     return {}, None
   if bound:

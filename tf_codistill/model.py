@@ -32,19 +32,35 @@ from tf_codistill import losses
 def clone_architecture(model: keras.Model, dtype_policy: Optional[str] = None) -> keras.Model:
   """A fresh, unbuilt-weights copy of a Sequential or functional model (for teachers).
 
-  ``dtype_policy`` (e.g. ``'mixed_bfloat16'``) rebuilds every layer with that tf_keras dtype
-  policy: float32 variables (same checkpoint as the original), reduced-precision compute.
+  ``dtype_policy`` rebuilds every layer with that tf_keras dtype policy: ``'mixed_bfloat16'``
+  keeps float32 variables (the original's checkpoint loads as is) and computes in bfloat16;
+  ``'bfloat16'`` keeps variables in bfloat16 too, and then every initializer is ``zeros``: a
+  teacher copy is always restored before use, and some initializers (the orthogonal one's QR)
+  have no bfloat16 kernel.
   """
-  clone_function = None
-  if dtype_policy is not None:
-    clone_function = lambda layer: layer.__class__.from_config(
-        {**layer.get_config(), "dtype": dtype_policy})
   try:
-    return keras.models.clone_model(model, clone_function=clone_function)
+    return keras.models.clone_model(model, clone_function=_with_policy(dtype_policy))
   except ValueError as e:
     raise ValueError(
         f"cannot clone {type(model).__name__} automatically ({e}); pass a teacher_factory that "
         "builds the same architecture (needed for subclassed models)") from e
+
+
+def _with_policy(dtype_policy: Optional[str]) -> Optional[Callable[[keras.layers.Layer],
+                                                                   keras.layers.Layer]]:
+  """clone_model's clone_function for clone_architecture (None: layers cloned as they are)."""
+  if dtype_policy is None:
+    return None
+  zeros = keras.mixed_precision.Policy(dtype_policy).variable_dtype != "float32"
+
+  def clone(layer):
+    config = {**layer.get_config(), "dtype": dtype_policy}
+    if zeros:
+      config = {key: "zeros" if key.endswith("_initializer") and value is not None else value
+                for key, value in config.items()}
+    return layer.__class__.from_config(config)
+
+  return clone
 
 
 def _num_teachers(num_teachers: Optional[int], exchange) -> int:
@@ -195,6 +211,18 @@ class CodistillModel(keras.Model):
     """A new float32 model of the student's architecture (for local copies and exports)."""
     return self._teacher_factory() if self._teacher_factory else clone_architecture(self.student)
 
+  def float32_copy(self) -> keras.Model:
+    """A float32 model of the teachers' architecture with its variables created (from the
+    inputs the model was first called on): where a reduced-precision teacher is restored from a
+    float32 checkpoint before it is cast into the teacher."""
+    copy = self.copy_student()
+    if not copy.weights:
+      if self._features_spec is None:
+        raise ValueError("float32_copy: call the model on a batch first")
+      copy(tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape[1:]], s.dtype),
+                                 self._features_spec), training=False)
+    return copy
+
   def fit(self, x=None, *args, callbacks=None,
           exchange_hooks: Optional["codistillation.ExchangeHooks"] = None, **kwargs):
     """tf_keras ``fit``. With forward fusion, pending updates are flushed at epoch and train end
@@ -267,7 +295,7 @@ class CodistillModel(keras.Model):
     if len(variables) != len(weights):
       raise ValueError(f"teacher {index} has {len(variables)} variables, got {len(weights)} values")
     for var, value in zip(variables, weights):
-      var.assign(value)
+      var.assign(tf.cast(value, var.dtype))
     self.activate_teacher(index, step)
 
   def _active_weights(self) -> tf.Tensor:

@@ -4,7 +4,8 @@ A background thread polls the exchange directory. For each peer with a version n
 in use it refuses links (``exchange.check_contained``), verifies the completeness marker and file
 sizes, checks the serving signature against the student's, restores the SavedModel's variables
 into the *inactive* copy of that peer's double-buffered teacher (``load_weights`` +
-``assert_existing_objects_matched``, so a half-restored model is an error) and rejects
+``assert_existing_objects_matched``, so a half-restored model is an error; a bfloat16 teacher
+through a float32 copy, then cast) and rejects
 non-finite values and a teacher whose predictions on a probe batch of real inputs are NaN/Inf.
 The peer's graph (``saved_model.pb``) is parsed for its signature but never run. The training thread then only
 flips the peer's ``active_slot`` between two steps (``TeacherRefresh``, a step_hooks.StepHook):
@@ -59,6 +60,7 @@ class TeacherPool:
     self._rejected: set = set()
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
+    self._staging: Optional[keras.Model] = None  # float32 restore target (see _restore)
     self.loads = 0
     self.rejections = 0
 
@@ -133,9 +135,7 @@ class TeacherPool:
     exchange.verify(version)
     exchange.check_signature(version.path, self._expected)
     target = self._model.inactive_teacher(index)
-    prefix = tf.io.gfile.join(version.path, "variables", "variables")
-    status = target.load_weights(prefix)
-    status.assert_existing_objects_matched()
+    self._restore(target, tf.io.gfile.join(version.path, "variables", "variables"))
     for var in target.weights:
       if var.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(var))):
         raise exchange.InvalidVersionError(f"{version.path}: variable {var.name} has NaN/Inf")
@@ -146,6 +146,24 @@ class TeacherPool:
             f"{version.path}: its predictions on a probe batch of real inputs are NaN/Inf")
     return TeacherUpdate(index, version.group, version.step, version.path,
                          time.monotonic() - start, start)
+
+
+  def _restore(self, target: keras.Model, prefix: str) -> None:
+    """Restores the checkpoint at ``prefix`` into ``target``. A checkpoint restores only into
+    variables of its saved dtype (float32): a teacher kept in another precision is restored
+    into a float32 copy of its architecture, made once, then cast into it, all off the training
+    thread."""
+    if all(v.dtype == tf.float32 for v in target.weights if v.dtype.is_floating):
+      target.load_weights(prefix).assert_existing_objects_matched()
+      return
+    if self._staging is None:
+      self._staging = self._model.float32_copy()
+    self._staging.load_weights(prefix).assert_existing_objects_matched()
+    for var, value in zip(target.weights, self._staging.weights):
+      if var.shape != value.shape:
+        raise ValueError(f"{prefix}: {value.name} has shape {value.shape}, the teacher's "
+                         f"{var.name} {var.shape}")
+      var.assign(tf.cast(value, var.dtype))
 
 
 class TeacherRefresh(step_hooks.StepHook):

@@ -92,8 +92,9 @@ class TrainConfig:
   ``intra_op_threads`` and ``inter_op_threads`` (0: TF's default) size this task's thread pools,
   also a serving task's. The chief writes ``heartbeat.json`` every ``heartbeat_every_s``;
   ``max_wall_seconds`` ends training early, as if ``train_steps`` were reached (not for
-  ``multi_worker_mirrored``); ``save_step_timeline`` writes every timed step interval and
-  refresh/publish window (benchmarks/soak.py). Files: layout.RunDir.
+  ``multi_worker_mirrored``); ``save_step_timeline`` writes every timed step interval (under
+  parameter servers one per scheduled step, step_timing.ClosureTimer) and refresh/publish window
+  (benchmarks/soak.py). Files: layout.RunDir.
   """
   strategy: str = "one_device"
   train_files: Sequence[str] = ()
@@ -161,7 +162,7 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
         f"trainer.train.teacher_graph={config.teacher_graph!r} is not one of {topology.GRAPHS}")
   if config.teacher_precision not in PRECISIONS:
     raise ConfigurationError(f"trainer.train.teacher_precision={config.teacher_precision!r} is "
-                             f"not one of {PRECISIONS}")
+                             f"not one of {list(PRECISIONS)}")
   for name in ("train_files", "eval_files"):
     if not getattr(config, name):
       raise ConfigurationError(
@@ -211,7 +212,7 @@ class _Callbacks:
   initial_epoch: int = 0
   summary_writer: Optional[tf.summary.SummaryWriter] = None
   step_summaries: Optional[monitoring.StepSummaries] = None
-  step_timer: Optional[step_timing.StepTimer] = None
+  step_timer: Optional[Union[step_timing.StepTimer, step_timing.ClosureTimer]] = None
   exchange: Optional[codistillation.ExchangeHooks] = None
 
 
@@ -362,10 +363,14 @@ class GroupTrainer:
     callbacks.step_summaries = monitoring.StepSummaries(
         callbacks.summary_writer, config.batch_size, config.summary_every_steps,
         counters={SKIPPED_LINES_TAG: lambda: data.bad_lines.count})
-    callbacks.step_timer = step_timing.StepTimer(config.steps_per_epoch)
     hooks = [monitoring.Heartbeat(run.heartbeat, config.heartbeat_every_s,
                                   f"{self.info.task_type or 'chief'}:{self.info.task_id}"),
-             callbacks.step_timer, callbacks.step_summaries]
+             callbacks.step_summaries]
+    if config.strategy == "parameter_server":  # each scheduled step, timed as it finishes
+      callbacks.step_timer = step_timing.ClosureTimer(config.steps_per_execution)
+    else:
+      callbacks.step_timer = step_timing.StepTimer(config.steps_per_epoch)
+      hooks.append(callbacks.step_timer)
     if config.max_wall_seconds is not None:
       hooks.append(step_hooks.WallClockLimit(config.max_wall_seconds))
     epoch_callbacks = [
@@ -373,6 +378,8 @@ class GroupTrainer:
         keras.callbacks.TensorBoard(run.tensorboard, update_freq="epoch"),
         monitoring.ProgressLog(run.progress, self.group, config.train_steps,
                                rates=callbacks.step_summaries.examples_per_sec)]
+    if isinstance(callbacks.step_timer, keras.callbacks.Callback):
+      epoch_callbacks.append(callbacks.step_timer)
     if config.save_eval_predictions and config.prediction_history:
       epoch_callbacks.append(monitoring.PredictionHistory(
           local, self._predictions_of(data), self.task.output, run.prediction_history,

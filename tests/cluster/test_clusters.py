@@ -54,15 +54,25 @@ def test_parameter_server_groups_pinned_to_one_cpu_each_train(tmp_path, criteo_d
   model_dir = str(tmp_path / "job")
   launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2", "--pin_groups",
                               "--strategy=parameter_server",
-                              "--workers_per_group=1", "--ps_per_group=1"), cpus=set(cpus))
+                              "--workers_per_group=1", "--ps_per_group=1",
+                              bindings=["trainer.train.save_step_timeline = True"]),
+                  cpus=set(cpus))
   launch.wait_for(lambda: len(launch.pids) == 6, 60, "6 tasks to start")
   pinned = {key: os.sched_getaffinity(pid) for key, pid in launch.pids.items()}
   assert pinned == {(g, t, 0): {cpus[g]} for g in (0, 1) for t in ("chief", "worker", "ps")}
   assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
   launch.assert_no_restarts(except_after=TRANSIENT_PS_FAULTS)
+  restarted = {e["group"] for e in launch.events() if e["event"] == "restarted"}
   for group in (0, 1):
     results = _results(model_dir, group)
     assert results["steps"] == 240 and results["teacher_loads"] >= 1, results
+    # Every step the chief scheduled on its one worker is timed from the previous step's finish
+    # to its own: 240 steps, the first 5 (tracing) not counted; 2 epoch ends among them.
+    with open(layout.group_run(model_dir, group).step_timeline) as f:
+      intervals = json.load(f)["intervals"]
+    assert all(steps == 1 and end > start for start, end, steps, _ in intervals)
+    if group not in restarted:
+      assert len(intervals) == 235 and sum(epoch_end for *_, epoch_end in intervals) == 2
 
 
 def test_multi_worker_mirrored_groups_load_teachers_on_every_worker(tmp_path, criteo_dir):

@@ -1,7 +1,7 @@
 """Soak (benchmarks/soak.py): 2-way codistillation on local parameter-server clusters with a
 teacher refresh every few seconds; every process's RSS stays flat after warm-up (no leak from
-reloading teachers) and plain steps have no outliers above 3x the median (steps overlapping a
-refresh, a publish or an epoch end are counted apart).
+reloading teachers) and plain steps meet soak.STEP_RULE (steps overlapping a refresh, a publish
+or an epoch end are counted apart).
 
 The reduced form (150 s of training, marked ``cluster``: memory, refreshes, timelines, pinning) runs with the
 other cluster tests; the 20-minute form (``soak``, deselected by default; ``pytest --soak``) is
@@ -27,9 +27,11 @@ def _run(tmp_path, duration_s, warmup_s, rss_tolerance_mib=40.0):
   # 7 processes sampled: the launcher and chief, worker, ps of each group.
   assert len(verdict["rss"]) == 7, shown
   assert verdict["rss_flat"], shown
-  # Both chiefs wrote their step timelines, with their refresh and publish windows.
+  # Both chiefs wrote their step timelines, one interval per step, with their refresh and
+  # publish windows.
   for timeline in run["timelines"].values():
     assert timeline["intervals"] and timeline["windows"]["refresh"], shown
+    assert all(steps == 1 for _, _, steps, _ in timeline["intervals"]), shown
     assert timeline["windows"]["publish"], shown
   # Each group ran on its own CPUs.
   shares = launcher.split_cpus(2)
@@ -44,8 +46,8 @@ def test_short_soak_keeps_memory_flat_while_teachers_reload(tmp_path):
   # Over 60 s the medians of the first and last fifth (12 s each) still differ by up to ~36 MiB
   # (the committed 20-minute runs cut to this window), so this form allows 60 MiB: a leak of
   # 1 MiB per teacher load (~60 loads here) still fails it; the 20-minute form keeps 40 MiB.
-  # Nearly every 0.2 s interval overlaps a refresh, too few plain ones for the 3x-median
-  # verdict, which the 20-minute form (thousands of intervals) checks.
+  # The step-time rule (per-step percentiles) is judged by the 20-minute form on a quiet machine;
+  # over 150 s on a CI machine it would be a flaky check.
   _run(tmp_path, duration_s=150, warmup_s=90, rss_tolerance_mib=60.0)
 
 

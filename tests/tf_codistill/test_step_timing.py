@@ -1,4 +1,8 @@
-"""StepTimer: step times split by what overlapped them (no training run needed)."""
+"""StepTimer and ClosureTimer: step times split by what overlapped them (no training run needed)."""
+
+import threading
+import time
+import types
 
 import pytest
 
@@ -36,3 +40,44 @@ def test_step_timer_skips_the_first_steps_and_marks_epoch_ends():
   # Intervals 2->3, 3->4, 4->5 (after the epoch's last step 4), 5->8, 8->9 (after step 8).
   assert [(steps, end) for _, _, steps, end in timer.intervals] == [
       (1, False), (1, False), (1, True), (3, False), (1, True)]
+
+
+class _Closure:
+  """A scheduled step's remote output as the coordinator holds it: done when its event is set."""
+
+  def __init__(self, error=None):
+    self._status_available_event = threading.Event()
+    self._error = error
+    self._status = types.SimpleNamespace(name="READY")
+
+  def _get_error(self):
+    self._status_available_event.wait()
+    return self._error
+
+  def fetch(self):
+    raise AssertionError("the timer must not copy a closure's outputs")
+
+
+def test_closure_timer_times_each_scheduled_step_as_it_finishes():
+  timer = step_timing.ClosureTimer(steps_per_execution=2, skip_steps=1)
+  timer.on_train_begin()
+  closures = [_Closure(), _Closure(), _Closure(RuntimeError("worker lost")), _Closure(),
+              _Closure()]
+  for batch, closure in enumerate(closures):
+    if batch == 3:
+      timer.on_epoch_begin(1)
+    timer.on_train_batch_end(batch, {"loss": closure})  # queued; nothing is done yet
+  finished = []  # a moment before each closure finished
+  for closure in closures:
+    time.sleep(0.02)
+    finished.append(time.monotonic())
+    closure._status_available_event.set()
+  timer.on_train_end()
+  # Finishes 1, 2, (3 failed), 4, 5; the first (tracing) is not counted: intervals 1->2, 2->4
+  # (an epoch began in between), 4->5, each of 2 steps.
+  assert [(steps, epoch_end) for _, _, steps, epoch_end in timer.intervals] == [
+      (2, False), (2, True), (2, False)]
+  for (start, end, _, _), (before, after) in zip(timer.intervals,
+                                                 [(0, 1), (1, 3), (3, 4)]):
+    assert finished[before] <= start < end and finished[after] <= end
+  assert timer.quantiles_ms({})["other"]["count"] == 2

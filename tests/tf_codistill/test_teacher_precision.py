@@ -5,7 +5,10 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tf_codistill import exchange
 from tf_codistill import losses
+from tf_codistill import teachers
+from tf_codistill.codistillation import Exchange
 from tf_codistill.model import CodistillModel, clone_architecture
 from tf_codistill.models import ctr
 from tf_codistill.models import lm
@@ -29,14 +32,18 @@ def _inputs(name):
       "categorical": tf.random.stateless_uniform([8, 26], [1, 2], 0, 100, tf.int64)}
 
 
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "bfloat16"])
 @pytest.mark.parametrize("name", ["lm", "resnet", "ctr"])
-def test_bfloat16_teacher_predictions_within_tolerance(name):
+def test_bfloat16_teacher_predictions_within_tolerance(name, policy):
   model, output, x = _inputs(name)
   reference = losses.probabilities(model(x, training=False), output).numpy()
-  teacher = clone_architecture(model, dtype_policy="mixed_bfloat16")
+  teacher = clone_architecture(model, dtype_policy=policy)
   teacher(x, training=False)
-  teacher.set_weights(model.get_weights())  # float32 variables: the same checkpoint loads
-  assert all(w.dtype == tf.float32 for w in teacher.weights)
+  # Kernels and embeddings follow the policy (BatchNormalization keeps float32 variables).
+  kernels = {w.dtype for w in teacher.weights if "kernel" in w.name or "embeddings" in w.name}
+  assert kernels == {tf.float32 if policy == "mixed_bfloat16" else tf.bfloat16}
+  teacher.set_weights([value.astype(w.dtype.as_numpy_dtype)
+                       for w, value in zip(teacher.weights, model.get_weights())])
   logits = teacher(x, training=False)
   assert logits.dtype == tf.bfloat16
   probs = losses.probabilities(tf.cast(logits, tf.float32), output).numpy()
@@ -56,3 +63,26 @@ def test_codistill_model_with_bfloat16_teachers_trains_in_float32():
   logs = wrapped.train_on_batch(x, y, return_dict=True)
   assert np.isfinite(logs["distill_loss"]) and logs["distill_loss"] > 0
   assert wrapped.teacher_target(x).dtype == tf.float32
+
+
+def test_pure_bfloat16_teacher_is_restored_from_a_float32_peer_version(tmp_path):
+  # A peer publishes its float32 model as usual; the pool restores it into a float32 copy and
+  # casts it into the bfloat16 teacher (a checkpoint restores only into its saved dtype).
+  peer, output, x = _inputs("lm")
+  spec = {"tokens": tf.TensorSpec([None, 20], tf.int32)}
+  exchange.publish(peer, str(tmp_path), 1, 40, spec)
+  student, _, _ = _inputs("lm")
+  model = CodistillModel(student, exchange=Exchange(str(tmp_path), group=0,
+                                                    teacher_precision="bfloat16"),
+                         output="softmax")
+  model(x)
+  pool = teachers.TeacherPool(str(tmp_path), [1], model, spec, [None, 20, 200])
+  assert pool.poll_once() == 1 and pool.rejections == 0
+  model.activate_teacher(0, 40)
+  teacher = model.teacher_slots[0][int(model.active_slot.numpy()[0])]
+  assert {w.dtype for w in teacher.weights} == {tf.bfloat16}  # an LSTM LM has no BatchNorm
+  for restored, original in zip(teacher.get_weights(), peer.get_weights()):
+    np.testing.assert_allclose(restored.astype(np.float32), original, rtol=1e-2, atol=1e-6)
+  reference = losses.probabilities(peer(x, training=False), output).numpy()
+  diff = np.abs(model.teacher_target(x).numpy() - reference)
+  assert diff.max() < MAX_ABS_PROB_DIFF and diff.mean() < MEAN_ABS_PROB_DIFF, (diff.max(), diff.mean())

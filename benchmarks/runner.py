@@ -381,6 +381,38 @@ def churn_reduction_final(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
           protocol.bootstrap(protocol.ratio_of_means, *pairs))
 
 
+def _late_churn(arms: Mapping[str, dict], name: str, evaluations: int) -> List[float]:
+  """Each independent pair's churn averaged over its last ``evaluations`` evaluations."""
+  return [float(np.mean([churn for _, churn in pair[-evaluations:]]))
+          for pair in _pair_curves(arms, name)]
+
+
+@gin.configurable(module="bench", denylist=["arms"])
+def churn_reduction_late(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
+                         baseline: str = gin.REQUIRED, evaluations: int = 6) -> tuple:
+  """1 - churn of ``arm`` / churn of ``baseline``, each pair's churn averaged over its last
+  ``evaluations`` evaluations (steadier than one end point when churn swings from one evaluation
+  to the next); a 90% bootstrap interval over pairs."""
+  a, b = _late_churn(arms, arm, evaluations), _late_churn(arms, baseline, evaluations)
+  if not a or not b:
+    return None, [], None
+  base = float(np.mean(b))
+  return (protocol.ratio_of_means(a, b), [1 - x / base for x in a],
+          protocol.bootstrap(protocol.ratio_of_means, a, b))
+
+
+@gin.configurable(module="bench", denylist=["arms"])
+def churn_swing(arms: Mapping[str, dict], arm: str = gin.REQUIRED, evaluations: int = 6) -> tuple:
+  """How much ``arm``'s churn moves between consecutive evaluations near the end: per pair, the
+  mean |change| over its last ``evaluations`` evaluations relative to their mean churn; the mean
+  over pairs."""
+  swings = []
+  for pair in _pair_curves(arms, arm):
+    late = np.array([churn for _, churn in pair[-evaluations:]])
+    swings.append(float(np.mean(np.abs(np.diff(late))) / np.mean(late)))
+  return (float(np.mean(swings)), swings, None) if swings else (None, [], None)
+
+
 # ----------------------------------------------------------------------------------------------
 # Running.
 

@@ -1,5 +1,6 @@
 """Step time of the CTR model: plain tf_keras vs CodistillModel without a teacher, with a loaded
-float32 teacher and with a bfloat16 one.
+float32 teacher, a bfloat16 one (teacher_precision='bfloat16': bfloat16 variables and compute) and
+a mixed_bfloat16 one (float32 variables, bfloat16 compute).
 
 Per-step times inside one ``fit`` per arm and round, arms interleaved (``benchmarks.step_times``);
 ratios are formed within each round and reported as their median over rounds with a 90% bootstrap
@@ -60,6 +61,11 @@ GOALS = {"teacher_throughput_ratio": (">=", 0.95),
          "teacher_throughput_ratio_bfloat16": (">=", 0.97)}
 
 
+# Arms with one loaded teacher -> the dtype policy of its copy (None: the student's float32).
+TEACHER_ARMS = {"codistill_one_teacher": None, "codistill_bfloat16_teacher": "bfloat16",
+                "codistill_mixed_bfloat16_teacher": "mixed_bfloat16"}
+
+
 def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
                optimizer: str = "adam") -> Dict[str, keras.Model]:
   """The compiled, built models of every arm; the teachers hold the student's weights."""
@@ -67,15 +73,14 @@ def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
   sample = next(iter(_dataset(batch_size, num_buckets)))[0]
   arms = {"plain_keras": _compile(make(), optimizer),
           "codistill_no_teacher": _compile(CodistillModel(make(), 0), optimizer)}
-  for name, policy in (("codistill_one_teacher", None), ("codistill_bfloat16_teacher",
-                                                         "mixed_bfloat16")):
+  for name, policy in TEACHER_ARMS.items():
     student = make()
     arms[name] = _compile(CodistillModel(
         student, 1, alpha=1.0, teacher_factory=lambda s=student, p=policy: clone_architecture(s, p)),
         optimizer)
   for model in arms.values():
     model(sample)
-  for name in ("codistill_one_teacher", "codistill_bfloat16_teacher"):
+  for name in TEACHER_ARMS:
     arms[name].set_teacher_weights(0, arms[name].student.get_weights(), step=0)
   return arms
 
@@ -91,6 +96,10 @@ def measure(arms: Dict[str, keras.Model], data: tf.data.Dataset, steps: int, rou
                                                                "codistill_no_teacher"),
       "bfloat16_teacher_vs_no_teacher": step_times.throughput_ratio(
           times, "codistill_bfloat16_teacher", "codistill_no_teacher"),
+      "mixed_bfloat16_teacher_vs_no_teacher": step_times.throughput_ratio(
+          times, "codistill_mixed_bfloat16_teacher", "codistill_no_teacher"),
+      "bfloat16_teacher_vs_float32_teacher": step_times.throughput_ratio(
+          times, "codistill_bfloat16_teacher", "codistill_one_teacher"),
   }
   return {"step_times": step_times.describe(times), "ratios": ratios}
 

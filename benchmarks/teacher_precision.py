@@ -1,5 +1,6 @@
-"""Step time of codistillation with a float32 vs a bfloat16 teacher, and how far the bfloat16
-teacher's predictions are from float32's (LM and image models at their gin-config sizes).
+"""Step time of codistillation with a float32, a bfloat16 (bfloat16 variables and compute) and a
+mixed_bfloat16 (float32 variables, bfloat16 compute) teacher, and how far the reduced-precision
+teachers' predictions are from float32's (LM and image models at their gin-config sizes).
 
 Per-step times inside one ``fit`` per arm and round, arms interleaved (``benchmarks.step_times``),
 all on the same real batches; the teacher holds the student's own weights. Reported per task: step
@@ -75,7 +76,8 @@ def _arms(task: str):
   sample = next(iter(data))[0]
   arms = {}
   for name, teachers, policy in (("no_teacher", 0, None), ("float32_teacher", 1, None),
-                                 ("bfloat16_teacher", 1, "mixed_bfloat16")):
+                                 ("bfloat16_teacher", 1, "bfloat16"),
+                                 ("mixed_bfloat16_teacher", 1, "mixed_bfloat16")):
     student = make()
     factory = (lambda s=student, p=policy: clone_architecture(s, p))
     model = CodistillModel(student, teachers, alpha=1.0, output=output, teacher_factory=factory)
@@ -94,32 +96,30 @@ def measure(task: str) -> Dict[str, object]:
   times = step_times.interleave(
       {name: (lambda m=model: step_times.fit_step_times(m, data, FLAGS.steps))
        for name, model in arms.items()}, FLAGS.rounds)
+  reduced = ("bfloat16_teacher", "mixed_bfloat16_teacher")
   teachers = {name: arms[name].teacher_slots[0][int(arms[name].active_slot.numpy()[0])]
-              for name in ("float32_teacher", "bfloat16_teacher")}
+              for name in ("float32_teacher",) + reduced}
   runs = {name: tf.function(lambda x, t=teacher: t(x, training=False))
           for name, teacher in teachers.items()}
   forward = step_times.interleave(
       {name: (lambda r=run: _forward_times(lambda: r(sample), FLAGS.steps))
        for name, run in runs.items()}, FLAGS.rounds)
-  diffs = []
-  for x, _ in data.take(4):
-    p32 = losses.probabilities(teachers["float32_teacher"](x, training=False), output)
-    p16 = losses.probabilities(tf.cast(teachers["bfloat16_teacher"](x, training=False),
-                                       tf.float32), output)
-    diffs.append(np.abs(p32.numpy() - p16.numpy()).reshape(-1))
-  diff = np.concatenate(diffs)
+  probabilities = lambda name, x: losses.probabilities(
+      tf.cast(teachers[name](x, training=False), tf.float32), output).numpy()
+  diffs = {name: np.concatenate([np.abs(probabilities(name, x) - probabilities(
+      "float32_teacher", x)).reshape(-1) for x, _ in data.take(4)]) for name in reduced}
+  ratio = lambda arm, base, t=times: step_times.throughput_ratio(t, arm, base)
   return {
       "step_times": step_times.describe(times),
-      "throughput_ratio_bf16_vs_fp32_teacher": step_times.throughput_ratio(
-          times, "bfloat16_teacher", "float32_teacher"),
-      "throughput_ratio_fp32_teacher_vs_none": step_times.throughput_ratio(
-          times, "float32_teacher", "no_teacher"),
-      "throughput_ratio_bf16_teacher_vs_none": step_times.throughput_ratio(
-          times, "bfloat16_teacher", "no_teacher"),
+      "throughput_ratio_fp32_teacher_vs_none": ratio("float32_teacher", "no_teacher"),
+      **{f"throughput_ratio_{name}_vs_none": ratio(name, "no_teacher") for name in reduced},
+      **{f"throughput_ratio_{name}_vs_fp32_teacher": ratio(name, "float32_teacher")
+         for name in reduced},
       "teacher_forward": step_times.describe(forward),
-      "teacher_forward_speed_ratio_bf16_vs_fp32": step_times.throughput_ratio(
-          forward, "bfloat16_teacher", "float32_teacher"),
-      "prob_abs_diff": {"max": float(diff.max()), "mean": float(diff.mean())},
+      **{f"teacher_forward_speed_ratio_{name}_vs_fp32": ratio(name, "float32_teacher", forward)
+         for name in reduced},
+      "prob_abs_diff": {name: {"max": float(d.max()), "mean": float(d.mean())}
+                        for name, d in diffs.items()},
   }
 
 
@@ -132,10 +132,14 @@ def main(argv):
     summary[task] = result = measure(task)
     ratio = lambda key: (f"{result[key]['median']:.3f} [{result[key]['interval90'][0]:.3f}, "
                          f"{result[key]['interval90'][1]:.3f}]")
-    print(f"{task}: throughput bf16/fp32 teacher {ratio('throughput_ratio_bf16_vs_fp32_teacher')}, "
-          f"fp32 teacher/none {ratio('throughput_ratio_fp32_teacher_vs_none')}, teacher forward "
-          f"speed bf16/fp32 {ratio('teacher_forward_speed_ratio_bf16_vs_fp32')}; |p16 - p32| max "
-          f"{result['prob_abs_diff']['max']:.4f} mean {result['prob_abs_diff']['mean']:.6f}")
+    print(f"{task}: throughput fp32 teacher/none {ratio('throughput_ratio_fp32_teacher_vs_none')}")
+    for name in ("bfloat16_teacher", "mixed_bfloat16_teacher"):
+      diff = result["prob_abs_diff"][name]
+      print(f"  {name}: throughput vs fp32 teacher "
+            f"{ratio(f'throughput_ratio_{name}_vs_fp32_teacher')}, vs none "
+            f"{ratio(f'throughput_ratio_{name}_vs_none')}, teacher forward speed vs fp32 "
+            f"{ratio(f'teacher_forward_speed_ratio_{name}_vs_fp32')}; |p - p32| max "
+            f"{diff['max']:.4f} mean {diff['mean']:.6f}")
   summary["config"]["load_avg_1m_at_end"] = os.getloadavg()[0]
   standalone.write_json(FLAGS.out, summary)
 

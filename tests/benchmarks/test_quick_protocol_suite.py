@@ -37,7 +37,7 @@ def test_protocol_suite_finds_b_star_tunes_and_reports_goals_with_intervals(tmp_
     return min(sum(c[s] for c in curves) / len(curves) for s in steps)
   assert summary["target_loss"] == pytest.approx(min(map(mean_curve_min, ("sync_b", "sync_2b"))))
   goals, verdicts = summary["goals"], summary["goal_verdicts"]
-  for goal in ("codistill_minus_best_sync_loss", "churn_reduction"):
+  for goal in ("codistill_minus_best_sync_loss", "churn_reduction", "churn_reduction_late"):
     assert goals[goal] is not None and len(goals[f"{goal}_interval"]) == 2
     assert goals[f"{goal}_interval"][0] <= goals[goal] <= goals[f"{goal}_interval"][1]
   for goal in ("codistill_steps_ratio", "codistill_minus_best_sync_loss", "churn_reduction"):
@@ -45,6 +45,7 @@ def test_protocol_suite_finds_b_star_tunes_and_reports_goals_with_intervals(tmp_
     if goals[goal] is None:
       assert verdicts[goal]["missing"] and not verdicts[goal]["met"]
   # Churn between retrains at every evaluation (prediction history), the pairs' curves recorded.
+  assert goals["churn_swing_sync_b"] >= 0
   churn = codistill["churn"]
   assert churn["independent"] and len(churn["curves"][0]) == 3  # evaluations at 20, 40, 60
   # alpha = 0 trains exactly as sync B* does (same seed, same data, same rate).

@@ -183,3 +183,24 @@ def test_alpha0_check_compares_group_0_with_the_baseline_of_the_same_seed():
                                       "1_0": [[100, 0.1], [200, 0.1]]}}}
   value, per = runner.group_curve_difference(arms, arm="alpha0", baseline="sync_b")
   assert value == pytest.approx(0.01) and per == [pytest.approx(0.01)]
+
+
+def _churn_curves(*pairs):
+  """An arm summary whose independent pairs have these churn values at evaluations 1, 2, ..."""
+  return {"churn": {"curves": [[{"step": 50 * (i + 1), "loss": 0.5 - 0.01 * i,
+                                 "mean_abs_diff": c, "disagreement": c}
+                                for i, c in enumerate(churns)] for churns in pairs]}}
+
+
+def test_late_churn_averages_each_pairs_last_evaluations_and_swing_measures_their_moves():
+  arms = {"codistill": _churn_curves([0.9, 0.02, 0.04], [0.9, 0.03, 0.03]),
+          "baseline": _churn_curves([0.9, 0.06, 0.02], [0.9, 0.04, 0.04])}
+  value, per_pair, interval = runner.churn_reduction_late(arms, "codistill", "baseline",
+                                                          evaluations=2)
+  # Last two evaluations: codistill pairs 0.03 and 0.03, baseline 0.04 and 0.04.
+  assert value == pytest.approx(1 - 0.03 / 0.04) and per_pair == pytest.approx([0.25, 0.25])
+  assert interval == pytest.approx([0.25, 0.25])
+  swing, per_pair, _ = runner.churn_swing(arms, "baseline", evaluations=2)
+  assert per_pair == pytest.approx([0.04 / 0.04, 0.0]) and swing == pytest.approx(0.5)
+  assert runner.churn_reduction_late({"codistill": {}, "baseline": {}}, "codistill",
+                                     "baseline") == (None, [], None)

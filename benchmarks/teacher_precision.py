@@ -6,7 +6,8 @@ Per-step times inside one ``fit`` per arm and round, arms interleaved (``benchma
 all on the same real batches; the teacher holds the student's own weights. Reported per task: step
 times of no-teacher, float32-teacher and bfloat16-teacher steps, their throughput ratios (median
 over rounds, 90% interval), the teacher forward pass alone in each precision, and the max/mean
-absolute difference of the teacher's probabilities. The effect on final loss is the ``codistill_bf16`` arm of the ``lm``
+absolute difference between each reduced-precision teacher's probabilities and those of the
+float32 student whose weights it holds. The effect on final loss is the ``codistill_bf16`` arm of the ``lm``
 and ``image`` suites.
 
   .venv/bin/python -m benchmarks.teacher_precision --data_dir=/tmp/bench/data
@@ -93,21 +94,22 @@ def measure(task: str) -> Dict[str, object]:
   """Per-step times of the three arms (interleaved, inside one fit per round), the teachers'
   forward passes alone, and how far bfloat16's probabilities are from float32's."""
   arms, data, sample, output = _arms(task)
-  times = step_times.interleave(
-      {name: (lambda m=model: step_times.fit_step_times(m, data, FLAGS.steps))
-       for name, model in arms.items()}, FLAGS.rounds)
   reduced = ("bfloat16_teacher", "mixed_bfloat16_teacher")
   teachers = {name: arms[name].teacher_slots[0][int(arms[name].active_slot.numpy()[0])]
               for name in ("float32_teacher",) + reduced}
+  probabilities = lambda model, x: losses.probabilities(
+      tf.cast(model(x, training=False), tf.float32), output).numpy()
+  # Before any training step, while each student still holds the weights its teacher was given.
+  diffs = {name: np.concatenate([np.abs(probabilities(teachers[name], x) - probabilities(
+      arms[name].student, x)).reshape(-1) for x, _ in data.take(4)]) for name in reduced}
+  times = step_times.interleave(
+      {name: (lambda m=model: step_times.fit_step_times(m, data, FLAGS.steps))
+       for name, model in arms.items()}, FLAGS.rounds)
   runs = {name: tf.function(lambda x, t=teacher: t(x, training=False))
           for name, teacher in teachers.items()}
   forward = step_times.interleave(
       {name: (lambda r=run: _forward_times(lambda: r(sample), FLAGS.steps))
        for name, run in runs.items()}, FLAGS.rounds)
-  probabilities = lambda name, x: losses.probabilities(
-      tf.cast(teachers[name](x, training=False), tf.float32), output).numpy()
-  diffs = {name: np.concatenate([np.abs(probabilities(name, x) - probabilities(
-      "float32_teacher", x)).reshape(-1) for x, _ in data.take(4)]) for name in reduced}
   ratio = lambda arm, base, t=times: step_times.throughput_ratio(t, arm, base)
   return {
       "step_times": step_times.describe(times),

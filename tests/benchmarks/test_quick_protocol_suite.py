@@ -46,10 +46,9 @@ def test_protocol_suite_finds_b_star_tunes_and_reports_goals_with_intervals(tmp_
       assert verdicts[goal]["missing"] and not verdicts[goal]["met"]
   # Churn between retrains at every evaluation (prediction history), the pairs' curves recorded.
   assert goals["churn_swing_sync_b"] >= 0
-  # Codistillation on the same data and label smoothing (the other arms of the protocol).
+  # Codistillation on the same data (label smoothing arms: the quick suite).
   assert len(summary["arms"]["codistill_same"]["runs"]) == 2  # 1 seed x 2 groups
-  for goal in ("codistill_same_minus_best_sync_loss", "codistill_minus_best_label_smoothing_loss"):
-    assert goals[goal] is not None
+  assert goals["codistill_same_minus_best_sync_loss"] is not None
   churn = codistill["churn"]
   assert churn["independent"] and len(churn["curves"][0]) == 3  # evaluations at 20, 40, 60
   # alpha = 0 trains exactly as sync B* does (same seed, same data, same rate).
@@ -58,7 +57,7 @@ def test_protocol_suite_finds_b_star_tunes_and_reports_goals_with_intervals(tmp_
   assert goals["codistill_teacher_minus_student_loss"] is not None
   assert "churn_at_matched_loss" in summary and "codistill" in summary["churn_at_matched_loss"]["arms"]
   # Every trained run recorded the load before it and runs went two at a time on their own CPU.
-  trained = ("sync_b", "sync_2b", "codistill", "codistill_same", "ls_unigram", "offline_distill",
+  trained = ("sync_b", "sync_2b", "codistill", "codistill_same", "offline_distill",
              "codistill_alpha0")
   assert all(r["load_avg_1m_before"] is not None
              for name in trained for r in summary["arms"][name]["runs"])

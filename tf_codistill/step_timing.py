@@ -7,10 +7,11 @@ by when it finished on its worker.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tf_keras as keras
@@ -24,7 +25,7 @@ Interval = Tuple[float, float, int, bool]  # (start, end, steps, whether an epoc
 class _Intervals:
   """Timed step intervals and what they say, split by the windows they overlapped."""
 
-  intervals: List[Interval]
+  intervals: Sequence[Interval]
 
   def timeline(self, windows: Dict[str, Sequence[Tuple[float, float]]]) -> Dict[str, object]:
     """The raw intervals and ``windows`` (JSON-ready), on time.monotonic(): CLOCK_MONOTONIC on
@@ -88,19 +89,21 @@ class ClosureTimer(_Intervals, keras.callbacks.Callback):
   """Under ParameterServerStrategy, the time of every step function the coordinator scheduled:
   from when the one before it finished on a worker to when it finished, each a closure of
   ``steps_per_execution`` steps. With one worker per group these are its step times; with
-  several, the gaps between any two workers' finishes.
+  several, the gaps between any two workers' finishes. The newest ``max_intervals`` are kept.
 
   A thread waits for each closure in the order scheduled and stamps time.monotonic() when it is
   done; the training thread only queues them. Keras hands this batch hook the closures' remote
   outputs (``_supports_tf_logs``), which it never copies.
   """
 
-  def __init__(self, steps_per_execution: int = 1, skip_steps: int = 5):
+  def __init__(self, steps_per_execution: int = 1, skip_steps: int = 5,
+               max_intervals: int = 200_000):
     super().__init__()
     self._supports_tf_logs = True
     self.steps_per_execution = steps_per_execution
     self.skip_steps = skip_steps  # the first closures include tracing
-    self.intervals: List[Interval] = []
+    # The newest intervals only: a long job must not grow the chief's memory step by step.
+    self.intervals: Deque[Interval] = collections.deque(maxlen=max_intervals)
     self._epoch = 0
     self._pending: "queue.Queue[Optional[Tuple[Any, int]]]" = queue.Queue()
     self._thread: Optional[threading.Thread] = None

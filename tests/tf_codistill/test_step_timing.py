@@ -81,3 +81,15 @@ def test_closure_timer_times_each_scheduled_step_as_it_finishes():
                                                  [(0, 1), (1, 3), (3, 4)]):
     assert finished[before] <= start < end and finished[after] <= end
   assert timer.quantiles_ms({})["other"]["count"] == 2
+
+
+def test_closure_timer_keeps_only_the_newest_intervals():
+  timer = step_timing.ClosureTimer(skip_steps=0, max_intervals=2)
+  timer.on_train_begin()
+  closures = [_Closure() for _ in range(5)]
+  for batch, closure in enumerate(closures):
+    closure._status_available_event.set()
+    timer.on_train_batch_end(batch, {"loss": closure})
+  timer.on_train_end()
+  assert len(timer.intervals) == 2  # of 4 (5 finishes), the last two
+  assert timer.intervals[0][1] == timer.intervals[1][0]

@@ -374,16 +374,22 @@ def churn_reduction_final(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
   of seeds; a 90% bootstrap interval over pairs."""
   pairs = [[p["mean_abs_diff"] for p in (arms[n].get("churn") or {}).get("independent", [])]
            for n in (arm, baseline)]
-  if not all(pairs):
+  return _reduction(*pairs)
+
+
+def _reduction(arm: Sequence[float], base: Sequence[float]) -> tuple:
+  """(1 - mean(arm) / mean(base), each arm value's reduction, a 90% bootstrap interval over
+  both samples); Nones when either is empty."""
+  if not arm or not base:
     return None, [], None
-  base = float(np.mean(pairs[1]))
-  return (protocol.ratio_of_means(*pairs), [1 - p / base for p in pairs[0]],
-          protocol.bootstrap(protocol.ratio_of_means, *pairs))
+  mean_base = float(np.mean(base))
+  return (protocol.ratio_of_means(arm, base), [1 - x / mean_base for x in arm],
+          protocol.bootstrap(protocol.ratio_of_means, arm, base))
 
 
-def _late_churn(arms: Mapping[str, dict], name: str, evaluations: int) -> List[float]:
-  """Each independent pair's churn averaged over its last ``evaluations`` evaluations."""
-  return [float(np.mean([churn for _, churn in pair[-evaluations:]]))
+def _late_churn(arms: Mapping[str, dict], name: str, evaluations: int) -> List[np.ndarray]:
+  """Each independent pair's churn at its last ``evaluations`` evaluations."""
+  return [np.array([churn for _, churn in pair[-evaluations:]])
           for pair in _pair_curves(arms, name)]
 
 
@@ -393,12 +399,8 @@ def churn_reduction_late(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
   """1 - churn of ``arm`` / churn of ``baseline``, each pair's churn averaged over its last
   ``evaluations`` evaluations (steadier than one end point when churn swings from one evaluation
   to the next); a 90% bootstrap interval over pairs."""
-  a, b = _late_churn(arms, arm, evaluations), _late_churn(arms, baseline, evaluations)
-  if not a or not b:
-    return None, [], None
-  base = float(np.mean(b))
-  return (protocol.ratio_of_means(a, b), [1 - x / base for x in a],
-          protocol.bootstrap(protocol.ratio_of_means, a, b))
+  return _reduction(*([float(late.mean()) for late in _late_churn(arms, name, evaluations)]
+                      for name in (arm, baseline)))
 
 
 @gin.configurable(module="bench", denylist=["arms"])
@@ -406,10 +408,8 @@ def churn_swing(arms: Mapping[str, dict], arm: str = gin.REQUIRED, evaluations: 
   """How much ``arm``'s churn moves between consecutive evaluations near the end: per pair, the
   mean |change| over its last ``evaluations`` evaluations relative to their mean churn; the mean
   over pairs."""
-  swings = []
-  for pair in _pair_curves(arms, arm):
-    late = np.array([churn for _, churn in pair[-evaluations:]])
-    swings.append(float(np.mean(np.abs(np.diff(late))) / np.mean(late)))
+  swings = [float(np.mean(np.abs(np.diff(late))) / np.mean(late))
+            for late in _late_churn(arms, arm, evaluations)]
   return (float(np.mean(swings)), swings, None) if swings else (None, [], None)
 
 

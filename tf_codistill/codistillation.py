@@ -24,8 +24,6 @@ from tf_codistill import teachers as teachers_lib
 from tf_codistill import topology
 from tf_codistill.errors import ConfigurationError
 
-# Teacher forward-pass precision -> the tf_keras dtype policy of the teacher copies (variables
-# stay float32, so the peers' float32 SavedModels load as they are).
 # teacher_precision -> the tf_keras dtype policy of the teacher copies.
 PRECISIONS = {"float32": "float32", "bfloat16": "bfloat16", "mixed_bfloat16": "mixed_bfloat16"}
 PROBE_EXAMPLES = 8

@@ -55,7 +55,6 @@ class _Intervals:
             for key, v in values.items()}
 
 
-
 class StepTimer(_Intervals, StepHook):
   """Wall time per step as the training loop sees it (hooks included), split by what overlapped
   the step: named time windows (teacher refreshes, publishes) or an epoch end (evaluation,

@@ -147,7 +147,6 @@ class TeacherPool:
     return TeacherUpdate(index, version.group, version.step, version.path,
                          time.monotonic() - start, start)
 
-
   def _restore(self, target: keras.Model, prefix: str) -> None:
     """Restores the checkpoint at ``prefix`` into ``target``. A checkpoint restores only into
     variables of its saved dtype (float32): a teacher kept in another precision is restored

@@ -366,7 +366,8 @@ class GroupTrainer:
     hooks = [monitoring.Heartbeat(run.heartbeat, config.heartbeat_every_s,
                                   f"{self.info.task_type or 'chief'}:{self.info.task_id}"),
              callbacks.step_summaries]
-    if config.strategy == "parameter_server":  # each scheduled step, timed as it finishes
+    parameter_server = config.strategy == "parameter_server"
+    if parameter_server:  # each scheduled step, timed as it finishes (a batch callback)
       callbacks.step_timer = step_timing.ClosureTimer(config.steps_per_execution)
     else:
       callbacks.step_timer = step_timing.StepTimer(config.steps_per_epoch)
@@ -378,7 +379,7 @@ class GroupTrainer:
         keras.callbacks.TensorBoard(run.tensorboard, update_freq="epoch"),
         monitoring.ProgressLog(run.progress, self.group, config.train_steps,
                                rates=callbacks.step_summaries.examples_per_sec)]
-    if isinstance(callbacks.step_timer, keras.callbacks.Callback):
+    if parameter_server:
       epoch_callbacks.append(callbacks.step_timer)
     if config.save_eval_predictions and config.prediction_history:
       epoch_callbacks.append(monitoring.PredictionHistory(

@@ -56,8 +56,8 @@ def main(argv):
         gin_bindings=FLAGS.gin_bindings, exchange_dir=FLAGS.exchange_dir, strategy=FLAGS.strategy,
         workers_per_group=FLAGS.workers_per_group, ps_per_group=FLAGS.ps_per_group,
         teacher_graph=FLAGS.teacher_graph, on_group_failure=FLAGS.on_group_failure,
-        pin_groups=FLAGS.pin_groups, isolate_network=FLAGS.isolate_network, allow_exposed_ports=FLAGS.allow_exposed_ports,
-        **policy)
+        pin_groups=FLAGS.pin_groups, isolate_network=FLAGS.isolate_network,
+        allow_exposed_ports=FLAGS.allow_exposed_ports, **policy)
   except tfc.ConfigurationError as e:
     common.exit_with_error(common.first_line(e))
   except tfc.GroupFailedError as e:

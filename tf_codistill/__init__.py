@@ -6,7 +6,8 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
   trains ``student`` on its task loss plus a distillation term toward stale copies of its peer
   groups, publishing the student and refreshing the teachers by itself, under every
   ``tf.distribute`` strategy.
-* ``tfc.Exchange``: where and how a group exchanges models with its peers.
+* ``tfc.Exchange``: where and how a group exchanges models with its peers;
+  ``tfc.PublishFormat``: whole SavedModels, or lean versions (bfloat16/int8 weights, row deltas).
 * ``tfc.prediction_churn``: how much two models' predictions on a dataset differ;
   ``tfc.predict_probabilities`` and ``tfc.pairwise_churn`` do it for SavedModels (exports or
   exchange versions).
@@ -35,6 +36,7 @@ _PUBLIC = {
     "CodistillModel": "tf_codistill.model",
     "clone_architecture": "tf_codistill.model",
     "Exchange": "tf_codistill.codistillation",
+    "PublishFormat": "tf_codistill.lean_versions",
     "prediction_churn": "tf_codistill.metrics",
     "predict_probabilities": "tf_codistill.metrics",
     "pairwise_churn": "tf_codistill.metrics",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -12,19 +13,32 @@ from tf_codistill.step_hooks import current_step, non_finite_losses
 
 
 class EpochCheckpoint(keras.callbacks.Callback):
-  """Checkpoints model and optimizer at every epoch end with a tf.train.CheckpointManager.
+  """Checkpoints model and optimizer at every epoch end, ``max_to_keep`` kept, in
+  ``tf.train.CheckpointManager``'s layout (``ckpt-<step>`` and its ``checkpoint`` state file).
 
   For parameter-server groups, where tf_keras' BackupAndRestore is not supported: call
   ``restore()`` before ``fit`` and pass ``initial_epoch=restored_step // steps_per_epoch``.
   Saves are epoch-aligned, so a restart loses at most one epoch.
+
+  Every save runs one traced ``tf.function``: saved eagerly (``CheckpointManager.save``), TF
+  traces a new function at every save of variables spread over several tasks (the parameter
+  servers' variables and the coordinator's object graph), and each parameter server keeps every
+  function it is sent, for good: about 0.5 MiB of ps memory per save, without end.
   """
 
   def __init__(self, directory: str, model: keras.Model, max_to_keep: int = 2,
                before_save: Optional[Callable[[], None]] = None):
     super().__init__()
     self.before_save = before_save  # e.g. flush pending fused optimizer updates
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-    self.manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=max_to_keep)
+    self.directory = directory
+    self.max_to_keep = max_to_keep
+    self.checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    self.manager = tf.train.CheckpointManager(self.checkpoint, directory,
+                                              max_to_keep=max_to_keep)
+    # The variable count is an argument so that variables created later (optimizer slots) are
+    # saved too: a new count traces once more.
+    self._write = tf.function(lambda prefix, num_variables: self.checkpoint.write(prefix),
+                              autograph=False)
 
   def restore(self) -> int:
     """Restores the newest checkpoint if there is one; returns the optimizer step."""
@@ -34,6 +48,28 @@ class EpochCheckpoint(keras.callbacks.Callback):
       logging.info("resumed from checkpoint %s at step %d", path, step)
     return step
 
+  def save(self, step: int) -> str:
+    """Writes ``ckpt-<step>``, then records it as the newest and deletes the oldest beyond
+    ``max_to_keep`` (the state file is replaced atomically, after the checkpoint is complete)."""
+    tf.io.gfile.makedirs(self.directory)
+    prefix = os.path.join(self.directory, f"ckpt-{step}")
+    model = self.manager.checkpoint.model
+    self._write(tf.constant(prefix),
+                len(model.variables) + len(model.optimizer.variables()))
+    kept = [p for p in self.manager.checkpoints if p != prefix] + [prefix]
+    # Written times, which CheckpointManager needs to list them again.
+    times = [tf.io.gfile.stat(f"{p}.index").mtime_nsec / 1e9 for p in kept[-self.max_to_keep:]]
+    tf.compat.v1.train.update_checkpoint_state(
+        self.directory, prefix, all_model_checkpoint_paths=kept[-self.max_to_keep:],
+        all_model_checkpoint_timestamps=times, last_preserved_timestamp=min(times) - 1)
+    for old in kept[:-self.max_to_keep]:
+      for path in tf.io.gfile.glob(f"{old}.*"):
+        tf.io.gfile.remove(path)
+    # A manager made now reads the state file: what restore() and the next save see.
+    self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory,
+                                              max_to_keep=self.max_to_keep)
+    return prefix
+
   def on_epoch_end(self, epoch, logs=None):
     bad = non_finite_losses(logs)
     if bad:
@@ -42,7 +78,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
       return
     if self.before_save is not None:
       self.before_save()
-    self.manager.save(checkpoint_number=current_step(self.model))
+    self.save(current_step(self.model))
 
 
 def checkpoint_step(path: str) -> Optional[int]:

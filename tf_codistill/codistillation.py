@@ -1,7 +1,7 @@
 """Codistillation inside ``model.fit``: where and how a group exchanges models with its peers.
 
-``Exchange`` says it (directory, own group, peers, publish interval, versions kept, poll
-interval, teacher precision). A ``CodistillModel`` given one adds the callback of
+``Exchange`` says it (directory, own group, peers, publish interval and format, versions kept,
+poll interval, teacher precision). A ``CodistillModel`` given one adds the callback of
 ``exchange_hooks`` to every ``fit``: the chief publishes the student every ``publish_every_steps`` steps (off the training
 thread), and every training process loads the peers' newest complete versions in a background
 thread and swaps them in between two steps. Under ``ParameterServerStrategy``, where tf_keras
@@ -17,6 +17,7 @@ import gin
 import tensorflow as tf
 import tf_keras as keras
 
+from tf_codistill import lean_versions
 from tf_codistill import publishing
 from tf_codistill import step_hooks
 from tf_codistill import exchange as exchange_lib
@@ -47,6 +48,9 @@ class Exchange:
     teacher_precision: ``float32``; ``bfloat16`` (teacher variables and compute in bfloat16:
       half the memory, restored from peers' float32 versions through a float32 copy);
       ``mixed_bfloat16`` (float32 variables, bfloat16 compute).
+    publish_format: how versions are published: whole SavedModels (the default), or lean
+      versions with bfloat16/int8 weights and row deltas (``tfc.PublishFormat``); readers
+      accept every format.
     input_spec: the student's input spec (a ``tf.TensorSpec`` or a dict of them), needed only
       when ``fit`` is not given a ``tf.data.Dataset`` and the model was never called.
 
@@ -62,6 +66,7 @@ class Exchange:
   keep_last: int = 2
   poll_interval_s: float = 2.0
   teacher_precision: str = "float32"
+  publish_format: lean_versions.PublishFormat = lean_versions.PublishFormat()
   input_spec: Any = None
 
   def __post_init__(self):
@@ -182,9 +187,14 @@ def exchange_hooks(model, exchange: Exchange, input_spec, probe=None,
       local = publishing.LocalCopy(model.student, model.copy_student(),
                                       before_snapshot=model.flush_fusion)
       local.model(sample)
+    writer = None
+    if exchange.publish_format.lean:
+      writer = lean_versions.LeanWriter(
+          exchange.publish_format, [w.name for w in local.model.weights],
+          exchange_lib.expected_signature(input_spec, output_shape))
     publisher = publishing.ExchangePublisher(
         local, exchange.directory, exchange.group, exchange.publish_every_steps, input_spec,
-        keep_last=exchange.keep_last, probe=probe)
+        keep_last=exchange.keep_last, probe=probe, writer=writer)
   parameter_server = isinstance(model.distribute_strategy,
                                 tf.distribute.experimental.ParameterServerStrategy)
   hooks = ExchangeHooks(refresh, publisher, callback=None)

@@ -8,6 +8,12 @@ Layout (a public interface; see docs/design.md)::
           COMPLETE              JSON marker written last: group, step, time, file sizes
         .tmp-step_<n>-<uuid>/   a version being written; never read
 
+A *lean* version (``lean_versions``: weights in bfloat16 or int8, or only the rows changed since
+the group's previous version) holds ``weights.index`` + ``weights.data-*`` (a TF tensor bundle)
+instead of a SavedModel; its marker's ``format`` says how to read it and, for a row delta, which
+version (``base``: step and id) it applies to. Garbage collection keeps every version from the
+newest whole one on, so a reader can always rebuild the newest version.
+
 A version is written under a temporary name, renamed to ``step_<n>`` and only then gets its
 ``COMPLETE`` marker (itself written to a temporary name and renamed), so on filesystems whose
 directory rename is not atomic (object stores) a reader still never sees a marker before the files.
@@ -27,7 +33,7 @@ import os
 import re
 import time
 import uuid
-from typing import Dict, List, Optional, Union
+from typing import Callable, Dict, List, Optional, Union
 
 import tensorflow as tf
 import tf_keras as keras
@@ -108,8 +114,7 @@ def save_model(model: keras.Model, path: str, input_spec) -> None:
   tf.io.gfile.makedirs(parent)
   tmp = os.path.join(parent, f"{_TMP_PREFIX}{os.path.basename(path)}-{uuid.uuid4().hex}")
   try:
-    model.save(tmp, save_format="tf", include_optimizer=False, save_traces=False,
-               signatures={SIGNATURE_KEY: serving_function(model, input_spec)})
+    _save(model, tmp, input_spec)
   except BaseException:
     _remove_quietly(tmp)
     raise
@@ -118,16 +123,40 @@ def save_model(model: keras.Model, path: str, input_spec) -> None:
   tf.io.gfile.rename(tmp, path)
 
 
+def _save(model: keras.Model, path: str, input_spec) -> None:
+  model.save(path, save_format="tf", include_optimizer=False, save_traces=False,
+             signatures={SIGNATURE_KEY: serving_function(model, input_spec)})
+
+
 def publish(model: keras.Model, exchange_dir: str, group: int, step: int, input_spec, *,
             keep_last: int = 2) -> str:
   """Publishes ``model`` as ``group_<group>/step_<step>`` and garbage-collects old versions."""
+  return write_version(exchange_dir, group, step,
+                       lambda tmp: _save(model, tmp, input_spec), {}, keep_last=keep_last)
+
+
+def write_version(exchange_dir: str, group: int, step: int, write: Callable[[str], None],
+                  marker: dict, *, keep_last: int = 2) -> str:
+  """Publishes ``group_<group>/step_<step>``: ``write(tmp_dir)`` fills a temporary directory,
+  which is renamed into place and then gets its COMPLETE marker (``marker`` plus group, step,
+  time and file sizes); old versions are then garbage-collected. On failure nothing is left."""
   if keep_last < 1:
     raise ValueError(f"keep_last={keep_last} must be >= 1")
   final = version_dir(exchange_dir, group, step)
+  parent = group_dir(exchange_dir, group)
   # Leftovers of an interrupted or failed publish hold space a full disk needs back.
   _remove_stale_tmp(exchange_dir, group)
-  save_model(model, final, input_spec)
-  _write_marker(final, {"group": group, "step": int(step), "time": time.time()})
+  tf.io.gfile.makedirs(parent)
+  tmp = os.path.join(parent, f"{_TMP_PREFIX}step_{step}-{uuid.uuid4().hex}")
+  try:
+    write(tmp)
+  except BaseException:
+    _remove_quietly(tmp)
+    raise
+  if tf.io.gfile.exists(final):
+    tf.io.gfile.rmtree(final)
+  tf.io.gfile.rename(tmp, final)
+  _write_marker(final, dict(marker, group=group, step=int(step), time=time.time()))
   collect_garbage(exchange_dir, group, keep_last)
   return final
 
@@ -158,10 +187,7 @@ def publish_saved_model(saved_model_path: str, exchange_dir: str, group: int, st
   Peers distill from it like from any published version: a frozen teacher for two-phase
   (offline) distillation is a "group" that published once.
   """
-  final = version_dir(exchange_dir, group, step)
-  parent = group_dir(exchange_dir, group)
-  tmp = os.path.join(parent, f"{_TMP_PREFIX}step_{step}-{uuid.uuid4().hex}")
-  try:
+  def copy(tmp: str) -> None:
     for dirpath, _, filenames in tf.io.gfile.walk(saved_model_path):
       target = os.path.join(tmp, os.path.relpath(dirpath, saved_model_path))
       tf.io.gfile.makedirs(target)
@@ -169,27 +195,26 @@ def publish_saved_model(saved_model_path: str, exchange_dir: str, group: int, st
         if name != MARKER:
           tf.io.gfile.copy(os.path.join(dirpath, name), os.path.join(target, name),
                            overwrite=True)
-  except BaseException:
-    _remove_quietly(tmp)
-    raise
-  if tf.io.gfile.exists(final):
-    tf.io.gfile.rmtree(final)
-  tf.io.gfile.rename(tmp, final)
-  _write_marker(final, {"group": group, "step": int(step), "time": time.time(),
-                        "source": saved_model_path})
-  collect_garbage(exchange_dir, group, keep_last)
-  return final
+
+  return write_version(exchange_dir, group, step, copy, {"source": saved_model_path},
+                       keep_last=keep_last)
 
 
 def collect_garbage(exchange_dir: str, group: int, keep_last: int) -> None:
   """Deletes all but the newest ``keep_last`` complete versions and leftover temporary dirs.
 
-  Only the group's own (single) publisher calls this, so any temporary dir found is a leftover
-  of an interrupted publish.
+  Versions from the newest whole (not row-delta) one on are kept too. Only the group's own
+  (single) publisher calls this, so any temporary dir found is a leftover of an interrupted
+  publish.
   """
   root = group_dir(exchange_dir, group)
   complete = list_versions(exchange_dir, group)
   keep = {v.path for v in complete[:keep_last]}
+  # Row deltas need their chain: keep every version from the newest whole one on.
+  for version in complete:
+    keep.add(version.path)
+    if delta_base(version) is None:
+      break
   for name in tf.io.gfile.listdir(root):
     name = name.rstrip("/")
     path = os.path.join(root, name)
@@ -217,15 +242,34 @@ def list_versions(exchange_dir: str, group: int) -> List[Version]:
   return sorted(versions, key=lambda v: v.step, reverse=True)
 
 
-def verify(version: Version) -> dict:
-  """Checks the marker and that every listed file exists with its size; returns the marker."""
+def read_marker(version: Version) -> dict:
+  """The version's COMPLETE marker (a JSON object); InvalidVersionError if unreadable."""
   marker_path = os.path.join(version.path, MARKER)
   try:
     with tf.io.gfile.GFile(marker_path, "r") as f:
       marker = json.loads(f.read())
-    files = marker["files"]
-  except (tf.errors.OpError, ValueError, KeyError, TypeError) as e:
+  except (tf.errors.OpError, ValueError) as e:
     raise InvalidVersionError(f"{marker_path}: unreadable completeness marker ({e})") from e
+  if not isinstance(marker, dict):
+    raise InvalidVersionError(f"{marker_path}: the marker is not a JSON object")
+  return marker
+
+
+def delta_base(version: Version) -> Optional[dict]:
+  """The ``base`` (``{'step', 'id'}``) a row-delta version applies to; None for a whole version
+  or an unreadable marker (garbage collection then treats it as whole)."""
+  try:
+    base = (read_marker(version).get("format") or {}).get("base")
+  except (InvalidVersionError, AttributeError):
+    return None
+  return base if isinstance(base, dict) else None
+
+
+def verify(version: Version) -> dict:
+  """Checks the marker and that every listed file exists with its size; returns the marker."""
+  marker_path = os.path.join(version.path, MARKER)
+  marker = read_marker(version)
+  files = marker.get("files")
   if marker.get("step") != version.step:
     raise InvalidVersionError(f"{marker_path}: marker says step {marker.get('step')}, "
                               f"directory says {version.step}")
@@ -319,9 +363,27 @@ def expected_signature(input_spec, output_shape) -> Dict[str, Dict[str, tf.Tenso
   return {"inputs": inputs, "outputs": outputs}
 
 
-def check_signature(path: str, expected: Dict[str, Dict[str, tf.TensorSpec]]) -> None:
-  """Raises InvalidVersionError unless the SavedModel's signature matches ``expected``."""
-  actual = read_signature(path)
+def signature_to_json(signature: Dict[str, Dict[str, tf.TensorSpec]]) -> dict:
+  """A signature (``expected_signature``'s form) as JSON: name -> [dtype, shape]."""
+  return {part: {name: [spec.dtype.name, spec.shape.as_list()] for name, spec in specs.items()}
+          for part, specs in signature.items()}
+
+
+def signature_from_json(value, where: str) -> Dict[str, Dict[str, tf.TensorSpec]]:
+  """The inverse of ``signature_to_json``; InvalidVersionError naming ``where`` if malformed."""
+  try:
+    return {part: {name: tf.TensorSpec(shape, tf.dtypes.as_dtype(dtype), name)
+                   for name, (dtype, shape) in value[part].items()}
+            for part in ("inputs", "outputs")}
+  except (KeyError, TypeError, ValueError) as e:
+    raise InvalidVersionError(f"{where}: malformed signature in the marker ({e!r})") from e
+
+
+def check_signature(path: str, expected: Dict[str, Dict[str, tf.TensorSpec]],
+                    actual: Optional[Dict[str, Dict[str, tf.TensorSpec]]] = None) -> None:
+  """Raises InvalidVersionError unless the version's signature (read from its SavedModel
+  unless given) matches ``expected``."""
+  actual = read_signature(path) if actual is None else actual
   for part in ("inputs", "outputs"):
     want, got = expected[part], actual[part]
     if set(want) != set(got):

@@ -1,7 +1,8 @@
 """Publishing the student to the exchange directory from the chief, off the training loop.
 
 ``LocalCopy`` holds a non-distributed copy of the (possibly distributed) student, refreshed between
-two steps; ``ExchangePublisher`` writes it as a SavedModel on a background thread every K steps.
+two steps; ``ExchangePublisher`` writes it as a SavedModel (or a lean version:
+``lean_versions.LeanWriter``) on a background thread every K steps.
 A model whose weights or probe predictions are not finite is never published or exported.
 """
 
@@ -19,6 +20,7 @@ import tf_keras as keras
 from absl import logging
 
 from tf_codistill import exchange
+from tf_codistill import lean_versions
 from tf_codistill.step_hooks import StepHook
 
 
@@ -67,10 +69,12 @@ class ExchangePublisher(StepHook):
   """
 
   def __init__(self, local: LocalCopy, exchange_dir: str, group: int, every_steps: int,
-               input_spec, *, keep_last: int = 2, probe=None):
+               input_spec, *, keep_last: int = 2, probe=None,
+               writer: Optional[lean_versions.LeanWriter] = None):
     if every_steps < 1:
       raise ValueError(f"exchange_every_steps={every_steps} must be >= 1")
     self.probe = probe  # real inputs the published model must predict finite values on
+    self.writer = writer  # writes lean versions; None: SavedModels
     self.refused = 0  # snapshots not published because they were not finite
     self.local = local
     self.exchange_dir = exchange_dir
@@ -94,8 +98,12 @@ class ExchangePublisher(StepHook):
           logging.error("exchange: not publishing step %d: %s; peers keep the previous version",
                         step, problem)
           return
-        path = exchange.publish(local, self.exchange_dir, self.group, step, self.input_spec,
-                                keep_last=self.keep_last)
+        if self.writer is None:
+          path = exchange.publish(local, self.exchange_dir, self.group, step, self.input_spec,
+                                  keep_last=self.keep_last)
+        else:
+          path = self.writer.publish(weights, self.exchange_dir, self.group, step,
+                                     keep_last=self.keep_last)
     except (tf.errors.OpError, OSError) as e:
       # Peers keep the previous version; training goes on and the next interval retries.
       self.failures += 1

@@ -5,7 +5,8 @@ in use it refuses links (``exchange.check_contained``), verifies the completenes
 sizes, checks the serving signature against the student's, restores the SavedModel's variables
 into the *inactive* copy of that peer's double-buffered teacher (``load_weights`` +
 ``assert_existing_objects_matched``, so a half-restored model is an error; a bfloat16 teacher
-through a float32 copy, then cast) and rejects
+through a float32 copy, then cast) or rebuilds a lean version's arrays whole (bfloat16/int8
+weights, row deltas: ``lean_versions.LeanReader``) and assigns them, and rejects
 non-finite values and a teacher whose predictions on a probe batch of real inputs are NaN/Inf.
 The peer's graph (``saved_model.pb``) is parsed for its signature but never run. The training thread then only
 flips the peer's ``active_slot`` between two steps (``TeacherRefresh``, a step_hooks.StepHook):
@@ -26,6 +27,7 @@ from absl import logging
 
 from tf_codistill import step_hooks
 from tf_codistill import exchange
+from tf_codistill import lean_versions
 
 
 
@@ -61,6 +63,7 @@ class TeacherPool:
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
     self._staging: Optional[keras.Model] = None  # float32 restore target (see _restore)
+    self._lean: Dict[int, lean_versions.LeanReader] = {}  # per teacher: the lean version held
     self.loads = 0
     self.rejections = 0
 
@@ -132,10 +135,19 @@ class TeacherPool:
   def _load(self, index: int, version: exchange.Version) -> TeacherUpdate:
     start = time.monotonic()
     exchange.check_contained(self.exchange_dir, version)
-    exchange.verify(version)
-    exchange.check_signature(version.path, self._expected)
+    marker = exchange.verify(version)
     target = self._model.inactive_teacher(index)
-    self._restore(target, tf.io.gfile.join(version.path, "variables", "variables"))
+    commit = None
+    if lean_versions.is_lean(marker):
+      reader = self._lean.setdefault(index, lean_versions.LeanReader())
+      version_id, arrays = reader.read(self.exchange_dir, version, marker, self._expected,
+                                       [v.shape for v in target.weights])
+      for var, value in zip(target.weights, arrays):
+        var.assign(tf.cast(value, var.dtype))
+      commit = lambda: reader.commit(version_id, arrays)
+    else:
+      exchange.check_signature(version.path, self._expected)
+      self._restore(target, tf.io.gfile.join(version.path, "variables", "variables"))
     for var in target.weights:
       if var.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(var))):
         raise exchange.InvalidVersionError(f"{version.path}: variable {var.name} has NaN/Inf")
@@ -144,6 +156,8 @@ class TeacherPool:
       if not bool(tf.reduce_all(tf.math.is_finite(predictions))):
         raise exchange.InvalidVersionError(
             f"{version.path}: its predictions on a probe batch of real inputs are NaN/Inf")
+    if commit is not None:
+      commit()
     return TeacherUpdate(index, version.group, version.step, version.path,
                          time.monotonic() - start, start)
 

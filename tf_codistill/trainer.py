@@ -33,6 +33,7 @@ from tf_codistill import filesystems
 from tf_codistill import fused_models
 from tf_codistill import fusion as fusion_lib
 from tf_codistill import layout
+from tf_codistill import lean_versions
 from tf_codistill import metrics as metrics_lib
 from tf_codistill import monitoring
 from tf_codistill import publishing
@@ -81,7 +82,8 @@ class TrainConfig:
   publishes to the exchange directory every ``exchange_every_steps`` steps and every training
   task distills from the other groups' newest published versions: of every other group
   (``teacher_graph='all_to_all'``) or of its predecessor only (``'ring'``), run in
-  ``teacher_precision`` (codistillation.Exchange). ``data_split='disjoint'`` gives each group (and
+  ``teacher_precision``, each version published as ``publish_format`` (a SavedModel, or a lean
+  version: ``@tfc.PublishFormat()``, lean_versions.py) (codistillation.Exchange). ``data_split='disjoint'`` gives each group (and
   each of its input pipelines) its own shard of ``train_files``; ``batch_size`` is the global
   batch of one step; exactly ``train_steps`` steps run, evaluated every ``steps_per_epoch``.
   ``task`` (default ``tasks.BinaryTask()``) sets the loss, metrics and results keys;
@@ -117,6 +119,7 @@ class TrainConfig:
   temperature: float = 1.0
   teacher_graph: str = "all_to_all"
   teacher_precision: str = "float32"
+  publish_format: lean_versions.PublishFormat = lean_versions.PublishFormat()
   exchange_every_steps: int = 100
   keep_last: int = 2
   poll_interval_s: float = 2.0
@@ -348,7 +351,8 @@ class GroupTrainer:
     return codistillation.Exchange(
         self.exchange_dir, self.group, self.num_groups, config.teacher_graph,
         publish_every_steps=config.exchange_every_steps, keep_last=config.keep_last,
-        poll_interval_s=config.poll_interval_s, teacher_precision=config.teacher_precision)
+        poll_interval_s=config.poll_interval_s, teacher_precision=config.teacher_precision,
+        publish_format=config.publish_format)
 
   def _predictions_of(self, data: _Data) -> tf.data.Dataset:
     batches = self.config.prediction_batches

@@ -4,6 +4,8 @@ import pytest
 
 from benchmarks import comm as comm_suite
 from benchmarks import fusion as fusion_suite
+from benchmarks import lean_exchange
+from benchmarks import standalone
 
 
 def test_fusion_suite_measures_every_arm_and_its_speedups():
@@ -26,3 +28,33 @@ def test_comm_bytes_table_compares_allreduce_with_codistillation():
   reduction = ctr["reduction_at_default_interval"]["2"]["vs_packed_float32_as_sent"]
   assert reduction == pytest.approx(two["packed"]["bytes_per_step"]
                                     / ctr["codistill"]["100"]["bytes_per_step"])
+
+
+def test_publish_formats_are_measured_on_versions_read_back_and_reported(tmp_path):
+  data = standalone.ensure_ctr_data(str(tmp_path / "data"), 4000, eval_rows=100)
+  lean = lean_exchange.measure(data, steps=40, batch=32, intervals=[5, 20], num_buckets=500)
+  formats = lean["formats"]
+  assert set(formats) == set(lean_exchange.FORMATS)
+  k5 = {name: f["by_interval"]["5"] for name, f in formats.items()}
+  # 8 publishes at K=5: whole-only formats write 8 whole versions; deltas 1 whole + 7 deltas.
+  assert len(k5["int8"]["whole_bytes"]) == 8 and not k5["int8"]["delta_bytes"]
+  assert len(k5["int8_deltas"]["whole_bytes"]) == 1 and len(k5["int8_deltas"]["delta_bytes"]) == 7
+  # Each step narrower: float32 > bfloat16 > int8 bytes per version, deltas below whole ones.
+  per_step = {name: f["bytes_per_step"] for name, f in k5.items()}
+  assert per_step["float32"] > per_step["bfloat16"] > per_step["int8"] > per_step["int8_deltas"]
+  assert per_step["saved_model"] > per_step["float32"]
+  assert per_step["int8_deltas"] == pytest.approx(lean_exchange.amortized_bytes_per_step(
+      k5["int8_deltas"], 5, 10))
+  table = comm_suite.bytes_table(batch_per_worker=16, exchange_every=100, scale=0.025)
+  goals = comm_suite._goals(table, lean)
+  assert goals["codistill_traffic_reduction"] is None  # K = 100 was not measured here
+  summary = {"command": "python -m benchmarks.comm", "bytes": table, "goals": goals,
+             "goal_verdicts": {}, "cluster_throughput": {}, "publish_formats": lean,
+             "load_avg_before": [0.1] * 3, "load_avg_after": [0.2] * 3,
+             "config": {"exchange_every_steps": 100, "variants": {}, "workers": [2],
+                        "batch_per_worker": 16, "tensorflow": "2.17.1",
+                        "headline_format": comm_suite.HEADLINE_FORMAT}}
+  comm_suite.write_report(summary, str(tmp_path / "report.md"))
+  report = (tmp_path / "report.md").read_text()
+  assert "## Publish formats (CTR model)" in report and "`int8_deltas` | 20 |" in report
+  assert "| missing | >= 100 | **no** |" in report  # a goal whose value is missing is missed

@@ -1,0 +1,138 @@
+"""What a codistillation group publishes per step with each ``tfc.PublishFormat``, measured on
+versions written from a real training run of the CTR model (used by the ``comm`` suite).
+
+Protocol (fixed before the first run): the CTR model at ``gin/criteo/common.gin`` size, Adam
+(learning rate 1e-3), a 2-worker group's global batch, generated Criteo-format data, trained in
+one process for ``steps`` steps; the weights are snapshotted every ``min(intervals)`` steps. For
+each format and exchange interval K, a ``LeanWriter`` (or ``exchange.publish`` for SavedModels)
+publishes the snapshots taken every K steps to its own exchange directory, and every version
+directory is measured on disk (files and marker: what each reader fetches). A ``LeanReader``
+rebuilds every version, so each figure is of versions that were read back. Bytes per step are
+amortized over one cycle of ``whole_every`` publishes: (median whole version + (whole_every - 1)
+x median delta) / (whole_every x K); a format without deltas is its median version / K.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from typing import Dict, List, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+from data_pipelines import criteo
+from tf_codistill import exchange
+from tf_codistill import lean_versions
+from tf_codistill.models import ctr
+
+FORMATS = {
+    "saved_model": lean_versions.PublishFormat(),
+    "float32": lean_versions.PublishFormat("float32"),
+    "bfloat16": lean_versions.PublishFormat("bfloat16"),
+    "int8": lean_versions.PublishFormat("int8"),
+    "float32_deltas": lean_versions.PublishFormat("float32", row_deltas=True),
+    "bfloat16_deltas": lean_versions.PublishFormat("bfloat16", row_deltas=True),
+    "int8_deltas": lean_versions.PublishFormat("int8", row_deltas=True),
+}
+SPEC = {"dense": tf.TensorSpec([None, 13], tf.float32),
+        "categorical": tf.TensorSpec([None, 26], tf.int64)}
+
+
+class _Snapshots(keras.callbacks.Callback):
+  """Keeps the model's weights every ``every`` steps (in memory, off the clock of nothing)."""
+
+  def __init__(self, every: int):
+    super().__init__()
+    self.every = every
+    self.taken: Dict[int, List[np.ndarray]] = {}
+
+  def on_train_batch_end(self, batch, logs=None):
+    step = batch + 1
+    if step % self.every == 0:
+      self.taken[step] = self.model.get_weights()
+
+
+def train_snapshots(data_dir: str, steps: int, batch: int, every: int, num_buckets: int
+                    ) -> tuple[keras.Model, Dict[int, List[np.ndarray]], float]:
+  """Trains the CTR model for ``steps`` steps of ``batch``; (model, snapshots by step, final loss)."""
+  model = ctr.ctr_model(num_buckets=num_buckets, embedding_dim=16, hidden_units=(256, 128), seed=1)
+  model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  data = criteo.make_dataset(os.path.join(data_dir, "train-*"), batch, num_buckets=num_buckets,
+                             repeat=True, shuffle_buffer=10_000, seed=0)
+  snapshots = _Snapshots(every)
+  history = model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=[snapshots], verbose=0)
+  return model, snapshots.taken, float(history.history["loss"][-1])
+
+
+def _dir_bytes(path: str) -> int:
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def _publish_all(model: keras.Model, fmt: lean_versions.PublishFormat, steps: Sequence[int],
+                 snapshots: Dict[int, List[np.ndarray]], exchange_dir: str) -> dict:
+  """Publishes the snapshots of ``steps`` in ``fmt``; sizes of whole and delta versions, and
+  the seconds to write and to read back each."""
+  signature = exchange.expected_signature(SPEC, [None, 1])
+  writer = (lean_versions.LeanWriter(fmt, [w.name for w in model.weights], signature)
+            if fmt.lean else None)
+  reader = lean_versions.LeanReader()
+  shapes = [w.shape for w in model.weights]
+  whole, deltas, write_s, read_s = [], [], [], []
+  for step in steps:
+    start = time.perf_counter()
+    if writer is None:
+      model.set_weights(snapshots[step])
+      path = exchange.publish(model, exchange_dir, 1, step, SPEC, keep_last=1)
+    else:
+      path = writer.publish(snapshots[step], exchange_dir, 1, step, keep_last=1)
+    write_s.append(time.perf_counter() - start)
+    version = exchange.Version(1, step, path)
+    marker = exchange.verify(version)
+    (deltas if (marker.get("format") or {}).get("base") else whole).append(_dir_bytes(path))
+    if writer is not None:
+      start = time.perf_counter()
+      version_id, arrays = reader.read(exchange_dir, version, marker, signature, shapes)
+      reader.commit(version_id, arrays)
+      read_s.append(time.perf_counter() - start)
+      for got, want in zip(arrays, snapshots[step]):  # what a reader rebuilds is this step's
+        if fmt.encoding == "float32":
+          np.testing.assert_array_equal(got, want)
+  return {"whole_bytes": whole, "delta_bytes": deltas,
+          "write_seconds_median": statistics.median(write_s),
+          "read_seconds_median": statistics.median(read_s) if read_s else None}
+
+
+def amortized_bytes_per_step(sizes: dict, k: int, whole_every: int) -> float:
+  """Bytes per step over one cycle of ``whole_every`` publishes (see the module docstring)."""
+  whole = statistics.median(sizes["whole_bytes"])
+  if not sizes["delta_bytes"]:
+    return whole / k
+  delta = statistics.median(sizes["delta_bytes"])
+  return (whole + (whole_every - 1) * delta) / (whole_every * k)
+
+
+def measure(data_dir: str, steps: int, batch: int, intervals: Sequence[int],
+            num_buckets: int = 20_000) -> dict:
+  """Per format and interval: version sizes, amortized bytes per step, write/read seconds."""
+  every = min(intervals)
+  model, snapshots, loss = train_snapshots(data_dir, steps, batch, every, num_buckets)
+  out = {"steps": steps, "batch": batch, "final_train_loss": loss, "formats": {}}
+  for name, fmt in FORMATS.items():
+    out["formats"][name] = {"encoding": fmt.encoding, "row_deltas": fmt.row_deltas,
+                            "whole_every": fmt.whole_every, "by_interval": {}}
+    for k in intervals:
+      with tempfile.TemporaryDirectory() as tmp:
+        sizes = _publish_all(model, fmt, [s for s in sorted(snapshots) if s % k == 0],
+                             snapshots, tmp)
+      sizes["bytes_per_step"] = amortized_bytes_per_step(sizes, k, fmt.whole_every)
+      out["formats"][name]["by_interval"][str(k)] = sizes
+      print(f"{name:>16} K={k:<5} whole {statistics.median(sizes['whole_bytes']) / 1e6:7.2f} MB"
+            + (f", delta {statistics.median(sizes['delta_bytes']) / 1e6:7.3f} MB"
+               if sizes["delta_bytes"] else "")
+            + f", {sizes['bytes_per_step'] / 1e3:8.2f} kB/step", flush=True)
+  return out

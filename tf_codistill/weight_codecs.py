@@ -1,0 +1,94 @@
+"""How lean published versions store weights: float32, bfloat16 or int8 rows, whole or by row.
+
+Every array is seen as rows of its last axis (an embedding table ``[vocab, dim]`` is ``vocab``
+rows of ``dim``; a kernel ``[in, out]`` is ``in`` rows of ``out``; a vector is one row). int8
+stores each row as ``round(row / scale)`` with one float32 ``scale = max|row| / 127`` per row
+(symmetric, weight-only), so a row can be replaced alone: that is what a row delta does.
+Arrays that are not floating point (counters, seeds) are always stored as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+ENCODINGS = ("float32", "bfloat16", "int8")
+_BFLOAT16 = tf.bfloat16.as_numpy_dtype
+_INT8_MAX = 127.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+  """One array as stored: ``values`` ``[rows, width]`` (float32, bfloat16, int8 codes, or the
+  raw dtype) and, for int8, one float32 scale per row."""
+  values: np.ndarray
+  scales: Optional[np.ndarray] = None
+
+  @property
+  def num_rows(self) -> int:
+    return int(self.values.shape[0])
+
+  @property
+  def nbytes(self) -> int:
+    return int(self.values.nbytes + (0 if self.scales is None else self.scales.nbytes))
+
+  def take(self, rows: np.ndarray) -> "Encoded":
+    """The rows ``rows`` only."""
+    return Encoded(self.values[rows], None if self.scales is None else self.scales[rows])
+
+
+def rows_shape(shape) -> Tuple[int, int]:
+  """(rows, width) of an array of ``shape`` seen as rows of its last axis."""
+  shape = tuple(int(d) for d in shape)
+  if len(shape) < 2:
+    return 1, int(np.prod(shape))
+  return int(np.prod(shape[:-1])), shape[-1]
+
+
+def as_rows(array: np.ndarray) -> np.ndarray:
+  """``array`` as ``[rows, last axis]`` (a scalar is one row of one)."""
+  array = np.asarray(array)
+  return array.reshape(rows_shape(array.shape))
+
+
+def encode(array: np.ndarray, encoding: str) -> Encoded:
+  """``array`` in ``encoding`` (one of ENCODINGS), as rows."""
+  if encoding not in ENCODINGS:
+    raise ValueError(f"encoding {encoding!r} is not one of {ENCODINGS}")
+  rows = as_rows(array)
+  if not np.issubdtype(rows.dtype, np.floating):
+    return Encoded(rows)
+  if encoding == "float32":
+    return Encoded(rows.astype(np.float32))
+  if encoding == "bfloat16":
+    return Encoded(rows.astype(_BFLOAT16))
+  rows = rows.astype(np.float32)
+  scales = (np.abs(rows).max(axis=1) if rows.shape[1] else np.zeros(rows.shape[0])) / _INT8_MAX
+  scales = scales.astype(np.float32)
+  safe = np.where(scales > 0, scales, 1.0)[:, None]
+  codes = np.clip(np.rint(rows / safe), -_INT8_MAX, _INT8_MAX).astype(np.int8)
+  return Encoded(codes, scales)
+
+
+def decode(encoded: Encoded, dtype=np.float32) -> np.ndarray:
+  """The rows ``[rows, width]`` that ``encoded`` stands for, in ``dtype`` (floating arrays)."""
+  if encoded.scales is not None:
+    return (encoded.values.astype(np.float32) * encoded.scales[:, None]).astype(dtype)
+  if np.issubdtype(encoded.values.dtype, np.integer) or encoded.values.dtype == np.bool_:
+    return encoded.values
+  return encoded.values.astype(dtype)
+
+
+def changed_rows(new: Encoded, old: Encoded) -> np.ndarray:
+  """Indices of the rows whose stored form differs between ``old`` and ``new``: a reader holding
+  ``old`` that replaces them holds exactly ``new``."""
+  if new.values.shape != old.values.shape or new.values.dtype != old.values.dtype:
+    raise ValueError(f"cannot compare rows of {old.values.dtype}{old.values.shape} and "
+                     f"{new.values.dtype}{new.values.shape}")
+  differ = np.any(new.values != old.values, axis=1)
+  if new.scales is not None:
+    differ |= new.scales != old.scales
+  return np.flatnonzero(differ).astype(np.int32)

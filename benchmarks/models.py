@@ -1,7 +1,9 @@
 """Benchmark models with synthetic data (static batch shapes): builders shared by the suites.
 
-``lstm_lm`` is a stand-in for the project's language model (``tf_codistill.models.lstm_lm``)
-built on ``RNN(LSTMCell)``; swap its builder here and both suites follow.
+``lm_arm`` is the project's language model (``tf_codistill.models.lstm_lm``, tf_keras' ``LSTM``
+layer) at the lm suite's size; ``lstm_lm`` / ``lstm_lm_arm`` is the same architecture built on
+``RNN(LSTMCell)``, which XLA compiles once (tf_keras' ``LSTM`` layer recompiles every step under
+``jit_compile``): the fusion suite's XLA arms and the comm suite's bytes table use it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tf_codistill.models import ctr
+from tf_codistill.models import lm
 
 Arm = Tuple[Callable[[], keras.Model], tf.data.Dataset, Callable[[], keras.optimizers.Optimizer],
             keras.losses.Loss]
@@ -88,7 +91,22 @@ def lstm_lm_arm(scale: float = 1.0) -> Arm:
           keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
+def lm_arm(scale: float = 1.0) -> Arm:
+  """The project's LM at the lm suite's size (gin/lm/common.gin): vocabulary 8000, Embedding 128,
+  LSTM 256, windows of 32 synthetic (Zipf) token ids, batch 32, Adam 2e-3."""
+  vocab, batch, length = _n(8000, scale), _n(32, scale), 32
+  rng = np.random.default_rng(0)
+  ids = (rng.zipf(1.2, size=(batch * 8, length + 1)) % vocab).astype("int32")
+  data = tf.data.Dataset.from_tensor_slices(({"tokens": ids[:, :-1]}, ids[:, 1:]))
+  return (lambda: lm.lstm_lm(vocab, embedding_dim=_n(128, scale), lstm_units=(_n(256, scale),),
+                             seed=1),
+          data.batch(batch, drop_remainder=True).repeat(), lambda: keras.optimizers.Adam(2e-3),
+          keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
 # name -> builder(scale) of (model factory, dataset, optimizer factory, loss)
 MODELS: Dict[str, Callable[[float], Arm]] = {
     "ctr_adam": lambda s: ctr_arm("adam", s), "ctr_adagrad": lambda s: ctr_arm("adagrad", s),
-    "mlp_adam": mlp_arm, "lstm_lm_adam": lstm_lm_arm}
+    "mlp_adam": mlp_arm, "lstm_lm_adam": lm_arm, "lstm_lm_rnn_adam": lstm_lm_arm}
+# Models whose train step XLA recompiles at every call (tf_keras' LSTM layer): no jit arms.
+NO_JIT = ("lstm_lm_adam",)

@@ -22,7 +22,7 @@ _MAX_SHOWN_CHARS = 32
 _MAX_CYCLE_LENGTH = 4
 # Files are read and interleaved in blocks of records: tf.data's parallel interleave costs ~10 us
 # per element, which per record would cap throughput near 80k records/s.
-_READ_BLOCK = 1024
+READ_BLOCK = 1024  # records per block read from a file (and numbered together)
 
 Tensors = list[tf.Tensor]
 
@@ -103,10 +103,12 @@ def read_tagged_files(files: Sequence[str], open_file: Callable[[tf.Tensor], tf.
                       batch_size: int, *, shard_index: int = 0, num_shards: int = 1,
                       repeat: bool = False, shuffle_buffer: int = 0, seed: int | None = None,
                       deterministic: bool = True, drop_remainder: bool = False,
-                      cache: bool = False) -> tf.data.Dataset:
+                      cache: bool = False, blocks: bool = False) -> tf.data.Dataset:
   """Batches of ``(file_ids, record_numbers, records)`` of shard ``shard_index`` of ``files``.
 
-  ``open_file(path)`` yields one file's records. Shards are disjoint: by file when there are at
+  ``open_file(path)`` yields one file's records, or with ``blocks`` its blocks of READ_BLOCK
+  records (the last one may be shorter): a columnar reader reads a block of every column at
+  once. Shards are disjoint: by file when there are at
   least ``num_shards`` files, else by record within every file (whatever order interleave
   produces). ``file_ids`` index ``files``; record numbers are 1-based within their file.
   ``cache`` keeps the shard's records in memory after the first pass, so later epochs read no
@@ -124,8 +126,9 @@ def read_tagged_files(files: Sequence[str], open_file: Callable[[tf.Tensor], tf.
   file_names = tf.constant(list(files))
 
   def read_file(file_id: tf.Tensor) -> tf.data.Dataset:
-    blocks = open_file(file_names[file_id]).batch(_READ_BLOCK).enumerate()
-    return blocks.map(lambda index, records: _tag_block(
+    opened = open_file(file_names[file_id])
+    read = (opened if blocks else opened.batch(READ_BLOCK)).enumerate()
+    return read.map(lambda index, records: _tag_block(
         file_id, index, records, None if shard_by_file else (num_shards, shard_index)))
 
   dataset = tf.data.Dataset.from_tensor_slices(tf.constant(ids, tf.int64))
@@ -231,7 +234,7 @@ def _tag_block(file_id: tf.Tensor, block_index: tf.Tensor, records,
                record_shard: tuple[int, int] | None):
   """Tags a block of one file's records with file and 1-based record numbers; keeps this shard's."""
   size = tf.shape(tf.nest.flatten(records)[0], out_type=tf.int64)[0]
-  numbers = block_index * _READ_BLOCK + tf.range(1, size + 1, dtype=tf.int64)
+  numbers = block_index * READ_BLOCK + tf.range(1, size + 1, dtype=tf.int64)
   block = (tf.fill([size], file_id), numbers, records)
   if record_shard is not None:
     num_shards, shard_index = record_shard

@@ -5,8 +5,10 @@ ten element-wise ops per variable, each reading and writing the whole table). Th
 one fused TF kernel per variable instead (``ResourceApplyAdam``, ``ResourceApplyKerasMomentum``,
 ``ResourceApplyAdagradV2``, ``ResourceApplyRMSProp``, ``ResourceApplyGradientDescent``, and for
 ``IndexedSlices`` embedding gradients ``ResourceSparseApplyAdagradV2`` / ``ResourceScatterAdd``),
-and schedules it in one of two ways:
+and schedules it in one of three ways:
 
+- ``'kernels'``: the fused kernels only, no schedule: every update waits for every gradient, as
+  tf_keras' own updates do (what the kernels buy alone, measured apart from the schedule).
 - ``'backward'``: each variable's update depends only on its own (aggregated) gradient, so it runs
   as soon as that gradient exists; there is no step over all variables at the end.
 - ``'forward'``: the gradient is kept in a non-trainable "pending" variable and the update runs at
@@ -42,7 +44,7 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
-MODES = ("none", "backward", "forward")
+MODES = ("none", "kernels", "backward", "forward")
 _OPT = keras.optimizers
 
 
@@ -338,17 +340,23 @@ class OptimizerFusion:
   # -- the step ---------------------------------------------------------------------------------
 
   def apply_gradients(self, grads_and_vars: Sequence[Tuple[object, tf.Variable]]) -> None:
-    """Backward: updates every variable now, each on its own gradient. Forward: keeps the
+    """Backward: updates every variable now, each on its own gradient (kernels: once all
+    gradients exist). Forward: keeps the
     gradients as pending. Either way counts the step in ``optimizer.iterations``."""
     grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
     if not self.built:
       self.build([v for _, v in grads_and_vars])
     step = _read(self.optimizer.iterations)
     xla = in_xla_context()
-    if self.mode == "backward":
+    if self.mode in ("kernels", "backward"):
       hyper = self._hyper(step)
-      for grad, var in grads_and_vars:
-        self._update(var, grad, hyper, xla)
+      barrier = []
+      if self.mode == "kernels":  # every gradient before the first update
+        barrier = [tf.group(*[t for g, _ in grads_and_vars for t in tf.nest.flatten(
+            g, expand_composites=True)])]
+      with tf.control_dependencies(barrier):
+        for grad, var in grads_and_vars:
+          self._update(var, grad, hyper, xla)
     else:
       for grad, var in grads_and_vars:
         self._store_pending(var, grad)

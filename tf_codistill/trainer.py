@@ -89,7 +89,7 @@ class TrainConfig:
   ``task`` (default ``tasks.BinaryTask()``) sets the loss, metrics and results keys;
   ``prediction_batches`` caps the eval batches whose predictions ``save_eval_predictions`` keeps
   (``eval_predictions.npz``; with ``prediction_history`` also at every evaluation, for churn vs
-  loss). ``fusion`` ('none', 'backward', 'forward') fuses the optimizer's updates (fusion.py);
+  loss). ``fusion`` ('none', 'kernels', 'backward', 'forward') fuses the optimizer's updates (fusion.py);
   ``allreduce_dtype`` is the precision of a synchronous group's gradient all-reduce (comm.py).
   ``intra_op_threads`` and ``inter_op_threads`` (0: TF's default) size this task's thread pools,
   also a serving task's. The chief writes ``heartbeat.json`` every ``heartbeat_every_s``;

@@ -8,14 +8,33 @@ from benchmarks import lean_exchange
 from benchmarks import standalone
 
 
-def test_fusion_suite_measures_every_arm_and_its_speedups():
-  steps = fusion_suite.measure(["ctr_adam", "lstm_lm_adam"], ["none", "backward", "forward",
-                                                             "grads_only"], [False], steps=2,
-                               rounds=1, scale=0.01)
-  assert len(steps) == 8 and all(s["ms_per_step_best"] > 0 for s in steps.values())
+def test_fusion_suite_measures_every_arm_and_what_each_part_buys(tmp_path):
+  modes = ["none", "kernels", "backward", "forward", "grads_only"]
+  steps = fusion_suite.measure(["ctr_adam", "lstm_lm_adam"], modes, [False], steps=3, rounds=2,
+                               scale=0.01)
+  assert len(steps) == 10 and all(s["ms_per_step_best"] > 0 for s in steps.values())
+  assert all(len(s["steps_per_sec"]) == 2 for s in steps.values())  # one figure per round
   ratios = fusion_suite.speedups(steps)
   assert set(ratios) == {"ctr_adam/graph", "lstm_lm_adam/graph"}
-  assert set(ratios["ctr_adam/graph"]) >= {"backward", "forward", "update_share_best"}
+  ctr = ratios["ctr_adam/graph"]
+  assert set(ctr) >= {"kernels", "backward", "forward", "update_share_best",
+                      "schedule_backward_over_kernels"}
+  low, high = ctr["kernels"]["interval90"]
+  assert low <= ctr["kernels"]["paired"] <= high
+  goals = fusion_suite._goals(ratios)
+  assert set(goals["best_fusion_speedup_by_model"]) == {"ctr_adam", "lstm_lm_adam"}
+  assert goals["goals"]["models_with_fusion_speedup"] == sum(
+      v >= fusion_suite.GOAL for v in goals["best_fusion_speedup_by_model"].values())
+  summary = {"command": "python -m benchmarks.fusion", "step_time": steps,
+             "speedup_unfused_over_fused": ratios, "load_avg_before": [0.1] * 3,
+             "load_avg_after": [0.2] * 3, "wall_s": 1.0, "skipped_groups": {},
+             "groups": {g: {"load_avg_1min": 0.1, "peak_rss_mb": 1.0} for g in ratios},
+             "config": {"rounds": 2, "steps": 3, "scale": 0.01, "tensorflow": "2.17.1",
+                        "cpus": 2}, **goals}
+  fusion_suite.write_report(summary, str(tmp_path / "report.md"))
+  report = (tmp_path / "report.md").read_text()
+  assert "| model/jit | kernels | backward | forward | schedule |" in report
+  assert "`models_with_fusion_speedup`" in report
 
 
 def test_comm_bytes_table_compares_allreduce_with_codistillation():

@@ -17,7 +17,7 @@ from tf_codistill.model import CodistillModel
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
-@pytest.mark.parametrize("mode", ["backward", "forward"])
+@pytest.mark.parametrize("mode", ["kernels", "backward", "forward"])
 @pytest.mark.parametrize("name", sorted(cases.OPTIMIZERS))
 def test_fused_training_gives_the_weights_of_unfused_training(name, mode, jit):
   reference = cases.compiled(cases.OPTIMIZERS[name], jit)

@@ -42,7 +42,7 @@ def _train(make_optimizer, mode, steps=4):
   return model.get_weights()
 
 
-@pytest.mark.parametrize("mode", ["backward", "forward"])
+@pytest.mark.parametrize("mode", ["kernels", "backward", "forward"])
 @pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "adagrad"])
 def test_fused_kernels_in_a_custom_loop_give_the_optimizers_weights(name, mode):
   reference = _train(cases.OPTIMIZERS[name], None)

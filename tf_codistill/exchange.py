@@ -110,11 +110,17 @@ def save_model(model: keras.Model, path: str, input_spec) -> None:
   If writing fails (disk full, permission denied), the temporary directory is removed and an
   existing ``path`` is left as it was.
   """
+  _write_directory(path, lambda tmp: _save(model, tmp, input_spec))
+
+
+def _write_directory(path: str, write: Callable[[str], None]) -> None:
+  """``write(tmp)`` fills a temporary sibling of ``path``, which then replaces ``path`` by a
+  rename; on failure the temporary directory is removed and ``path`` left as it was."""
   parent = os.path.dirname(path.rstrip("/"))
   tf.io.gfile.makedirs(parent)
   tmp = os.path.join(parent, f"{_TMP_PREFIX}{os.path.basename(path)}-{uuid.uuid4().hex}")
   try:
-    _save(model, tmp, input_spec)
+    write(tmp)
   except BaseException:
     _remove_quietly(tmp)
     raise
@@ -143,19 +149,9 @@ def write_version(exchange_dir: str, group: int, step: int, write: Callable[[str
   if keep_last < 1:
     raise ValueError(f"keep_last={keep_last} must be >= 1")
   final = version_dir(exchange_dir, group, step)
-  parent = group_dir(exchange_dir, group)
   # Leftovers of an interrupted or failed publish hold space a full disk needs back.
   _remove_stale_tmp(exchange_dir, group)
-  tf.io.gfile.makedirs(parent)
-  tmp = os.path.join(parent, f"{_TMP_PREFIX}step_{step}-{uuid.uuid4().hex}")
-  try:
-    write(tmp)
-  except BaseException:
-    _remove_quietly(tmp)
-    raise
-  if tf.io.gfile.exists(final):
-    tf.io.gfile.rmtree(final)
-  tf.io.gfile.rename(tmp, final)
+  _write_directory(final, write)
   _write_marker(final, dict(marker, group=group, step=int(step), time=time.time()))
   collect_garbage(exchange_dir, group, keep_last)
   return final

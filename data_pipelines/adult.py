@@ -27,7 +27,7 @@ import importlib.util
 import io
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import gin
 import pyarrow as pa
@@ -192,6 +192,7 @@ def make_dataset(
 
   return records.parsed_batches(
       files, _parquet_reader(), parse, batch_size, bad_lines=bad_lines, prefix=_MESSAGE_PREFIX,
+      blocks=True,
       counter=bad_line_counter, shard_index=shard_index, num_shards=num_shards, repeat=repeat,
       shuffle_buffer=shuffle_buffer, seed=seed, deterministic=deterministic,
       drop_remainder=drop_remainder, cache=cache)
@@ -210,12 +211,9 @@ def _columns() -> dict[str, str]:
   return columns
 
 
-def _parquet_reader():
-  import tensorflow_io as tfio  # slow to import, so only when a dataset is built
-
+def _parquet_reader() -> Callable[[tf.Tensor], tf.data.Dataset]:
   dtypes = {"int64": tf.int64, "string": tf.string}
-  columns = {name: tf.TensorSpec([], dtypes[kind]) for name, kind in _columns().items()}
-  return lambda path: tfio.IODataset.from_parquet(path, columns=columns)
+  return records.parquet_blocks([(name, dtypes[kind]) for name, kind in _columns().items()])
 
 
 def _features(label: tf.Tensor, numbers: tf.Tensor, cats: tf.Tensor,

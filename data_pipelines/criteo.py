@@ -113,33 +113,8 @@ def make_dataset(
 
 
 def _parquet_reader() -> Callable[[tf.Tensor], tf.data.Dataset]:
-  """Opens a Parquet file as blocks of ``records.READ_BLOCK`` rows, each column read a block at
-  a time with tensorflow-io's Parquet kernels (its ``IODataset.from_parquet`` unbatches every
-  column to single values and zips them back into rows: about 9x slower)."""
-  from tensorflow_io.python.ops import core_ops  # slow to import, so only when Parquet is asked for
-
   columns = [(LABEL_COLUMN, tf.int64)] + [(name, tf.int64) for name in INT_COLUMNS]
-  columns += [(name, tf.string) for name in CAT_COLUMNS]
-
-  def open_blocks(path: tf.Tensor) -> tf.data.Dataset:
-    names, shapes, _ = core_ops.io_parquet_readable_info(path, shared=path,
-                                                         container="ParquetIODataset")
-
-    def shape(name: str) -> tf.Tensor:
-      found = tf.boolean_mask(shapes, tf.equal(names, name))
-      tf.debugging.assert_equal(tf.shape(found)[0], 1, message=f"no Parquet column {name}")
-      return tf.boolean_mask(found[0], found[0] >= 0)
-
-    def read(start: tf.Tensor) -> dict[str, tf.Tensor]:
-      stop = tf.minimum(start + records.READ_BLOCK, rows)
-      return {name: core_ops.io_parquet_readable_read(
-          input=path, shared=path, component=name, shape=shape(name), start=start, stop=stop,
-          dtype=dtype, container="ParquetIODataset") for name, dtype in columns}
-
-    rows = shape(LABEL_COLUMN)[0]
-    return tf.data.Dataset.range(0, rows, records.READ_BLOCK).map(read)
-
-  return open_blocks
+  return records.parquet_blocks(columns + [(name, tf.string) for name in CAT_COLUMNS])
 
 
 def _parse_tsv_batch(lines: tf.Tensor, enforce: EnforceFn) -> Tensors:

@@ -241,3 +241,36 @@ def _tag_block(file_id: tf.Tensor, block_index: tf.Tensor, records,
     keep = tf.equal((numbers - 1) % num_shards, shard_index)
     block = tf.nest.map_structure(lambda t: tf.boolean_mask(t, keep), block)
   return block
+
+
+def parquet_blocks(columns: Sequence[tuple[str, tf.DType]]) -> Callable[[tf.Tensor], tf.data.Dataset]:
+  """``open_file`` for ``read_tagged_files(..., blocks=True)``: a Parquet file as blocks of
+  READ_BLOCK rows of ``columns`` (name, dtype), every column read a block at a time with
+  tensorflow-io's Parquet kernels. (Its ``IODataset.from_parquet`` unbatches every column to
+  single values and zips them back into rows, which made Parquet about 9x slower than TSV.)"""
+  from tensorflow_io.python.ops import core_ops  # slow to import: only when Parquet is read
+
+  def open_blocks(path: tf.Tensor) -> tf.data.Dataset:
+    names, shapes, _ = core_ops.io_parquet_readable_info(path, shared=path,
+                                                         container="ParquetIODataset")
+
+    def shape(name: str) -> tf.Tensor:
+      found = tf.boolean_mask(shapes, tf.equal(names, name))
+      tf.debugging.assert_equal(tf.shape(found)[0], 1, message=f"no Parquet column {name}")
+      return tf.boolean_mask(found[0], found[0] >= 0)
+
+    rows = shape(columns[0][0])[0]
+
+    def read(start: tf.Tensor) -> dict:
+      stop = tf.minimum(start + READ_BLOCK, rows)
+      block = {}
+      for name, dtype in columns:
+        block[name] = core_ops.io_parquet_readable_read(
+            input=path, shared=path, component=name, shape=shape(name), start=start, stop=stop,
+            dtype=dtype, container="ParquetIODataset")
+        block[name].set_shape([None])  # one value per row (the kernel's output has no shape)
+      return block
+
+    return tf.data.Dataset.range(0, rows, READ_BLOCK).map(read)
+
+  return open_blocks

@@ -127,7 +127,12 @@ def write_parquet(path, rows):
 def test_parquet_gives_the_same_features_as_tsv_and_names_bad_rows(tmp_path):
   # One dataset for both checks: tensorflow-io makes building a Parquet pipeline slow (seconds).
   path = write_parquet(tmp_path / "day.parquet", ROWS + [("2", *ROWS[2][1:])])
-  batches = iter(criteo.make_dataset(path, len(ROWS), num_buckets=NUM_BUCKETS, file_format="parquet"))
+  dataset = criteo.make_dataset(path, len(ROWS), num_buckets=NUM_BUCKETS, file_format="parquet")
+  spec, label_spec = dataset.element_spec  # static shapes, as from TSV (models are built on them)
+  assert {k: v.shape.as_list() for k, v in spec.items()} == {
+      k: v.shape.as_list() for k, v in criteo.feature_spec().items()}
+  assert label_spec.shape.as_list() == [None, 1]
+  batches = iter(dataset)
   features, labels = next(batches)
   want_dense, want_cats, want_labels = expected(ROWS)
   np.testing.assert_allclose(features["dense"].numpy(), want_dense, rtol=1e-6)

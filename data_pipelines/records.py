@@ -23,6 +23,7 @@ _MAX_CYCLE_LENGTH = 4
 # Files are read and interleaved in blocks of records: tf.data's parallel interleave costs ~10 us
 # per element, which per record would cap throughput near 80k records/s.
 READ_BLOCK = 1024  # records per block read from a file (and numbered together)
+_PARQUET_CHUNK = 64 * READ_BLOCK  # rows per Parquet read call (a multiple of READ_BLOCK)
 
 Tensors = list[tf.Tensor]
 
@@ -245,9 +246,11 @@ def _tag_block(file_id: tf.Tensor, block_index: tf.Tensor, records,
 
 def parquet_blocks(columns: Sequence[tuple[str, tf.DType]]) -> Callable[[tf.Tensor], tf.data.Dataset]:
   """``open_file`` for ``read_tagged_files(..., blocks=True)``: a Parquet file as blocks of
-  READ_BLOCK rows of ``columns`` (name, dtype), every column read a block at a time with
-  tensorflow-io's Parquet kernels. (Its ``IODataset.from_parquet`` unbatches every column to
-  single values and zips them back into rows, which made Parquet about 9x slower than TSV.)"""
+  READ_BLOCK rows of ``columns`` (name, dtype), read with tensorflow-io's Parquet kernels in
+  chunks of 64 blocks per column (each read call costs about as much as decoding 10k rows, so
+  1024-row reads ran at 10k rows/s and 65536-row reads at 260k) and then sliced into blocks.
+  (Its ``IODataset.from_parquet`` unbatches every column to single values and zips them back
+  into rows.)"""
   from tensorflow_io.python.ops import core_ops  # slow to import: only when Parquet is read
 
   def open_blocks(path: tf.Tensor) -> tf.data.Dataset:
@@ -262,15 +265,20 @@ def parquet_blocks(columns: Sequence[tuple[str, tf.DType]]) -> Callable[[tf.Tens
     rows = shape(columns[0][0])[0]
 
     def read(start: tf.Tensor) -> dict:
-      stop = tf.minimum(start + READ_BLOCK, rows)
-      block = {}
+      stop = tf.minimum(start + _PARQUET_CHUNK, rows)
+      chunk = {}
       for name, dtype in columns:
-        block[name] = core_ops.io_parquet_readable_read(
+        chunk[name] = core_ops.io_parquet_readable_read(
             input=path, shared=path, component=name, shape=shape(name), start=start, stop=stop,
             dtype=dtype, container="ParquetIODataset")
-        block[name].set_shape([None])  # one value per row (the kernel's output has no shape)
-      return block
+        chunk[name].set_shape([None])  # one value per row (the kernel's output has no shape)
+      return chunk
 
-    return tf.data.Dataset.range(0, rows, READ_BLOCK).map(read)
+    def blocks(chunk: dict) -> tf.data.Dataset:
+      size = tf.shape(chunk[columns[0][0]], out_type=tf.int64)[0]
+      return tf.data.Dataset.range(0, size, READ_BLOCK).map(
+          lambda start: {name: value[start:start + READ_BLOCK] for name, value in chunk.items()})
+
+    return tf.data.Dataset.range(0, rows, _PARQUET_CHUNK).map(read).flat_map(blocks)
 
   return open_blocks

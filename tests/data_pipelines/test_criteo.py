@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from data_pipelines import criteo
+from data_pipelines import records
 from testing_utils import CRITEO_ROWS, GOOD_LINES, collect, tsv_line
 from testing_utils import write_lines as write
 
@@ -141,3 +142,16 @@ def test_parquet_gives_the_same_features_as_tsv_and_names_bad_rows(tmp_path):
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=re.escape(f"{path}:4: label not in {{0,1}} (got: 2)")):
     next(batches)
+
+
+def test_parquet_read_in_several_chunks_keeps_every_row_once_and_row_numbers(tmp_path, monkeypatch):
+  monkeypatch.setattr(records, "_PARQUET_CHUNK", 2 * records.READ_BLOCK)  # 5 chunks, not 1
+  rows = [ROWS[i % len(ROWS)] for i in range(9000)]
+  good = write_parquet(tmp_path / "good.parquet", rows)
+  _, _, labels = collect(criteo.make_dataset(good, 1000, num_buckets=NUM_BUCKETS,
+                                             file_format="parquet"))
+  np.testing.assert_array_equal(labels, expected(rows)[2])
+  rows[7777] = ("2", *rows[7777][1:])
+  bad = write_parquet(tmp_path / "bad.parquet", rows)
+  with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(f"{bad}:7778: label not in")):
+    collect(criteo.make_dataset(bad, 1000, num_buckets=NUM_BUCKETS, file_format="parquet"))

@@ -118,14 +118,20 @@ def test_whole_every_starts_a_new_chain_and_old_versions_are_then_collected(tmp_
   assert [v.step for v in exchange.list_versions(exchange_dir, 1)] == [60, 50, 40]
 
 
+def _whole_then_delta(exchange_dir, encoding):
+  """A whole version at step 10 and a delta (row 5 moved) at step 20; (model, shapes, delta)."""
+  model = emb_net()
+  writer = _writer(model, encoding=encoding, row_deltas=True)
+  writer.publish(model.get_weights(), exchange_dir, 1, 10, keep_last=5)
+  delta = writer.publish(_touch_rows(model.get_weights(), [5], 1), exchange_dir, 1, 20,
+                         keep_last=5)
+  return model, [w.shape for w in model.get_weights()], delta
+
+
 def test_a_delta_whose_base_is_gone_or_was_republished_is_rejected_naming_it(tmp_path):
   exchange_dir = str(tmp_path)
-  model = emb_net()
-  shapes = [w.shape for w in model.get_weights()]
-  writer = _writer(model, encoding="int8", row_deltas=True)
+  model, shapes, _ = _whole_then_delta(exchange_dir, "int8")
   weights = model.get_weights()
-  writer.publish(weights, exchange_dir, 1, 10, keep_last=5)
-  writer.publish(_touch_rows(weights, [5], 1), exchange_dir, 1, 20, keep_last=5)
   # Step 10 published again by a restarted peer: another version under the same name.
   _writer(model, encoding="int8").publish(weights, exchange_dir, 1, 10, keep_last=5)
   with pytest.raises(exchange.InvalidVersionError, match="base step 10 in the directory is "
@@ -140,12 +146,7 @@ def test_a_delta_whose_base_is_gone_or_was_republished_is_rejected_naming_it(tmp
 
 def test_rows_out_of_range_and_wrong_shapes_are_rejected(tmp_path):
   exchange_dir = str(tmp_path)
-  model = emb_net()
-  shapes = [w.shape for w in model.get_weights()]
-  writer = _writer(model, encoding="float32", row_deltas=True)
-  weights = model.get_weights()
-  writer.publish(weights, exchange_dir, 1, 10, keep_last=5)
-  path = writer.publish(_touch_rows(weights, [5], 1), exchange_dir, 1, 20, keep_last=5)
+  _, shapes, path = _whole_then_delta(exchange_dir, "float32")
   reader = lv.LeanReader()
   reader.commit(*_reader_arrays(exchange_dir, 10, reader, shapes))
   # Rewrite the delta's bundle with an index past the table (and a marker listing its sizes).

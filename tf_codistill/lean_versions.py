@@ -101,7 +101,7 @@ class LeanWriter:
     self.format = publish_format
     self.names = list(names)
     self.signature = exchange.signature_to_json(signature)
-    self.bytes_written: List[int] = []
+    self.last_bytes = 0  # tensor bytes of the newest version written
     self._last: Optional[List[weight_codecs.Encoded]] = None
     self._last_id: Optional[str] = None
     self._last_step: Optional[int] = None
@@ -148,7 +148,7 @@ class LeanWriter:
     # Only a version that exists becomes the base of the next delta.
     self._last, self._last_id, self._last_step = encoded, version_id, int(step)
     self._deltas_since_whole = self._deltas_since_whole + 1 if delta else 0
-    self.bytes_written.append(sum(t.nbytes for t in tensors.values()))
+    self.last_bytes = sum(t.nbytes for t in tensors.values())
     return path
 
 

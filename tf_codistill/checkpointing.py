@@ -56,7 +56,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
     model = self.manager.checkpoint.model
     self._write(tf.constant(prefix),
                 len(model.variables) + len(model.optimizer.variables()))
-    kept = [p for p in self.manager.checkpoints if p != prefix] + [prefix]
+    kept = [p for p in self.manager.checkpoints
+            if p != prefix and tf.io.gfile.exists(f"{p}.index")] + [prefix]  # gone ones dropped
     # Written times, which CheckpointManager needs to list them again.
     times = [tf.io.gfile.stat(f"{p}.index").mtime_nsec / 1e9 for p in kept[-self.max_to_keep:]]
     tf.compat.v1.train.update_checkpoint_state(

@@ -41,6 +41,7 @@ from benchmarks import machine
 from benchmarks import standalone
 from benchmarks import step_times
 from tf_codistill import fused_models
+from tf_codistill import fusion as fusion_lib
 
 REPO = standalone.REPO
 FLAGS = flags.FLAGS
@@ -84,7 +85,7 @@ class GradsOnly(keras.Model):
     return {"grad_sum": tf.add_n([tf.reduce_sum(v) for v in values])}
 
 
-FUSED = ("kernels", "backward", "forward")
+FUSED = tuple(m for m in fusion_lib.MODES if m != "none")  # kernels, backward, forward
 
 
 def build_arm(arm: Arm, mode: str, jit: bool, weights) -> keras.Model:

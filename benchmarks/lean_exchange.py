@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
+from benchmarks import traffic
 from data_pipelines import criteo
 from tf_codistill import exchange
 from tf_codistill import lean_versions
@@ -69,10 +70,6 @@ def train_snapshots(data_dir: str, steps: int, batch: int, every: int, num_bucke
   return model, snapshots.taken, float(history.history["loss"][-1])
 
 
-def _dir_bytes(path: str) -> int:
-  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
-
-
 def _publish_all(model: keras.Model, fmt: lean_versions.PublishFormat, steps: Sequence[int],
                  snapshots: Dict[int, List[np.ndarray]], exchange_dir: str) -> dict:
   """Publishes the snapshots of ``steps`` in ``fmt``; sizes of whole and delta versions, and
@@ -93,7 +90,7 @@ def _publish_all(model: keras.Model, fmt: lean_versions.PublishFormat, steps: Se
     write_s.append(time.perf_counter() - start)
     version = exchange.Version(1, step, path)
     marker = exchange.verify(version)
-    (deltas if (marker.get("format") or {}).get("base") else whole).append(_dir_bytes(path))
+    (deltas if (marker.get("format") or {}).get("base") else whole).append(traffic.saved_model_bytes(path))
     if writer is not None:
       start = time.perf_counter()
       version_id, arrays = reader.read(exchange_dir, version, marker, signature, shapes)

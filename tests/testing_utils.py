@@ -329,3 +329,41 @@ def require_kjv():
   if shutil.which("bible") is None:
     pytest.skip(f"the King James Bible is not installed: `make data` (as root) or "
                 f"`{text_lm.KJV_INSTALL}` installs it")
+
+
+_PS_SERVER = ("import json, sys, tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec("
+              "json.loads(sys.argv[1])), job_name=sys.argv[2], task_index=0, protocol='grpc').join()")
+# Defines, for a coordinator script: cluster, ps_pid, args (its own arguments) and strategy.
+_PS_COORDINATOR_PREAMBLE = """
+import json, sys
+import tensorflow as tf
+cluster, ps_pid, args = json.loads(sys.argv[1]), int(sys.argv[3]), sys.argv[4:]
+sys.path.insert(0, sys.argv[2])
+strategy = tf.distribute.experimental.ParameterServerStrategy(
+    tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc"))
+"""
+
+
+def run_ps_coordinator(script, *args):
+  """Runs ``script`` as the coordinator of a real cluster of 1 worker and 1 ps on 127.0.0.1, in
+  its own process (connecting to a cluster changes a process's eager context for good), after a
+  preamble that defines ``cluster``, ``ps_pid``, ``args`` and ``strategy``; the script prints a
+  JSON report as its last line, which is returned."""
+  import json
+  from tf_codistill import launcher
+  taken = set()
+  cluster = {job: [f"127.0.0.1:{launcher.free_port(taken)}"] for job in ("chief", "worker", "ps")}
+  servers = {job: subprocess.Popen([sys.executable, "-c", _PS_SERVER, json.dumps(cluster), job])
+             for job in ("worker", "ps")}
+  try:
+    done = subprocess.run(
+        [sys.executable, "-c", _PS_COORDINATOR_PREAMBLE + script, json.dumps(cluster),
+         os.path.dirname(os.path.abspath(__file__)), str(servers["ps"].pid), *map(str, args)],
+        capture_output=True, text=True, timeout=300)
+  finally:
+    for server in servers.values():
+      server.kill()
+      server.wait()
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,19 +1,14 @@
 """EpochCheckpoint: parameter-server groups' checkpoints, kept and restored like
 CheckpointManager's, saved through one traced function (no ps memory growth per save)."""
 
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from testing_utils import small_net
+from testing_utils import run_ps_coordinator, small_net
 from tf_codistill import checkpointing
-from tf_codistill import launcher
 
 
 def _compiled(seed=0):
@@ -63,26 +58,19 @@ def test_variables_created_after_the_first_save_are_saved_too(tmp_path):
 # process's eager context for good) saves 200 + 100 checkpoints of a model on the ps and reports
 # the ps task's resident memory growth over the last 100 and how often the save was traced.
 _PS_COORDINATOR = r"""
-import json, sys
-import tensorflow as tf
 import tf_keras as keras
-sys.path.insert(0, sys.argv[4])
-from testing_utils import small_net
+from testing_utils import run_ps_coordinator, small_net
 from tf_codistill import checkpointing
 
 def rss_mib(pid):
   with open(f"/proc/{pid}/status") as f:
     return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
 
-cluster, directory, ps_pid = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-    tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
-strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
 with strategy.scope():
   model = small_net()
   model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
   model.optimizer.build(model.trainable_variables)
-checkpoints = checkpointing.EpochCheckpoint(directory, model)
+checkpoints = checkpointing.EpochCheckpoint(args[0], model)
 for step in range(200):  # the ps's allocator grows through the first ~200 saves either way
   checkpoints.save(step)
 before = rss_mib(ps_pid)
@@ -92,29 +80,13 @@ print(json.dumps({"growth_mib": rss_mib(ps_pid) - before,
                   "traces": checkpoints._write.experimental_get_tracing_count(),
                   "kept": checkpoints.manager.checkpoints}))
 """
-_SERVER = ("import json, sys, tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec("
-           "json.loads(sys.argv[1])), job_name=sys.argv[2], task_index=0, protocol='grpc').join()")
 
 
 @pytest.mark.cluster
 def test_saves_under_parameter_servers_leave_the_ps_memory_flat(tmp_path):
   """Saved eagerly, each of these saves grew the ps by about 0.5 MiB (a function traced per
   save, kept by the ps for good): 100 saves grew it by about 50 MiB."""
-  taken = set()
-  cluster = {job: [f"127.0.0.1:{launcher.free_port(taken)}"] for job in ("chief", "worker", "ps")}
-  servers = {job: subprocess.Popen([sys.executable, "-c", _SERVER, json.dumps(cluster), job])
-             for job in ("worker", "ps")}
-  try:
-    done = subprocess.run(
-        [sys.executable, "-c", _PS_COORDINATOR, json.dumps(cluster), str(tmp_path / "ckpt"),
-         str(servers["ps"].pid), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))],
-        capture_output=True, text=True, timeout=300)
-  finally:
-    for server in servers.values():
-      server.kill()
-      server.wait()
-  assert done.returncode == 0, done.stderr[-3000:]
-  report = json.loads(done.stdout.strip().splitlines()[-1])
+  report = run_ps_coordinator(_PS_COORDINATOR, tmp_path / "ckpt")
   assert report["growth_mib"] < 10, report
   assert report["traces"] == 1
   assert report["kept"] == [str(tmp_path / "ckpt" / f"ckpt-{s}") for s in (298, 299)]

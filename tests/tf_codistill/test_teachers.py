@@ -1,11 +1,8 @@
 """Teacher pool: finds peers' newest complete versions, loads them off-thread, refuses corrupt
 ones (signature, NaN, links: tests/reliability/test_teacher_trust.py)."""
 
-import json
 import logging
 import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -13,8 +10,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from testing_utils import activate_all, small_net, student_and_pool
-from tf_codistill import launcher
+from testing_utils import activate_all, run_ps_coordinator, small_net, student_and_pool
 from tf_codistill import step_hooks
 from tf_codistill import exchange
 from tf_codistill import teachers
@@ -141,19 +137,13 @@ def test_pool_refuses_wrong_number_of_peers(tmp_path):
 # the process's eager context for good) loads three teacher versions and reports the functions
 # each load added to its context, and whether the teacher holds the last version.
 _PS_COORDINATOR = r"""
-import json, sys
 import numpy as np
-import tensorflow as tf
 from tensorflow.python.eager import context
-sys.path.insert(0, sys.argv[3])
 from testing_utils import activate_all, small_net
 from tf_codistill import exchange, teachers
 from tf_codistill.model import CodistillModel
 
-cluster, exchange_dir = json.loads(sys.argv[1]), sys.argv[2]
-resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-    tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
-strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+exchange_dir = args[0]
 with strategy.scope():
   model = CodistillModel(small_net(), 1)
   model(tf.zeros([1, 4]))
@@ -172,8 +162,6 @@ same = all(np.array_equal(a, b) for a, b in zip(teacher.get_weights(), peer.get_
 devices = sorted({v.device for v in teacher.weights})
 print(json.dumps({"added": added, "same": same, "devices": devices}))
 """
-_SERVER = ("import json, sys, tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec("
-           "json.loads(sys.argv[1])), job_name=sys.argv[2], task_index=0, protocol='grpc').join()")
 
 
 @pytest.mark.cluster
@@ -181,21 +169,7 @@ def test_teacher_loads_on_parameter_servers_trace_no_new_functions(tmp_path):
   """Under ParameterServerStrategy the teachers live on the ps; loading a version restores into
   them from the coordinator, with no function traced per load (a parameter server keeps every
   function it is sent, for good)."""
-  taken = set()
-  cluster = {job: [f"127.0.0.1:{launcher.free_port(taken)}"] for job in ("chief", "worker", "ps")}
-  servers = [subprocess.Popen([sys.executable, "-c", _SERVER, json.dumps(cluster), job])
-             for job in ("worker", "ps")]
-  try:
-    done = subprocess.run(
-        [sys.executable, "-c", _PS_COORDINATOR, json.dumps(cluster), str(tmp_path),
-         os.path.dirname(os.path.dirname(os.path.abspath(__file__)))],
-        capture_output=True, text=True, timeout=300)
-  finally:
-    for server in servers:
-      server.kill()
-      server.wait()
-  assert done.returncode == 0, done.stderr[-3000:]
-  report = json.loads(done.stdout.strip().splitlines()[-1])
+  report = run_ps_coordinator(_PS_COORDINATOR, tmp_path)
   assert report["devices"] == ["/job:ps/replica:0/task:0/device:CPU:0"]
   assert report["same"]
   assert report["added"][1:] == [[], []], report["added"]  # the first load makes its kernels

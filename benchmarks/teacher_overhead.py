@@ -1,6 +1,7 @@
 """Step time of the CTR model: plain tf_keras vs CodistillModel without a teacher, with a loaded
-float32 teacher, a bfloat16 one (teacher_precision='bfloat16': bfloat16 variables and compute) and
-a mixed_bfloat16 one (float32 variables, bfloat16 compute).
+float32 teacher, a bfloat16 one (teacher_precision='bfloat16': bfloat16 variables and compute),
+a mixed_bfloat16 one (float32 variables, bfloat16 compute) and an int8 one (teacher_precision=
+'int8': weight-only int8 embeddings and dense kernels, quantization.py).
 
 Per-step times inside one ``fit`` per arm and round, arms interleaved (``benchmarks.step_times``);
 ratios are formed within each round and reported as their median over rounds with a 90% bootstrap
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -25,6 +26,7 @@ from absl import flags
 from benchmarks import machine
 from benchmarks import standalone
 from benchmarks import step_times
+from tf_codistill import quantization
 from tf_codistill.model import CodistillModel, clone_architecture
 from tf_codistill.models import ctr
 
@@ -58,12 +60,20 @@ def _compile(model: keras.Model, optimizer: str) -> keras.Model:
 
 
 GOALS = {"teacher_throughput_ratio": (">=", 0.95),
-         "teacher_throughput_ratio_bfloat16": (">=", 0.97)}
+         "teacher_throughput_ratio_bfloat16": (">=", 0.97),
+         "teacher_throughput_ratio_int8": (">=", 0.97)}
 
 
 # Arms with one loaded teacher -> the dtype policy of its copy (None: the student's float32).
 TEACHER_ARMS = {"codistill_one_teacher": None, "codistill_bfloat16_teacher": "bfloat16",
-                "codistill_mixed_bfloat16_teacher": "mixed_bfloat16"}
+                "codistill_mixed_bfloat16_teacher": "mixed_bfloat16",
+                "codistill_int8_teacher": "int8"}
+
+
+def _teacher_copy(student: keras.Model, precision: Optional[str]) -> keras.Model:
+  if precision == "int8":
+    return quantization.int8_copy(student)
+  return clone_architecture(student, precision)
 
 
 def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
@@ -76,7 +86,7 @@ def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
   for name, policy in TEACHER_ARMS.items():
     student = make()
     arms[name] = _compile(CodistillModel(
-        student, 1, alpha=1.0, teacher_factory=lambda s=student, p=policy: clone_architecture(s, p)),
+        student, 1, alpha=1.0, teacher_factory=lambda s=student, p=policy: _teacher_copy(s, p)),
         optimizer)
   for model in arms.values():
     model(sample)
@@ -98,8 +108,12 @@ def measure(arms: Dict[str, keras.Model], data: tf.data.Dataset, steps: int, rou
           times, "codistill_bfloat16_teacher", "codistill_no_teacher"),
       "mixed_bfloat16_teacher_vs_no_teacher": step_times.throughput_ratio(
           times, "codistill_mixed_bfloat16_teacher", "codistill_no_teacher"),
+      "int8_teacher_vs_no_teacher": step_times.throughput_ratio(
+          times, "codistill_int8_teacher", "codistill_no_teacher"),
       "bfloat16_teacher_vs_float32_teacher": step_times.throughput_ratio(
           times, "codistill_bfloat16_teacher", "codistill_one_teacher"),
+      "int8_teacher_vs_float32_teacher": step_times.throughput_ratio(
+          times, "codistill_int8_teacher", "codistill_one_teacher"),
   }
   return {"step_times": step_times.describe(times), "ratios": ratios}
 
@@ -131,7 +145,8 @@ def main(argv):
                        "steps": FLAGS.steps, "rounds": FLAGS.rounds, "cpus": os.cpu_count(),
                        "harness": "per-step times inside one fit, arms interleaved"}
   values = {"teacher_throughput_ratio": summary["ratios"]["one_teacher_vs_no_teacher"],
-            "teacher_throughput_ratio_bfloat16": summary["ratios"]["bfloat16_teacher_vs_no_teacher"]}
+            "teacher_throughput_ratio_bfloat16": summary["ratios"]["bfloat16_teacher_vs_no_teacher"],
+            "teacher_throughput_ratio_int8": summary["ratios"]["int8_teacher_vs_no_teacher"]}
   summary["goals"] = {name: v["median"] for name, v in values.items()}
   summary["goal_verdicts"] = {
       name: {"threshold": list(GOALS[name]), "interval90": v["interval90"],

@@ -25,8 +25,10 @@ from tf_codistill import teachers as teachers_lib
 from tf_codistill import topology
 from tf_codistill.errors import ConfigurationError
 
-# teacher_precision -> the tf_keras dtype policy of the teacher copies.
-PRECISIONS = {"float32": "float32", "bfloat16": "bfloat16", "mixed_bfloat16": "mixed_bfloat16"}
+# teacher_precision -> the tf_keras dtype policy of the teacher copies (int8: of their layers
+# that are not quantized, see quantization.py).
+PRECISIONS = {"float32": "float32", "bfloat16": "bfloat16", "mixed_bfloat16": "mixed_bfloat16",
+              "int8": "float32"}
 PROBE_EXAMPLES = 8
 
 
@@ -47,7 +49,8 @@ class Exchange:
     poll_interval_s: how often the background thread looks for newer peer versions.
     teacher_precision: ``float32``; ``bfloat16`` (teacher variables and compute in bfloat16:
       half the memory, restored from peers' float32 versions through a float32 copy);
-      ``mixed_bfloat16`` (float32 variables, bfloat16 compute).
+      ``mixed_bfloat16`` (float32 variables, bfloat16 compute); ``int8`` (Embedding and Dense
+      weights as int8 codes with per-row scales, under a third of the memory: quantization.py).
     publish_format: how versions are published: whole SavedModels (the default), or lean
       versions with bfloat16/int8 weights and row deltas (``tfc.PublishFormat``); readers
       accept every format.
@@ -101,7 +104,8 @@ class Exchange:
 
   def teacher_dtype_policy(self) -> Optional[str]:
     """The dtype policy of teacher copies (None: the student's own)."""
-    return None if self.teacher_precision == "float32" else PRECISIONS[self.teacher_precision]
+    policy = PRECISIONS[self.teacher_precision]
+    return None if policy == "float32" else policy
 
 
 def batched_spec(structure) -> Any:

@@ -27,6 +27,7 @@ from tf_codistill import exchange as exchange_lib
 from tf_codistill import fused_models
 from tf_codistill import fusion as fusion_lib
 from tf_codistill import losses
+from tf_codistill import quantization
 
 
 def clone_architecture(model: keras.Model, dtype_policy: Optional[str] = None) -> keras.Model:
@@ -74,13 +75,16 @@ def _num_teachers(num_teachers: Optional[int], exchange) -> int:
 
 
 def _teacher_maker(student: keras.Model, teacher_factory, exchange) -> Callable[[], keras.Model]:
+  precision = exchange.teacher_precision if exchange is not None else "float32"
   policy = exchange.teacher_dtype_policy() if exchange is not None else None
   if teacher_factory is not None:
-    if policy is not None:
+    if precision != "float32":
       raise errors.ConfigurationError(
           f"CodistillModel: teacher_precision={exchange.teacher_precision!r} applies to cloned "
           "teachers; with a teacher_factory, build its layers with that dtype policy instead")
     return teacher_factory
+  if precision == "int8":
+    return lambda: quantization.int8_copy(student)
   return lambda: clone_architecture(student, dtype_policy=policy)
 
 
@@ -290,12 +294,12 @@ class CodistillModel(keras.Model):
     self.teacher_steps.assign(steps)
 
   def set_teacher_weights(self, index: int, weights: Sequence[np.ndarray], step: int) -> None:
-    """Loads values into teacher ``index``'s inactive copy and activates it."""
-    variables = self.inactive_teacher(index).weights
-    if len(variables) != len(weights):
-      raise ValueError(f"teacher {index} has {len(variables)} variables, got {len(weights)} values")
-    for var, value in zip(variables, weights):
-      var.assign(tf.cast(value, var.dtype))
+    """Loads float values (in the student's ``weights`` order) into teacher ``index``'s inactive
+    copy, cast or quantized to its precision, and activates it."""
+    try:
+      quantization.assign_float_weights(self.inactive_teacher(index), weights)
+    except ValueError as e:
+      raise ValueError(f"teacher {index}: {e}") from None
     self.activate_teacher(index, step)
 
   def _active_weights(self) -> tf.Tensor:

@@ -6,7 +6,8 @@ sizes, checks the serving signature against the student's, restores the SavedMod
 into the *inactive* copy of that peer's double-buffered teacher (``load_weights`` +
 ``assert_existing_objects_matched``, so a half-restored model is an error; a bfloat16 teacher
 through a float32 copy, then cast) or rebuilds a lean version's arrays whole (bfloat16/int8
-weights, row deltas: ``lean_versions.LeanReader``) and assigns them, and rejects
+weights, row deltas: ``lean_versions.LeanReader``) and assigns them (an int8 teacher quantizes
+them: ``quantization.py``), and rejects
 non-finite values and a teacher whose predictions on a probe batch of real inputs are NaN/Inf.
 The peer's graph (``saved_model.pb``) is parsed for its signature but never run. The training thread then only
 flips the peer's ``active_slot`` between two steps (``TeacherRefresh``, a step_hooks.StepHook):
@@ -28,6 +29,7 @@ from absl import logging
 from tf_codistill import step_hooks
 from tf_codistill import exchange
 from tf_codistill import lean_versions
+from tf_codistill import quantization
 
 
 
@@ -141,9 +143,8 @@ class TeacherPool:
     if lean_versions.is_lean(marker):
       reader = self._lean.setdefault(index, lean_versions.LeanReader())
       version_id, arrays = reader.read(self.exchange_dir, version, marker, self._expected,
-                                       [v.shape for v in target.weights])
-      for var, value in zip(target.weights, arrays):
-        var.assign(tf.cast(value, var.dtype))
+                                       quantization.float_shapes(target))
+      quantization.assign_float_weights(target, arrays)
       commit = lambda: reader.commit(version_id, arrays)
     else:
       exchange.check_signature(version.path, self._expected)
@@ -163,20 +164,20 @@ class TeacherPool:
 
   def _restore(self, target: keras.Model, prefix: str) -> None:
     """Restores the checkpoint at ``prefix`` into ``target``. A checkpoint restores only into
-    variables of its saved dtype (float32): a teacher kept in another precision is restored
-    into a float32 copy of its architecture, made once, then cast into it, all off the training
-    thread."""
-    if all(v.dtype == tf.float32 for v in target.weights if v.dtype.is_floating):
+    variables of its saved dtype (float32): a teacher kept in another precision (bfloat16, int8)
+    is restored into a float32 copy of its architecture, made once, then cast or quantized into
+    it (``quantization.assign_float_weights``), all off the training thread."""
+    if not quantization.is_quantized(target) and all(
+        v.dtype == tf.float32 for v in target.weights if v.dtype.is_floating):
       target.load_weights(prefix).assert_existing_objects_matched()
       return
     if self._staging is None:
       self._staging = self._model.float32_copy()
     self._staging.load_weights(prefix).assert_existing_objects_matched()
-    for var, value in zip(target.weights, self._staging.weights):
-      if var.shape != value.shape:
-        raise ValueError(f"{prefix}: {value.name} has shape {value.shape}, the teacher's "
-                         f"{var.name} {var.shape}")
-      var.assign(tf.cast(value, var.dtype))
+    try:
+      quantization.assign_float_weights(target, self._staging.get_weights())
+    except ValueError as e:
+      raise ValueError(f"{prefix}: {e}") from None
 
 
 class TeacherRefresh(step_hooks.StepHook):

@@ -8,6 +8,7 @@ import tf_keras as keras
 
 from benchmarks import step_times
 from benchmarks import teacher_overhead
+from tf_codistill import quantization
 
 
 def _model():
@@ -52,13 +53,15 @@ def test_ratios_are_formed_within_rounds_and_come_with_an_interval():
 def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
   arms = teacher_overhead.build_arms(batch_size=8, num_buckets=50, embedding_dim=2)
   assert set(arms) == {"plain_keras", "codistill_no_teacher", "codistill_one_teacher",
-                       "codistill_bfloat16_teacher", "codistill_mixed_bfloat16_teacher"}
+                       "codistill_bfloat16_teacher", "codistill_mixed_bfloat16_teacher",
+                       "codistill_int8_teacher"}
   for name, variables in (("codistill_bfloat16_teacher", "bfloat16"),
                           ("codistill_mixed_bfloat16_teacher", "float32")):
     teacher = arms[name].teacher_slots[0][0]
     dense = [layer for layer in teacher.layers if isinstance(layer, keras.layers.Dense)]
     assert dense and all(layer.compute_dtype == "bfloat16" for layer in dense)
     assert all(layer.kernel.dtype == variables for layer in dense)
+  assert quantization.is_quantized(arms["codistill_int8_teacher"].teacher_slots[0][0])
   summary = teacher_overhead.measure(arms, teacher_overhead._dataset(8, 50), steps=3, rounds=2)
   assert {row["steps"] for row in summary["step_times"].values()} == {6}
   for ratio in summary["ratios"].values():

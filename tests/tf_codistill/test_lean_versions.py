@@ -13,6 +13,7 @@ import tf_codistill as tfc
 from testing_utils import activate_all
 from tf_codistill import exchange
 from tf_codistill import lean_versions as lv
+from tf_codistill import quantization
 from tf_codistill import teachers
 from tf_codistill import weight_codecs as wc
 from tf_codistill.errors import ConfigurationError
@@ -184,7 +185,7 @@ def _student_and_pool(tmp_path, teacher_precision="float32"):
   return model, pool
 
 
-@pytest.mark.parametrize("teacher_precision", ["float32", "bfloat16"])
+@pytest.mark.parametrize("teacher_precision", ["float32", "bfloat16", "int8"])
 def test_the_teacher_pool_loads_lean_versions_and_their_deltas(tmp_path, teacher_precision):
   model, pool = _student_and_pool(tmp_path, teacher_precision)
   peer = emb_net(seed=5)
@@ -199,8 +200,8 @@ def test_the_teacher_pool_loads_lean_versions_and_their_deltas(tmp_path, teacher
   activate_all(model, pool)
   assert model.teacher_steps.numpy().tolist() == [200] and pool.rejections == 0
   teacher = model.teacher_slots[0][int(model.active_slot[0].numpy())]
-  tolerance = 0 if teacher_precision == "float32" else 2 ** -8
-  for got, want in zip(teacher.get_weights(), _stored(weights, "int8")):
+  tolerance = {"float32": 0, "bfloat16": 2 ** -8, "int8": 1e-6}[teacher_precision]
+  for got, want in zip(quantization.float_weights(teacher), _stored(weights, "int8")):
     np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=tolerance, atol=1e-8)
 
 

@@ -1,0 +1,105 @@
+"""int8 teachers: quantized copies predict like their float model, load from real peer versions,
+and hold under a third of its bytes."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from tf_codistill import exchange
+from tf_codistill import losses
+from tf_codistill import quantization
+from tf_codistill import teachers
+from tf_codistill.codistillation import Exchange
+from tf_codistill.model import CodistillModel
+from tf_codistill.models import ctr
+from tf_codistill.models import lm
+from tf_codistill.models import resnet
+
+# Stated tolerance: int8 codes keep a relative error of at most 1/254 of each row's largest
+# weight; through a small model, probabilities stay within 0.03 and their mean within 0.005.
+MAX_ABS_PROB_DIFF = 0.03
+MEAN_ABS_PROB_DIFF = 0.005
+
+
+def _model(name):
+  if name == "lm":
+    return lm.lstm_lm(200, 32, (64,), seed=0), "softmax", {
+        "tokens": tf.random.stateless_uniform([8, 20], [1, 2], 0, 200, tf.int32)}
+  if name == "resnet":
+    return resnet.resnet(10, widths=(8, 16), seed=0), "softmax", {
+        "image": tf.random.stateless_uniform([8, 28, 28, 1], [1, 2])}
+  return ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16,), seed=0), "sigmoid", {
+      "dense": tf.random.stateless_uniform([8, 13], [1, 2]),
+      "categorical": tf.random.stateless_uniform([8, 26], [1, 2], 0, 100, tf.int64)}
+
+
+def _bytes(model):
+  return sum(int(np.prod(w.shape)) * w.dtype.size for w in model.weights)
+
+
+@pytest.mark.parametrize("name", ["lm", "resnet", "ctr"])
+def test_an_int8_copy_predicts_like_its_float_model(name):
+  model, output, x = _model(name)
+  reference = losses.probabilities(model(x, training=False), output).numpy()
+  teacher = quantization.int8_copy(model)
+  teacher(x, training=False)
+  quantization.assign_float_weights(teacher, model.get_weights())
+  quantized = [layer for layer in teacher.layers if isinstance(layer, quantization._Int8Layer)]
+  assert quantized and all(layer.codes.dtype == tf.int8 for layer in quantized)
+  probs = losses.probabilities(teacher(x, training=False), output).numpy()
+  diff = np.abs(probs - reference)
+  assert diff.max() < MAX_ABS_PROB_DIFF and diff.mean() < MEAN_ABS_PROB_DIFF, (diff.max(), diff.mean())
+  for got, want in zip(quantization.float_weights(teacher), model.get_weights()):
+    np.testing.assert_allclose(got, want, atol=np.abs(want).max() / 254 + 1e-7)
+
+
+def test_an_int8_ctr_teacher_holds_under_a_third_of_the_float_bytes():
+  # 16-wide embedding rows: 16 one-byte codes and a 4-byte scale against 64 bytes.
+  model = ctr.ctr_model(num_buckets=1000, embedding_dim=16, hidden_units=(16,), seed=0)
+  teacher = quantization.int8_copy(model)
+  teacher(_model("ctr")[2], training=False)
+  assert _bytes(teacher) < 0.33 * _bytes(model), (_bytes(teacher), _bytes(model))
+
+
+def test_assign_float_weights_refuses_values_that_do_not_fit_naming_the_shape():
+  model, _, x = _model("ctr")
+  teacher = quantization.int8_copy(model)
+  teacher(x, training=False)
+  weights = model.get_weights()
+  with pytest.raises(ValueError, match="arrays for a model with"):
+    quantization.assign_float_weights(teacher, weights[:-1])
+  with pytest.raises(ValueError, match=r"shape \(3,\)"):
+    quantization.assign_float_weights(teacher, weights[:-1] + [np.zeros(3, np.float32)])
+
+
+def test_an_int8_teacher_is_restored_from_a_float32_peer_version(tmp_path):
+  peer, output, x = _model("lm")
+  spec = {"tokens": tf.TensorSpec([None, 20], tf.int32)}
+  exchange.publish(peer, str(tmp_path), 1, 40, spec)
+  student, _, _ = _model("lm")
+  model = CodistillModel(student, exchange=Exchange(str(tmp_path), group=0,
+                                                    teacher_precision="int8"), output="softmax")
+  model(x)
+  pool = teachers.TeacherPool(str(tmp_path), [1], model, spec, [None, 20, 200], probe=x)
+  assert pool.poll_once() == 1 and pool.rejections == 0
+  model.activate_teacher(0, 40)
+  teacher = model.teacher_slots[0][int(model.active_slot.numpy()[0])]
+  assert quantization.is_quantized(teacher)
+  reference = losses.probabilities(peer(x, training=False), output).numpy()
+  diff = np.abs(model.teacher_target(x).numpy() - reference)
+  assert diff.max() < MAX_ABS_PROB_DIFF and diff.mean() < MEAN_ABS_PROB_DIFF, (diff.max(), diff.mean())
+
+
+def test_a_codistill_model_with_an_int8_teacher_trains(tmp_path):
+  student, _, x = _model("ctr")
+  model = CodistillModel(student, exchange=Exchange(str(tmp_path), 0, teacher_precision="int8"))
+  model.compile(optimizer=keras.optimizers.SGD(0.1),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  model(x)
+  model.set_teacher_weights(0, ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16,),
+                                             seed=3).get_weights(), step=1)
+  logs = model.train_on_batch(x, tf.ones([8, 1]), return_dict=True)
+  assert np.isfinite(logs["distill_loss"]) and logs["distill_loss"] > 0
+  with pytest.raises(ValueError, match="teacher 0: 1 arrays"):
+    model.set_teacher_weights(0, student.get_weights()[:1], step=2)

@@ -1,0 +1,166 @@
+"""int8 teachers: weight-only quantized copies of a peer's model, in under a third of its memory.
+
+``int8_copy(model)`` clones a Sequential or functional model with every ``Embedding`` and
+``Dense`` layer replaced by an int8 one: codes ``round(w / scale)`` with one float32 scale per
+row of the weight seen as rows of its last axis (``weight_codecs``' int8 codec: an embedding row,
+a kernel's input row), dequantized where they are used. An embedding dequantizes only the rows it
+gathers; a dense layer scales its inputs by the row scales and multiplies them with the codes
+(``x @ (scale * codes) == (x * scale) @ codes``). Other layers (LSTM, convolutions, batch norm)
+keep float32 variables. A row of width w takes w + 4 bytes instead of 4w (0.31 of it for the
+CTR model's 16-wide embeddings). A teacher copy is never trained: its values come from a peer's float32
+weights through ``assign_float_weights``, quantized off the training thread.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, List, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+from tf_codistill import weight_codecs
+
+
+class _Int8Layer(keras.layers.Layer):
+  """A layer with one int8-coded weight (``codes`` + per-row ``scales``) and maybe a bias."""
+
+  def _add_codes(self, rows: int, width: int) -> None:
+    self.codes = self.add_weight("codes", [rows, width], tf.int8, "zeros", trainable=False)
+    self.scales = self.add_weight("scales", [rows], tf.float32, "zeros", trainable=False)
+
+  def float_shapes(self) -> List[tf.TensorShape]:
+    """Shapes of the float layer's weights this layer holds, in that layer's order."""
+    return [self.codes.shape] + ([self.bias.shape] if getattr(self, "bias", None) is not None
+                                 else [])
+
+  def float_weights(self) -> List[np.ndarray]:
+    """The float values this layer stands for (dequantized), in the float layer's order."""
+    kernel = self.codes.numpy().astype(np.float32) * self.scales.numpy()[:, None]
+    return [kernel] + [w.numpy() for w in self.weights[2:]]
+
+  def assign_float(self, values: Sequence[np.ndarray]) -> None:
+    """Quantizes the float layer's weights ``values`` into this layer."""
+    encoded = weight_codecs.encode(np.asarray(values[0], np.float32), "int8")
+    self.codes.assign(encoded.values.reshape(self.codes.shape))
+    self.scales.assign(encoded.scales)
+    for var, value in zip(self.weights[2:], values[1:]):
+      var.assign(tf.cast(value, var.dtype))
+
+
+class Int8Embedding(_Int8Layer):
+  """``keras.layers.Embedding`` with int8 rows: gathers codes and scales, then dequantizes."""
+
+  def __init__(self, input_dim: int, output_dim: int, mask_zero: bool = False, **kwargs):
+    super().__init__(**kwargs)
+    self.input_dim, self.output_dim, self.mask_zero = int(input_dim), int(output_dim), mask_zero
+
+  def build(self, input_shape):
+    self._add_codes(self.input_dim, self.output_dim)
+    super().build(input_shape)
+
+  def call(self, inputs):
+    ids = tf.cast(inputs, tf.int32) if inputs.dtype not in (tf.int32, tf.int64) else inputs
+    return (tf.cast(tf.gather(self.codes, ids), tf.float32)
+            * tf.expand_dims(tf.gather(self.scales, ids), -1))
+
+  def compute_mask(self, inputs, mask=None):
+    return tf.not_equal(inputs, 0) if self.mask_zero else None
+
+
+class Int8Dense(_Int8Layer):
+  """``keras.layers.Dense`` with an int8 kernel (one scale per input row)."""
+
+  def __init__(self, units: int, activation=None, use_bias: bool = True, **kwargs):
+    super().__init__(**kwargs)
+    self.units, self.use_bias = int(units), use_bias
+    self.activation = keras.activations.get(activation)
+
+  def build(self, input_shape):
+    self._add_codes(int(input_shape[-1]), self.units)
+    self.bias = (self.add_weight("bias", [self.units], tf.float32, "zeros", trainable=False)
+                 if self.use_bias else None)
+    super().build(input_shape)
+
+  def call(self, inputs):
+    kernel = tf.cast(self.codes, inputs.dtype)
+    scaled = inputs * tf.cast(self.scales, inputs.dtype)
+    if inputs.shape.rank == 2:
+      outputs = tf.matmul(scaled, kernel)
+    else:
+      outputs = tf.tensordot(scaled, kernel, [[inputs.shape.rank - 1], [0]])
+    if self.bias is not None:
+      outputs = tf.nn.bias_add(outputs, tf.cast(self.bias, outputs.dtype))
+    return self.activation(outputs)
+
+
+def _int8_layer(layer: keras.layers.Layer) -> keras.layers.Layer:
+  """clone_model's clone_function: the int8 version of an Embedding or Dense layer, else a
+  float copy."""
+  config = layer.get_config()
+  if type(layer) is keras.layers.Embedding:
+    return Int8Embedding(config["input_dim"], config["output_dim"],
+                         mask_zero=config.get("mask_zero", False), name=config["name"])
+  if type(layer) is keras.layers.Dense:
+    return Int8Dense(config["units"], config["activation"], config["use_bias"],
+                     name=config["name"])
+  return layer.__class__.from_config(config)
+
+
+def int8_copy(model: keras.Model) -> keras.Model:
+  """A copy of a Sequential or functional model with int8 Embedding and Dense layers."""
+  return keras.models.clone_model(model, clone_function=_int8_layer)
+
+
+def _leaves(model: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
+  """The layers of ``model`` that hold weights, in the order of ``model.weights``."""
+  for layer in model.layers:
+    if isinstance(layer, keras.Model):
+      yield from _leaves(layer)
+    elif layer.weights:
+      yield layer
+
+
+def is_quantized(model: keras.Model) -> bool:
+  """Whether ``model`` has int8 layers."""
+  return any(isinstance(layer, _Int8Layer) for layer in _leaves(model))
+
+
+def float_shapes(model: keras.Model) -> List[tf.TensorShape]:
+  """The shapes of the float32 weights ``model`` stands for (its own, for a float model)."""
+  return [s for layer in _leaves(model)
+          for s in (layer.float_shapes() if isinstance(layer, _Int8Layer)
+                    else [v.shape for v in layer.weights])]
+
+
+def float_weights(model: keras.Model) -> List[np.ndarray]:
+  """The float32 weights ``model`` stands for, in the float model's ``weights`` order."""
+  return [np.asarray(w, np.float32) for layer in _leaves(model)
+          for w in (layer.float_weights() if isinstance(layer, _Int8Layer)
+                    else layer.get_weights())]
+
+
+def assign_float_weights(model: keras.Model, values: Sequence[np.ndarray]) -> None:
+  """Assigns float weights (in the float model's ``weights`` order) to ``model``: cast into float
+  and bfloat16 variables, quantized into int8 layers.
+
+  Raises:
+    ValueError: the values do not match the model's weights in number or shape.
+  """
+  shapes = float_shapes(model)
+  if len(values) != len(shapes):
+    raise ValueError(f"{len(values)} arrays for a model with {len(shapes)} weights")
+  for value, shape in zip(values, shapes):
+    if tuple(np.shape(value)) != tuple(shape):
+      raise ValueError(f"an array of shape {np.shape(value)} where the teacher has {shape}")
+  start = 0
+  for layer in _leaves(model):
+    quantized = isinstance(layer, _Int8Layer)
+    count = len(layer.float_shapes()) if quantized else len(layer.weights)
+    chunk = values[start:start + count]
+    start += count
+    if quantized:
+      layer.assign_float(chunk)
+    else:
+      for var, value in zip(layer.weights, chunk):
+        var.assign(tf.cast(value, var.dtype))

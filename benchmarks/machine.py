@@ -65,20 +65,52 @@ def define_flags() -> None:
                     "every figure taken so is marked in the results.")
 
 
+def busy_cpu_seconds() -> float:
+  """CPU seconds the whole machine has spent busy since boot (``/proc/stat``: all but idle and
+  iowait)."""
+  with open("/proc/stat") as f:
+    fields = [int(v) for v in f.readline().split()[1:]]
+  idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+  return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+  """CPU seconds of this process and its waited-for children."""
+  t = os.times()
+  return t.user + t.system + t.children_user + t.children_system
+
+
 @dataclasses.dataclass
 class Session:
-  """A benchmark's hold on the machine, and the load when it started."""
+  """A benchmark's hold on the machine, and the load when it started.
+
+  The 1-minute load average at the end counts the benchmark's own threads (TF's pools alone keep
+  it near 3 on 2 cores), so it cannot tell whether anything else ran. ``foreign_cpu_share`` can:
+  the machine's busy CPU time over the run less the benchmark's own (its process and the child
+  processes it waited for), as a share of the cores' time.
+  """
   name: str
   allow_load: bool
   load_before: float
   cores: int
+  started: float = dataclasses.field(default_factory=time.monotonic)
+  busy_before: float = dataclasses.field(default_factory=busy_cpu_seconds)
+  own_before: float = dataclasses.field(default_factory=own_cpu_seconds)
+
+  def foreign_cpu_share(self) -> float:
+    """Share of the cores' time since the start used by processes other than the benchmark's."""
+    wall = max(time.monotonic() - self.started, 1e-9)
+    foreign = ((busy_cpu_seconds() - self.busy_before) - (own_cpu_seconds() - self.own_before))
+    return max(0.0, foreign) / (wall * self.cores)
 
   def record(self) -> dict:
-    """Load before and now, for a summary.json: figures mean little without it."""
+    """Load before and now, and the CPU others used meanwhile, for a summary.json: figures mean
+    little without it."""
     after = load_1m()
     return {"benchmark": self.name, "cores": self.cores, "allow_load": self.allow_load,
             "load_avg_1m_before": self.load_before, "load_avg_1m_after": after,
-            "above_nproc_load": max(self.load_before, after) > self.cores}
+            "above_nproc_load": max(self.load_before, after) > self.cores,
+            "foreign_cpu_share": round(self.foreign_cpu_share(), 4)}
 
 
 def _holder(fd: int) -> str:

@@ -19,6 +19,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
+from tf_codistill import step_timing
+
 # arm -> rounds -> step times (seconds)
 Times = Dict[str, List[List[float]]]
 
@@ -41,9 +43,19 @@ class StepClock(keras.callbacks.Callback):
     return list(np.diff(self.ends)[max(0, skip - 1):])
 
 
-def fit_step_times(model: keras.Model, data: tf.data.Dataset, steps: int, skip: int = 3,
+def fit_step_times(model: keras.Model, data, steps: int, skip: int = 3,
                    callbacks: Sequence[keras.callbacks.Callback] = ()) -> List[float]:
-  """Trains ``model`` for ``skip + steps`` steps in one ``fit``; the last ``steps`` step times."""
+  """Trains ``model`` for ``skip + steps`` steps in one ``fit``; the last ``steps`` step times.
+
+  Under parameter servers (``data`` a DatasetCreator) the times are the gaps between finished
+  step functions on any worker (``step_timing.ClosureTimer``): the group's step time, whose
+  mean, not median, is the inverse of its throughput when several workers interleave.
+  """
+  if isinstance(model.distribute_strategy, tf.distribute.experimental.ParameterServerStrategy):
+    timer = step_timing.ClosureTimer(skip_steps=skip)
+    model.fit(data, steps_per_epoch=skip + steps, epochs=1, verbose=0,
+              callbacks=[*callbacks, timer])
+    return [end - start for start, end, _, _ in timer.intervals]
   clock = StepClock()
   model.fit(data, steps_per_epoch=skip + steps, epochs=1, verbose=0,
             callbacks=[*callbacks, clock])
@@ -69,11 +81,13 @@ def bootstrap_median(values: Sequence[float], resamples: int = 2000, seed: int =
   return [float(np.percentile(medians, 5)), float(np.percentile(medians, 95))]
 
 
-def throughput_ratio(times: Times, arm: str, baseline: str) -> Dict[str, object]:
-  """Steps/s of ``arm`` over ``baseline``'s, per round (the inverse ratio of their median step
-  times in that round): the median over rounds, its 90% interval, and every round's value."""
-  per_round = [float(statistics.median(b) / statistics.median(a))
-               for a, b in zip(times[arm], times[baseline])]
+def throughput_ratio(times: Times, arm: str, baseline: str,
+                     statistic: Callable[[Sequence[float]], float] = statistics.median
+                     ) -> Dict[str, object]:
+  """Steps/s of ``arm`` over ``baseline``'s, per round (the inverse ratio of their median, or
+  ``statistic``, step times in that round): the median over rounds, its 90% interval, and every
+  round's value."""
+  per_round = [float(statistic(b) / statistic(a)) for a, b in zip(times[arm], times[baseline])]
   return {"median": float(statistics.median(per_round)), "interval90": bootstrap_median(per_round),
           "rounds": per_round}
 
@@ -83,7 +97,7 @@ def describe(times: Times) -> Dict[str, Dict[str, float]]:
   out = {}
   for name, rounds in times.items():
     every = np.asarray([t for r in rounds for t in r], np.float64)
-    out[name] = {"median_ms": 1e3 * float(np.median(every)),
+    out[name] = {"median_ms": 1e3 * float(np.median(every)), "mean_ms": 1e3 * float(every.mean()),
                  "p90_ms": 1e3 * float(np.percentile(every, 90)),
                  "max_ms": 1e3 * float(every.max()), "steps": int(every.size),
                  "steps_per_sec": 1.0 / float(np.median(every))}

@@ -83,14 +83,17 @@ class Int8Dense(_Int8Layer):
     super().build(input_shape)
 
   def call(self, inputs):
-    kernel = tf.cast(self.codes, inputs.dtype)
-    scaled = inputs * tf.cast(self.scales, inputs.dtype)
+    # int8 codes are exact in bfloat16: the product runs in bfloat16 (oneDNN's bf16 kernels,
+    # about twice float32's speed on CPUs with AVX512_BF16/AMX), accumulated in float32.
+    kernel = tf.cast(self.codes, tf.bfloat16)
+    scaled = tf.cast(tf.cast(inputs, tf.float32) * self.scales, tf.bfloat16)
     if inputs.shape.rank == 2:
       outputs = tf.matmul(scaled, kernel)
     else:
       outputs = tf.tensordot(scaled, kernel, [[inputs.shape.rank - 1], [0]])
+    outputs = tf.cast(outputs, tf.float32)
     if self.bias is not None:
-      outputs = tf.nn.bias_add(outputs, tf.cast(self.bias, outputs.dtype))
+      outputs = tf.nn.bias_add(outputs, self.bias)
     return self.activation(outputs)
 
 

@@ -1,6 +1,8 @@
 """benchmarks/machine.py: one benchmark at a time, refused above nproc load, CPUs handed out."""
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -71,3 +73,22 @@ def test_cpu_pool_pins_each_holder_to_cpus_nobody_else_holds():
   with pytest.raises(ValueError, match="needs 2 CPUs; this pool has 1"):
     with pool.take(2):
       pass
+
+
+def test_foreign_cpu_share_counts_work_of_other_processes_not_the_benchmarks_own():
+  session = machine.Session("b", False, 0.0, machine.cores())
+  deadline = time.monotonic() + 1.0
+  while time.monotonic() < deadline:  # the benchmark's own work
+    pass
+  own_only = session.foreign_cpu_share()
+  # Another process, not this benchmark's child: started detached and never waited for here.
+  other = subprocess.Popen([sys.executable, "-c",
+                            "import time\nd = time.monotonic() + 1.5\nwhile time.monotonic() < d: pass"],
+                           start_new_session=True)
+  time.sleep(1.6)
+  busy = session.foreign_cpu_share()
+  other.wait()  # after the reading: its time is not the session's own at the reading
+  record = session.record()
+  assert own_only < 0.45, own_only  # one busy thread of its own would be 0.5 if counted
+  assert busy > own_only + 0.1, (own_only, busy)
+  assert 0.0 <= record["foreign_cpu_share"] <= 1.0

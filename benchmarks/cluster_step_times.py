@@ -1,0 +1,297 @@
+"""Step times of one codistillation group on real local clusters, on the step-time harness: a
+parameter-server group (2 workers + 1 ps, this benchmark's coordinator) and a MultiWorkerMirrored
+group (2 worker processes), each with three arms interleaved round by round: no teacher, one
+loaded teacher, and one teacher refreshed from a peer's newer versions while it trains.
+
+Every task is a real ``tf.distribute.Server`` or worker process on 127.0.0.1. The refreshing arm
+runs the real ``TeacherPool`` and ``TeacherRefresh`` (loads off the training thread, flips
+between steps); a peer's versions, real SavedModels written before the arm, appear in the
+exchange directory every ``--refresh_every_steps`` steps of the group (as a peer as fast as it,
+publishing every K steps, would).
+Step times: per-step times inside one ``fit`` (MultiWorkerMirrored: the chief's batch ends;
+parameter servers: the gaps between finished step functions on either worker, whose mean is the
+group's step time). Ratios are formed within each round (their mean step times) and summarized
+over rounds (``step_times``).
+
+  .venv/bin/python -m benchmarks.cluster_step_times [--rounds=7 --steps=300]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+from absl import flags
+
+from benchmarks import machine
+from benchmarks import standalone
+from benchmarks import step_times
+from tf_codistill import exchange
+from tf_codistill import launcher
+from tf_codistill import step_hooks
+from tf_codistill import teachers
+from tf_codistill.model import CodistillModel
+from tf_codistill.models import ctr
+
+flags.DEFINE_integer("batch_size", 256, "Examples per worker step.")
+flags.DEFINE_integer("num_buckets", 20_000, "Hash buckets per categorical feature.")
+flags.DEFINE_integer("steps", 300, "Timed steps per arm per round (each in one fit).")
+flags.DEFINE_integer("rounds", 7, "Interleaved rounds.")
+flags.DEFINE_integer("refresh_every_steps", 100,
+                     "A new peer version appears every this many steps of the group measured (a "
+                     "peer as fast as it publishing every K steps).")
+flags.DEFINE_list("groups", ["parameter_server", "multi_worker_mirrored"], "Groups measured.")
+flags.DEFINE_string("role", "", "Internal: the task a child process runs.")
+flags.DEFINE_string("cluster", "", "Internal: the cluster spec (JSON).")
+flags.DEFINE_integer("task_index", 0, "Internal: the task's index.")
+flags.DEFINE_string("part_out", "", "Internal: where the measuring task writes its times.")
+standalone.define_flags("cluster_step_times")
+FLAGS = flags.FLAGS
+
+ARMS = ("no_teacher", "teacher", "teacher_refresh")
+GOALS = {"teacher_throughput_ratio_parameter_server": (">=", 0.93),
+         "refresh_throughput_loss": ("<=", 0.03)}
+PEER = 1
+SPEC = {"dense": tf.TensorSpec([None, 13], tf.float32),
+        "categorical": tf.TensorSpec([None, 26], tf.int64)}
+
+
+def _make_model() -> keras.Model:
+  return ctr.ctr_model(num_buckets=FLAGS.num_buckets, embedding_dim=16, seed=0)
+
+
+def _dataset(global_batch: int) -> tf.data.Dataset:
+  rng = np.random.default_rng(0)
+  n = global_batch * 8
+  features = {"dense": rng.exponential(size=(n, 13)).astype("float32"),
+              "categorical": rng.zipf(1.3, size=(n, 26)).astype("int64") % FLAGS.num_buckets}
+  labels = rng.integers(0, 2, size=(n, 1)).astype("float32")
+  options = tf.data.Options()
+  options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+  return (tf.data.Dataset.from_tensor_slices((features, labels)).batch(global_batch).repeat()
+          .with_options(options))
+
+
+def _build_arms(strategy: tf.distribute.Strategy) -> Dict[str, CodistillModel]:
+  """The arms' compiled models, each with the same student weights; teachers hold them too."""
+  sample = next(iter(_dataset(8)))[0]
+  arms = {}
+  with strategy.scope():
+    for name in ARMS:
+      model = CodistillModel(_make_model(), 0 if name == "no_teacher" else 1, alpha=1.0)
+      model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                    loss=keras.losses.BinaryCrossentropy(from_logits=True))
+      model(sample)
+      if name != "no_teacher":
+        model.set_teacher_weights(0, model.student.get_weights(), step=0)
+      arms[name] = model
+  return arms
+
+
+class PeerVersions:
+  """A peer's versions of one real SavedModel, written before the arms run: while the refreshing
+  arm trains, a new version (hard links to its files, its own COMPLETE marker) appears in the
+  exchange directory whenever ``step()`` has passed another ``every_steps``."""
+
+  def __init__(self, work: str, every_steps: int, step: Callable[[], int]):
+    self.exchange_dir = os.path.join(work, "exchange")
+    self._saved = os.path.join(work, "peer_saved_model")
+    self.every_steps = every_steps
+    self._step = step
+    peer = _make_model()
+    peer(next(iter(_dataset(8)))[0])
+    exchange.save_model(peer, self._saved, SPEC)
+    self.published = 0
+    self._stop = threading.Event()
+    self._thread: Optional[threading.Thread] = None
+
+  def start(self) -> None:
+    self._stop.clear()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread.start()
+
+  def stop(self) -> None:
+    self._stop.set()
+    self._thread.join()
+
+  def _link(self, tmp: str) -> None:
+    for dirpath, _, filenames in os.walk(self._saved):
+      target = os.path.join(tmp, os.path.relpath(dirpath, self._saved))
+      os.makedirs(target, exist_ok=True)
+      for name in filenames:
+        os.link(os.path.join(dirpath, name), os.path.join(target, name))
+
+  def _run(self) -> None:
+    last = self._step() // self.every_steps
+    while not self._stop.wait(0.05):
+      now = self._step() // self.every_steps
+      if now > last:
+        last = now
+        self.published += 1
+        exchange.write_version(self.exchange_dir, PEER, self.published, self._link, {},
+                               keep_last=3)
+
+
+def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> dict:
+  """Every arm once per round, the order rotated; the refreshing arm with a live teacher pool."""
+  arms = _build_arms(strategy)
+  ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+  model = arms["teacher_refresh"]
+  peer = (PeerVersions(work, FLAGS.refresh_every_steps,
+                       lambda: int(model.optimizer.iterations.numpy())) if chief else None)
+  exchange_dir = os.path.join(work, "exchange")
+  pool = teachers.TeacherPool(exchange_dir, [PEER], model, SPEC, [None, 1], poll_interval_s=0.2)
+  refresh = teachers.TeacherRefresh(pool)
+  driver = (step_hooks.ThreadDriver if ps else step_hooks.BatchDriver)([refresh])
+  swaps: List[int] = []
+
+  def run_refreshing() -> List[float]:
+    before = refresh.swaps
+    if peer is not None:
+      peer.start()
+    try:
+      times = step_times.fit_step_times(model, data, FLAGS.steps, callbacks=[driver])
+    finally:
+      if peer is not None:
+        peer.stop()
+    swaps.append(refresh.swaps - before)
+    return times
+
+  calls = {name: (lambda m=arms[name]: step_times.fit_step_times(m, data, FLAGS.steps))
+           for name in ARMS[:2]}
+  calls["teacher_refresh"] = run_refreshing
+  times = step_times.interleave(calls, FLAGS.rounds)
+  mean = statistics.fmean
+  return {"step_times": step_times.describe(times), "refreshes_per_round": swaps,
+          "ratios": {"teacher_vs_no_teacher": step_times.throughput_ratio(
+                         times, "teacher", "no_teacher", mean),
+                     "refresh_vs_teacher": step_times.throughput_ratio(
+                         times, "teacher_refresh", "teacher", mean)}}
+
+
+def _serve() -> None:
+  """A parameter-server group's worker or ps task: serves until killed."""
+  cluster = json.loads(FLAGS.cluster)
+  job = FLAGS.role.split("_", 1)[1]
+  server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job,
+                                task_index=FLAGS.task_index, protocol="grpc", start=True)
+  server.join()
+
+
+def _coordinate(work: str) -> None:
+  """The parameter-server group's coordinator: measures and writes ``--part_out``."""
+  resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec(json.loads(FLAGS.cluster)), task_type="chief", task_id=0,
+      rpc_layer="grpc")
+  strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+  data = keras.utils.experimental.DatasetCreator(lambda _: _dataset(FLAGS.batch_size))
+  standalone.write_json(FLAGS.part_out, _measure(strategy, data, work, chief=True))
+
+
+def _mirrored_worker(work: str) -> None:
+  """One MultiWorkerMirrored worker (TF_CONFIG set by the parent); task 0 writes ``--part_out``."""
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  chief = FLAGS.task_index == 0
+  result = _measure(strategy, _dataset(FLAGS.batch_size * 2), work, chief)
+  if chief:
+    standalone.write_json(FLAGS.part_out, result)
+
+
+def _child(role: str, work: str, part: str, cluster: dict, index: int = 0,
+           env: Optional[dict] = None) -> subprocess.Popen:
+  args = [sys.executable, "-m", "benchmarks.cluster_step_times", f"--role={role}",
+          f"--cluster={json.dumps(cluster)}", f"--task_index={index}", f"--part_out={part}",
+          *[f"--{name}={getattr(FLAGS, name)}" for name in
+            ("batch_size", "num_buckets", "steps", "rounds", "refresh_every_steps")]]
+  return subprocess.Popen(args, env={**os.environ, **(env or {})}, cwd=os.getcwd())
+
+
+def run_group(group: str, work: str) -> dict:
+  """Starts one group's tasks on 127.0.0.1 and returns its measurement."""
+  shutil.rmtree(work, ignore_errors=True)
+  os.makedirs(work)
+  part = os.path.join(work, "part.json")
+  taken: set = set()
+  if group == "parameter_server":
+    cluster = {"chief": [f"127.0.0.1:{launcher.free_port(taken)}"],
+               "worker": [f"127.0.0.1:{launcher.free_port(taken)}" for _ in range(2)],
+               "ps": [f"127.0.0.1:{launcher.free_port(taken)}"]}
+    servers = [_child(f"serve_{job}", work, part, cluster, i)
+               for job in ("worker", "ps") for i in range(len(cluster[job]))]
+    measuring = [_child("coordinate", work, part, cluster)]
+  else:
+    cluster = {"worker": [f"127.0.0.1:{launcher.free_port(taken)}" for _ in range(2)]}
+    servers = []
+    measuring = [_child("mirrored", work, part, cluster, i, {"TF_CONFIG": json.dumps(
+        {"cluster": cluster, "task": {"type": "worker", "index": i}})}) for i in range(2)]
+  try:
+    codes = [p.wait(timeout=3600) for p in measuring]
+  finally:
+    for p in servers + measuring:
+      p.kill()
+      p.wait()
+  if any(codes):
+    raise RuntimeError(f"{group}: a measuring task exited with {codes}")
+  with open(part) as f:
+    return json.load(f)
+
+
+def goals(groups: Dict[str, dict]) -> Dict[str, dict]:
+  """The issue's goals from the groups measured: the teacher's throughput ratio in the
+  parameter-server group, and the largest throughput share lost to refreshes in any group."""
+  out = {}
+  if "parameter_server" in groups:
+    ratio = groups["parameter_server"]["ratios"]["teacher_vs_no_teacher"]
+    out["teacher_throughput_ratio_parameter_server"] = (ratio["median"], ratio["interval90"])
+  losses = {g: 1.0 - r["ratios"]["refresh_vs_teacher"]["median"] for g, r in groups.items()}
+  worst = max(losses, key=losses.get)
+  low, high = groups[worst]["ratios"]["refresh_vs_teacher"]["interval90"]
+  out["refresh_throughput_loss"] = (losses[worst], [1.0 - high, 1.0 - low])
+  verdicts = {}
+  for name, (value, interval) in out.items():
+    op, threshold = GOALS[name]
+    met = value >= threshold if op == ">=" else value <= threshold
+    verdicts[name] = {"value": value, "threshold": [op, threshold], "interval90": interval,
+                      "met": bool(met)}
+  return verdicts
+
+
+def main(argv):
+  del argv
+  if FLAGS.role.startswith("serve_"):
+    return _serve()
+  if FLAGS.role == "coordinate":
+    return _coordinate(os.path.dirname(FLAGS.part_out))
+  if FLAGS.role == "mirrored":
+    return _mirrored_worker(os.path.dirname(FLAGS.part_out))
+  work = standalone.work_dir("cluster_step_times")
+  groups = {}
+  for group in FLAGS.groups:
+    groups[group] = run_group(group, os.path.join(work, group))
+    for name, ratio in groups[group]["ratios"].items():
+      low, high = ratio["interval90"]
+      print(f"{group} {name}: {ratio['median']:.3f} [{low:.3f}, {high:.3f}] "
+            f"(refreshes per round {groups[group]['refreshes_per_round']})", flush=True)
+  verdicts = goals(groups)
+  summary = {"groups": groups, "goals": {k: v["value"] for k, v in verdicts.items()},
+             "goal_verdicts": verdicts,
+             "config": {name: getattr(FLAGS, name) for name in
+                        ("batch_size", "num_buckets", "steps", "rounds", "refresh_every_steps")},
+             "harness": "per-step times inside one fit, arms interleaved, mean step time ratios"}
+  for name, v in verdicts.items():
+    print(f"goal {name}: {v['value']:.3f} {v['threshold'][0]} {v['threshold'][1]} "
+          f"-> {'met' if v['met'] else 'MISSED'}")
+  standalone.write_json(FLAGS.out, summary)
+
+
+if __name__ == "__main__":
+  machine.run_script(main, "benchmarks.cluster_step_times", unless=("role",))

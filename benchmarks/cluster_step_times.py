@@ -18,6 +18,7 @@ over rounds (``step_times``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -32,11 +33,11 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import flags
 
+from benchmarks import local_cluster
 from benchmarks import machine
 from benchmarks import standalone
 from benchmarks import step_times
 from tf_codistill import exchange
-from tf_codistill import launcher
 from tf_codistill import step_hooks
 from tf_codistill import teachers
 from tf_codistill.model import CodistillModel
@@ -178,15 +179,6 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
                          times, "teacher_refresh", "teacher", mean)}}
 
 
-def _serve() -> None:
-  """A parameter-server group's worker or ps task: serves until killed."""
-  cluster = json.loads(FLAGS.cluster)
-  job = FLAGS.role.split("_", 1)[1]
-  server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job,
-                                task_index=FLAGS.task_index, protocol="grpc", start=True)
-  server.join()
-
-
 def _coordinate(work: str) -> None:
   """The parameter-server group's coordinator: measures and writes ``--part_out``."""
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -206,13 +198,13 @@ def _mirrored_worker(work: str) -> None:
     standalone.write_json(FLAGS.part_out, result)
 
 
-def _child(role: str, work: str, part: str, cluster: dict, index: int = 0,
+def _child(role: str, part: str, cluster: dict, index: int = 0,
            env: Optional[dict] = None) -> subprocess.Popen:
   args = [sys.executable, "-m", "benchmarks.cluster_step_times", f"--role={role}",
           f"--cluster={json.dumps(cluster)}", f"--task_index={index}", f"--part_out={part}",
           *[f"--{name}={getattr(FLAGS, name)}" for name in
             ("batch_size", "num_buckets", "steps", "rounds", "refresh_every_steps")]]
-  return subprocess.Popen(args, env={**os.environ, **(env or {})}, cwd=os.getcwd())
+  return local_cluster.start(args, env={**os.environ, **(env or {})}, cwd=os.getcwd())
 
 
 def run_group(group: str, work: str) -> dict:
@@ -220,25 +212,23 @@ def run_group(group: str, work: str) -> dict:
   shutil.rmtree(work, ignore_errors=True)
   os.makedirs(work)
   part = os.path.join(work, "part.json")
-  taken: set = set()
   if group == "parameter_server":
-    cluster = {"chief": [f"127.0.0.1:{launcher.free_port(taken)}"],
-               "worker": [f"127.0.0.1:{launcher.free_port(taken)}" for _ in range(2)],
-               "ps": [f"127.0.0.1:{launcher.free_port(taken)}"]}
-    servers = [_child(f"serve_{job}", work, part, cluster, i)
-               for job in ("worker", "ps") for i in range(len(cluster[job]))]
-    measuring = [_child("coordinate", work, part, cluster)]
+    cluster = local_cluster.free_cluster({"chief": 1, "worker": 2, "ps": 1})
+    serving = local_cluster.servers(cluster)
+    measuring = lambda: [_child("coordinate", part, cluster)]
   else:
-    cluster = {"worker": [f"127.0.0.1:{launcher.free_port(taken)}" for _ in range(2)]}
-    servers = []
-    measuring = [_child("mirrored", work, part, cluster, i, {"TF_CONFIG": json.dumps(
+    cluster = local_cluster.free_cluster({"worker": 2})
+    serving = contextlib.nullcontext()
+    measuring = lambda: [_child("mirrored", part, cluster, i, {"TF_CONFIG": json.dumps(
         {"cluster": cluster, "task": {"type": "worker", "index": i}})}) for i in range(2)]
-  try:
-    codes = [p.wait(timeout=3600) for p in measuring]
-  finally:
-    for p in servers + measuring:
-      p.kill()
-      p.wait()
+  with serving:
+    tasks = measuring()
+    try:
+      codes = [p.wait(timeout=3600) for p in tasks]
+    finally:
+      for p in tasks:
+        p.kill()
+        p.wait()
   if any(codes):
     raise RuntimeError(f"{group}: a measuring task exited with {codes}")
   with open(part) as f:
@@ -267,8 +257,6 @@ def goals(groups: Dict[str, dict]) -> Dict[str, dict]:
 
 def main(argv):
   del argv
-  if FLAGS.role.startswith("serve_"):
-    return _serve()
   if FLAGS.role == "coordinate":
     return _coordinate(os.path.dirname(FLAGS.part_out))
   if FLAGS.role == "mirrored":

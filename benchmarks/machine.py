@@ -59,10 +59,14 @@ def load_1m() -> float:
 
 
 def define_flags() -> None:
-  """Defines --allow_load for a benchmark script (call once, where the script defines its flags)."""
+  """Defines --allow_load and --settle_s for a benchmark script (call once, where the script
+  defines its flags)."""
   flags.DEFINE_bool("allow_load", False,
                     "Measure even when the 1-minute load average stays above the number of cores; "
                     "every figure taken so is marked in the results.")
+  flags.DEFINE_float("settle_s", 180.0, "How long to wait, before the benchmark starts, for the "
+                     "1-minute load average to fall to the number of cores (0: not at all, e.g. in "
+                     "tests).")
 
 
 def busy_cpu_seconds() -> float:
@@ -233,7 +237,7 @@ def run_script(main: Callable[[List[str]], object], name: str,
       main(argv)
       return
     try:
-      with exclusive(name, values["allow_load"]) as session:
+      with exclusive(name, values["allow_load"], max_wait_s=values["settle_s"]) as session:
         main(argv)
         _record_into(flags.FLAGS.flag_values_dict().get("out"), session)
     except (MachineBusy, MachineLoaded) as e:

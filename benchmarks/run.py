@@ -69,7 +69,8 @@ def main(argv):
     if FLAGS.report_only:
       summary = runner.summarize_recorded(suite, paths)
     else:
-      with machine.exclusive(f"benchmarks.run --suite={suite.name}", FLAGS.allow_load):
+      with machine.exclusive(f"benchmarks.run --suite={suite.name}", FLAGS.allow_load,
+                             max_wait_s=FLAGS.settle_s):
         summary = runner.run_suite(suite, paths, force=FLAGS.force, progress=progress,
                                    allow_load=FLAGS.allow_load)
   except (machine.MachineBusy, machine.MachineLoaded) as e:

@@ -140,14 +140,43 @@ def read_tagged_files(files: Sequence[str], open_file: Callable[[tf.Tensor], tf.
       cycle_length=min(len(ids), _MAX_CYCLE_LENGTH),
       num_parallel_calls=tf.data.AUTOTUNE,
       deterministic=deterministic,
-  ).unbatch()
+  )
+  groups = _column_groups(dataset.element_spec[2])
+  if groups:
+    dataset = dataset.map(functools.partial(_pack_columns, groups))
+  dataset = dataset.unbatch()
   if cache:
     dataset = dataset.cache()
   if shuffle_buffer > 0:
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
   if repeat:
     dataset = dataset.repeat()
-  return dataset.batch(batch_size, drop_remainder=drop_remainder)
+  dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+  if groups:
+    dataset = dataset.map(functools.partial(_unpack_columns, groups))
+  return dataset
+
+
+def _column_groups(spec) -> dict[str, list[str]] | None:
+  """Column names by dtype, when records are a dict of columns (a columnar file's blocks): rows
+  then travel through unbatch, shuffle and batch as one tensor per dtype instead of one per
+  column (each component of a row costs about as much as the row's few bytes). None: keep them."""
+  if not isinstance(spec, dict) or len(spec) < 3 or any(s.shape.rank != 1 for s in spec.values()):
+    return None
+  groups: dict[str, list[str]] = {}
+  for name, column in spec.items():
+    groups.setdefault(column.dtype.name, []).append(name)
+  return groups if len(groups) < len(spec) else None
+
+
+def _pack_columns(groups: dict[str, list[str]], file_ids, numbers, records):
+  return file_ids, numbers, {dtype: tf.stack([records[name] for name in names], axis=1)
+                             for dtype, names in groups.items()}
+
+
+def _unpack_columns(groups: dict[str, list[str]], file_ids, numbers, packed):
+  return file_ids, numbers, {name: packed[dtype][:, i]
+                             for dtype, names in groups.items() for i, name in enumerate(names)}
 
 
 def parsed_batches(files: Sequence[str], open_file: Callable[[tf.Tensor], tf.data.Dataset],

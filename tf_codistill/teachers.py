@@ -70,7 +70,9 @@ class TeacherPool:
     self.rejections = 0
 
   def start(self) -> None:
+    """Starts polling in a background thread (again after ``stop``: a model may ``fit`` again)."""
     if self._thread is None:
+      self._stop.clear()
       self._thread = threading.Thread(target=self._run, name="teacher-pool", daemon=True)
       self._thread.start()
 

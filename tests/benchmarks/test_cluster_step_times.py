@@ -32,7 +32,7 @@ def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
   env = {**os.environ, "TF_CODISTILL_BENCH_LOCK": str(tmp_path / "lock")}
   done = subprocess.run(
       [sys.executable, "-m", "benchmarks.cluster_step_times", "--rounds=1", "--steps=100",
-       "--refresh_every_steps=10", "--num_buckets=500", "--batch_size=32", "--allow_load",
+       "--refresh_every_steps=10", "--num_buckets=500", "--batch_size=32", "--allow_load", "--settle_s=0",
        f"--out={out}", f"--work_dir={tmp_path / 'work'}"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]

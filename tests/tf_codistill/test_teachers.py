@@ -127,6 +127,23 @@ def test_refresh_picks_up_newer_version_while_training_continues(tmp_path):
   assert pool._thread is None  # stopped at the end of training
 
 
+def test_a_stopped_pool_polls_again_when_started_again(tmp_path):
+  # A model that fits again starts its refresh's pool again.
+  model, pool = student_and_pool(tmp_path)
+  pool.poll_interval_s = 0.05
+  exchange.publish(small_net(seed=3), str(tmp_path), 1, 10, SPEC)
+  for step in (10, 20):
+    if step == 20:
+      exchange.publish(small_net(seed=4), str(tmp_path), 1, 20, SPEC)
+    pool.start()
+    deadline = time.monotonic() + 30
+    while pool.loads < step // 10 and time.monotonic() < deadline:
+      time.sleep(0.05)
+    pool.stop()
+    activate_all(model, pool)
+    assert model.teacher_steps.numpy().tolist() == [step]
+
+
 def test_pool_refuses_wrong_number_of_peers(tmp_path):
   model = CodistillModel(small_net(), 1)
   with pytest.raises(ValueError, match="2 peers for a model with 1 teachers"):

@@ -43,20 +43,25 @@ from tf_codistill import teachers
 from tf_codistill.model import CodistillModel
 from tf_codistill.models import ctr
 
-flags.DEFINE_integer("batch_size", 256, "Examples per worker step.")
-flags.DEFINE_integer("num_buckets", 20_000, "Hash buckets per categorical feature.")
-flags.DEFINE_integer("steps", 300, "Timed steps per arm per round (each in one fit).")
-flags.DEFINE_integer("rounds", 7, "Interleaved rounds.")
-flags.DEFINE_integer("refresh_every_steps", 100,
-                     "A new peer version appears every this many steps of the group measured (a "
-                     "peer as fast as it publishing every K steps).")
-flags.DEFINE_list("groups", ["parameter_server", "multi_worker_mirrored"], "Groups measured.")
-flags.DEFINE_string("role", "", "Internal: the task a child process runs.")
-flags.DEFINE_string("cluster", "", "Internal: the cluster spec (JSON).")
-flags.DEFINE_integer("task_index", 0, "Internal: the task's index.")
-flags.DEFINE_string("part_out", "", "Internal: where the measuring task writes its times.")
-standalone.define_flags("cluster_step_times")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defines the script's flags (in main only: tests import this module beside others)."""
+  flags.DEFINE_integer("batch_size", 256, "Examples per worker step.")
+  flags.DEFINE_integer("num_buckets", 20_000, "Hash buckets per categorical feature.")
+  flags.DEFINE_integer("steps", 300, "Timed steps per arm per round (each in one fit).")
+  flags.DEFINE_integer("rounds", 7, "Interleaved rounds.")
+  flags.DEFINE_integer("refresh_every_steps", 100,
+                       "A new peer version appears every this many steps of the group measured (a "
+                       "peer as fast as it publishing every K steps).")
+  flags.DEFINE_list("groups", ["parameter_server", "multi_worker_mirrored"], "Groups measured.")
+  flags.DEFINE_string("role", "", "Internal: the task a child process runs.")
+  flags.DEFINE_string("cluster", "", "Internal: the cluster spec (JSON).")
+  flags.DEFINE_integer("task_index", 0, "Internal: the task's index.")
+  flags.DEFINE_string("part_out", "", "Internal: where the measuring task writes its times.")
+  standalone.define_flags("cluster_step_times")
+
 
 ARMS = ("no_teacher", "teacher", "teacher_refresh")
 GOALS = {"teacher_throughput_ratio_parameter_server": (">=", 0.93),
@@ -282,4 +287,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   machine.run_script(main, "benchmarks.cluster_step_times", unless=("role",))

@@ -29,11 +29,15 @@ from benchmarks import local_cluster
 from benchmarks import machine
 from benchmarks import standalone
 
-flags.DEFINE_integer("steps", 2000, "Step functions scheduled per arm.")
-flags.DEFINE_integer("work", 4, "128x128 matmuls per step between reading and storing pending.")
-flags.DEFINE_string("cluster", "", "Internal: the coordinator's cluster spec (JSON).")
-standalone.define_flags("forward_fusion_ps", work_dir=False)
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defines the script's flags (in main only: tests import this module beside others)."""
+  flags.DEFINE_integer("steps", 2000, "Step functions scheduled per arm.")
+  flags.DEFINE_integer("work", 4, "128x128 matmuls per step between reading and storing pending.")
+  flags.DEFINE_string("cluster", "", "Internal: the coordinator's cluster spec (JSON).")
+  standalone.define_flags("forward_fusion_ps", work_dir=False)
 
 
 def _applied_counts(strategy: tf.distribute.Strategy, steps: int, work: int) -> np.ndarray:
@@ -102,4 +106,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   machine.run_script(main, "benchmarks.forward_fusion_ps", unless=("cluster",))

@@ -127,6 +127,21 @@ def small_net(seed=0, outputs=1, inputs=4, hidden=8, input_dtype="float32", outp
   return keras.Model(x, out)
 
 
+def project_model(name):
+  """(model, output, a batch of 8 inputs) of a small project model: 'lm', 'resnet' or 'ctr'."""
+  import tensorflow as tf
+  from tf_codistill.models import ctr, lm, resnet
+  if name == "lm":
+    return lm.lstm_lm(200, 32, (64,), seed=0), "softmax", {
+        "tokens": tf.random.stateless_uniform([8, 20], [1, 2], 0, 200, tf.int32)}
+  if name == "resnet":
+    return resnet.resnet(10, widths=(8, 16), seed=0), "softmax", {
+        "image": tf.random.stateless_uniform([8, 28, 28, 1], [1, 2])}
+  return ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16,), seed=0), "sigmoid", {
+      "dense": tf.random.stateless_uniform([8, 13], [1, 2]),
+      "categorical": tf.random.stateless_uniform([8, 26], [1, 2], 0, 100, tf.int64)}
+
+
 def student_and_pool(exchange_dir, peers=(1,), poll_interval_s=0.05, probe=None):
   """A CodistillModel over ``small_net()`` with ``len(peers)`` teachers and its TeacherPool."""
   import tensorflow as tf

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from testing_utils import project_model
 from tf_codistill import exchange
 from tf_codistill import losses
 from tf_codistill import quantization
@@ -13,25 +14,11 @@ from tf_codistill import teachers
 from tf_codistill.codistillation import Exchange
 from tf_codistill.model import CodistillModel
 from tf_codistill.models import ctr
-from tf_codistill.models import lm
-from tf_codistill.models import resnet
 
 # Stated tolerance: int8 codes keep a relative error of at most 1/254 of each row's largest
 # weight; through a small model, probabilities stay within 0.03 and their mean within 0.005.
 MAX_ABS_PROB_DIFF = 0.03
 MEAN_ABS_PROB_DIFF = 0.005
-
-
-def _model(name):
-  if name == "lm":
-    return lm.lstm_lm(200, 32, (64,), seed=0), "softmax", {
-        "tokens": tf.random.stateless_uniform([8, 20], [1, 2], 0, 200, tf.int32)}
-  if name == "resnet":
-    return resnet.resnet(10, widths=(8, 16), seed=0), "softmax", {
-        "image": tf.random.stateless_uniform([8, 28, 28, 1], [1, 2])}
-  return ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16,), seed=0), "sigmoid", {
-      "dense": tf.random.stateless_uniform([8, 13], [1, 2]),
-      "categorical": tf.random.stateless_uniform([8, 26], [1, 2], 0, 100, tf.int64)}
 
 
 def _bytes(model):
@@ -40,7 +27,7 @@ def _bytes(model):
 
 @pytest.mark.parametrize("name", ["lm", "resnet", "ctr"])
 def test_an_int8_copy_predicts_like_its_float_model(name):
-  model, output, x = _model(name)
+  model, output, x = project_model(name)
   reference = losses.probabilities(model(x, training=False), output).numpy()
   teacher = quantization.int8_copy(model)
   teacher(x, training=False)
@@ -58,12 +45,12 @@ def test_an_int8_ctr_teacher_holds_under_a_third_of_the_float_bytes():
   # 16-wide embedding rows: 16 one-byte codes and a 4-byte scale against 64 bytes.
   model = ctr.ctr_model(num_buckets=1000, embedding_dim=16, hidden_units=(16,), seed=0)
   teacher = quantization.int8_copy(model)
-  teacher(_model("ctr")[2], training=False)
+  teacher(project_model("ctr")[2], training=False)
   assert _bytes(teacher) < 0.33 * _bytes(model), (_bytes(teacher), _bytes(model))
 
 
 def test_assign_float_weights_refuses_values_that_do_not_fit_naming_the_shape():
-  model, _, x = _model("ctr")
+  model, _, x = project_model("ctr")
   teacher = quantization.int8_copy(model)
   teacher(x, training=False)
   weights = model.get_weights()
@@ -74,10 +61,10 @@ def test_assign_float_weights_refuses_values_that_do_not_fit_naming_the_shape():
 
 
 def test_an_int8_teacher_is_restored_from_a_float32_peer_version(tmp_path):
-  peer, output, x = _model("lm")
+  peer, output, x = project_model("lm")
   spec = {"tokens": tf.TensorSpec([None, 20], tf.int32)}
   exchange.publish(peer, str(tmp_path), 1, 40, spec)
-  student, _, _ = _model("lm")
+  student, _, _ = project_model("lm")
   model = CodistillModel(student, exchange=Exchange(str(tmp_path), group=0,
                                                     teacher_precision="int8"), output="softmax")
   model(x)
@@ -92,7 +79,7 @@ def test_an_int8_teacher_is_restored_from_a_float32_peer_version(tmp_path):
 
 
 def test_a_codistill_model_with_an_int8_teacher_trains(tmp_path):
-  student, _, x = _model("ctr")
+  student, _, x = project_model("ctr")
   model = CodistillModel(student, exchange=Exchange(str(tmp_path), 0, teacher_precision="int8"))
   model.compile(optimizer=keras.optimizers.SGD(0.1),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True))

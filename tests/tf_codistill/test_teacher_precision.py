@@ -5,14 +5,12 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from testing_utils import project_model
 from tf_codistill import exchange
 from tf_codistill import losses
 from tf_codistill import teachers
 from tf_codistill.codistillation import Exchange
 from tf_codistill.model import CodistillModel, clone_architecture
-from tf_codistill.models import ctr
-from tf_codistill.models import lm
-from tf_codistill.models import resnet
 
 # Stated tolerance: bfloat16 keeps 8 bits of mantissa (relative error ~0.4% per operation), so
 # teacher probabilities stay within 0.02 (absolute) of float32 and the mean difference under 0.005.
@@ -20,22 +18,10 @@ MAX_ABS_PROB_DIFF = 0.02
 MEAN_ABS_PROB_DIFF = 0.005
 
 
-def _inputs(name):
-  if name == "lm":
-    return lm.lstm_lm(200, 32, (64,), seed=0), "softmax", {
-        "tokens": tf.random.stateless_uniform([8, 20], [1, 2], 0, 200, tf.int32)}
-  if name == "resnet":
-    return resnet.resnet(10, widths=(8, 16), seed=0), "softmax", {
-        "image": tf.random.stateless_uniform([8, 28, 28, 1], [1, 2])}
-  return ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16,), seed=0), "sigmoid", {
-      "dense": tf.random.stateless_uniform([8, 13], [1, 2]),
-      "categorical": tf.random.stateless_uniform([8, 26], [1, 2], 0, 100, tf.int64)}
-
-
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "bfloat16"])
 @pytest.mark.parametrize("name", ["lm", "resnet", "ctr"])
 def test_bfloat16_teacher_predictions_within_tolerance(name, policy):
-  model, output, x = _inputs(name)
+  model, output, x = project_model(name)
   reference = losses.probabilities(model(x, training=False), output).numpy()
   teacher = clone_architecture(model, dtype_policy=policy)
   teacher(x, training=False)
@@ -52,7 +38,7 @@ def test_bfloat16_teacher_predictions_within_tolerance(name, policy):
 
 
 def test_codistill_model_with_bfloat16_teachers_trains_in_float32():
-  model, _, x = _inputs("lm")
+  model, _, x = project_model("lm")
   wrapped = CodistillModel(model, 1, output="softmax",
                            teacher_factory=lambda: clone_architecture(model, "mixed_bfloat16"))
   wrapped.compile(optimizer=keras.optimizers.SGD(0.1),
@@ -68,10 +54,10 @@ def test_codistill_model_with_bfloat16_teachers_trains_in_float32():
 def test_pure_bfloat16_teacher_is_restored_from_a_float32_peer_version(tmp_path):
   # A peer publishes its float32 model as usual; the pool restores it into a float32 copy and
   # casts it into the bfloat16 teacher (a checkpoint restores only into its saved dtype).
-  peer, output, x = _inputs("lm")
+  peer, output, x = project_model("lm")
   spec = {"tokens": tf.TensorSpec([None, 20], tf.int32)}
   exchange.publish(peer, str(tmp_path), 1, 40, spec)
-  student, _, _ = _inputs("lm")
+  student, _, _ = project_model("lm")
   model = CodistillModel(student, exchange=Exchange(str(tmp_path), group=0,
                                                     teacher_precision="bfloat16"),
                          output="softmax")

@@ -131,6 +131,8 @@ def is_quantized(model: keras.Model) -> bool:
 
 def float_shapes(model: keras.Model) -> List[tf.TensorShape]:
   """The shapes of the float32 weights ``model`` stands for (its own, for a float model)."""
+  if not is_quantized(model):  # any model, subclassed ones included: its own weights' order
+    return [v.shape for v in model.weights]
   return [s for layer in _leaves(model)
           for s in (layer.float_shapes() if isinstance(layer, _Int8Layer)
                     else [v.shape for v in layer.weights])]
@@ -138,6 +140,8 @@ def float_shapes(model: keras.Model) -> List[tf.TensorShape]:
 
 def float_weights(model: keras.Model) -> List[np.ndarray]:
   """The float32 weights ``model`` stands for, in the float model's ``weights`` order."""
+  if not is_quantized(model):
+    return [np.asarray(w, np.float32) for w in model.get_weights()]
   return [np.asarray(w, np.float32) for layer in _leaves(model)
           for w in (layer.float_weights() if isinstance(layer, _Int8Layer)
                     else layer.get_weights())]
@@ -156,6 +160,10 @@ def assign_float_weights(model: keras.Model, values: Sequence[np.ndarray]) -> No
   for value, shape in zip(values, shapes):
     if tuple(np.shape(value)) != tuple(shape):
       raise ValueError(f"an array of shape {np.shape(value)} where the teacher has {shape}")
+  if not is_quantized(model):
+    for var, value in zip(model.weights, values):
+      var.assign(tf.cast(value, var.dtype))
+    return
   start = 0
   for layer in _leaves(model):
     quantized = isinstance(layer, _Int8Layer)

@@ -28,13 +28,13 @@ import sys
 import threading
 from typing import Callable, Dict, List, Optional
 
-import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 from absl import flags
 
 from benchmarks import local_cluster
 from benchmarks import machine
+from benchmarks import models
 from benchmarks import standalone
 from benchmarks import step_times
 from tf_codistill import exchange
@@ -76,14 +76,9 @@ def _make_model() -> keras.Model:
 
 
 def _dataset(global_batch: int) -> tf.data.Dataset:
-  rng = np.random.default_rng(0)
-  n = global_batch * 8
-  features = {"dense": rng.exponential(size=(n, 13)).astype("float32"),
-              "categorical": rng.zipf(1.3, size=(n, 26)).astype("int64") % FLAGS.num_buckets}
-  labels = rng.integers(0, 2, size=(n, 1)).astype("float32")
   options = tf.data.Options()
   options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-  return (tf.data.Dataset.from_tensor_slices((features, labels)).batch(global_batch).repeat()
+  return (models.ctr_examples(global_batch, FLAGS.num_buckets).batch(global_batch).repeat()
           .with_options(options))
 
 
@@ -186,10 +181,7 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
 
 def _coordinate(work: str) -> None:
   """The parameter-server group's coordinator: measures and writes ``--part_out``."""
-  resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-      tf.train.ClusterSpec(json.loads(FLAGS.cluster)), task_type="chief", task_id=0,
-      rpc_layer="grpc")
-  strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+  strategy = local_cluster.ps_strategy(json.loads(FLAGS.cluster))
   data = keras.utils.experimental.DatasetCreator(lambda _: _dataset(FLAGS.batch_size))
   standalone.write_json(FLAGS.part_out, _measure(strategy, data, work, chief=True))
 

@@ -86,10 +86,7 @@ def _arm(workers: int) -> Dict[str, object]:
 
 
 def _coordinate() -> None:
-  resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-      tf.train.ClusterSpec(json.loads(FLAGS.cluster)), task_type="chief", task_id=0,
-      rpc_layer="grpc")
-  strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+  strategy = local_cluster.ps_strategy(json.loads(FLAGS.cluster))
   print(json.dumps(_applied_counts(strategy, FLAGS.steps, FLAGS.work).tolist()))
 
 

@@ -49,6 +49,14 @@ def servers(cluster: Dict[str, List[str]], jobs=("worker", "ps")) -> Iterator[Li
       proc.wait()
 
 
+def ps_strategy(cluster: Dict[str, List[str]]):
+  """This process as the chief (coordinator) of ``cluster``: its ParameterServerStrategy."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
+  return tf.distribute.experimental.ParameterServerStrategy(resolver)
+
+
 def _serve(cluster: str, job: str, index: str) -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.distribute.Server(tf.train.ClusterSpec(json.loads(cluster)), job_name=job,

@@ -25,15 +25,21 @@ def _n(value: int, scale: float) -> int:
   return max(2, int(value * scale))
 
 
-def ctr_arm(optimizer: str, scale: float = 1.0, batch: int = 512) -> Arm:
-  """The project's CTR model at the DESIGN size: 26 tables of 20000 x 16, batch 512."""
-  buckets, batch = _n(20_000, scale), _n(batch, scale)
+def ctr_examples(batch: int, buckets: int) -> tf.data.Dataset:
+  """8 batches' worth of synthetic CTR examples (13 dense features, 26 Zipf-distributed ids in
+  ``buckets``, random labels), unbatched, the same every call."""
   rng = np.random.default_rng(0)
   n = batch * 8
   features = {"dense": rng.exponential(size=(n, 13)).astype("float32"),
               "categorical": rng.zipf(1.3, size=(n, 26)).astype("int64") % buckets}
   labels = rng.integers(0, 2, size=(n, 1)).astype("float32")
-  data = tf.data.Dataset.from_tensor_slices((features, labels))
+  return tf.data.Dataset.from_tensor_slices((features, labels))
+
+
+def ctr_arm(optimizer: str, scale: float = 1.0, batch: int = 512) -> Arm:
+  """The project's CTR model at the DESIGN size: 26 tables of 20000 x 16, batch 512."""
+  buckets, batch = _n(20_000, scale), _n(batch, scale)
+  data = ctr_examples(batch, buckets)
   make = {"adam": lambda: keras.optimizers.Adam(1e-3),
           "adagrad": lambda: keras.optimizers.Adagrad(1e-2)}[optimizer]
   return (lambda: ctr.ctr_model(num_buckets=buckets, embedding_dim=16, hidden_units=(256, 128),

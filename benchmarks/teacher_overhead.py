@@ -18,12 +18,12 @@ import statistics
 import time
 from typing import Dict, Optional
 
-import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 from absl import flags
 
 from benchmarks import machine
+from benchmarks import models
 from benchmarks import standalone
 from benchmarks import step_times
 from tf_codistill import quantization
@@ -44,12 +44,7 @@ FLAGS = flags.FLAGS
 
 
 def _dataset(batch_size: int, num_buckets: int) -> tf.data.Dataset:
-  rng = np.random.default_rng(0)
-  n = batch_size * 8
-  features = {"dense": rng.exponential(size=(n, 13)).astype("float32"),
-              "categorical": rng.zipf(1.3, size=(n, 26)).astype("int64") % num_buckets}
-  labels = rng.integers(0, 2, size=(n, 1)).astype("float32")
-  return tf.data.Dataset.from_tensor_slices((features, labels)).batch(batch_size).repeat()
+  return models.ctr_examples(batch_size, num_buckets).batch(batch_size).repeat()
 
 
 def _compile(model: keras.Model, optimizer: str) -> keras.Model:

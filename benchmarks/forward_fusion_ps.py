@@ -79,8 +79,13 @@ def _arm(workers: int) -> Dict[str, object]:
         capture_output=True, text=True, timeout=1800, preexec_fn=local_cluster.die_with_parent)
   if done.returncode:
     raise RuntimeError(f"the coordinator failed: {done.stderr[-3000:]}")
-  counts = np.asarray(json.loads(done.stdout.strip().splitlines()[-1]))
-  return {"workers": workers, "steps": int(counts.size), "applied_once": int((counts == 1).sum()),
+  return {"workers": workers,
+          **accounting(np.asarray(json.loads(done.stdout.strip().splitlines()[-1])))}
+
+
+def accounting(counts: np.ndarray) -> Dict[str, object]:
+  """Sorts gradients by how often they were applied: once (correct), never (lost), or more."""
+  return {"steps": int(counts.size), "applied_once": int((counts == 1).sum()),
           "lost": int((counts == 0).sum()), "applied_twice_or_more": int((counts > 1).sum()),
           "lost_fraction": float((counts == 0).mean())}
 

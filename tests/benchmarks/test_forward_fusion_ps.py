@@ -7,9 +7,18 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+from benchmarks import forward_fusion_ps
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_accounting_sorts_gradients_into_applied_once_lost_and_applied_more_often():
+  summary = forward_fusion_ps.accounting(np.array([1, 0, 2, 1, 3, 0, 0, 1]))
+  assert (summary["steps"], summary["applied_once"], summary["lost"],
+          summary["applied_twice_or_more"], summary["lost_fraction"]) == (8, 3, 3, 2, 3 / 8)
 
 
 @pytest.mark.cluster

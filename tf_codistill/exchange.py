@@ -31,6 +31,7 @@ import dataclasses
 import json
 import os
 import re
+import threading
 import time
 import uuid
 from typing import Callable, Dict, List, Optional, Union
@@ -57,6 +58,32 @@ class Version:
   group: int
   step: int
   path: str
+
+
+class ProbeForward:
+  """Whether models predict finite values on a probe batch of real inputs (None: no probe).
+
+  A version must pass this to be published or taught from. Each model's forward pass runs as its
+  own tf.function, never eagerly: TF's eager kernel cache hands one oneDNN kernel to every thread
+  running the same op, and the publisher's and the teacher pool's threads running one
+  architecture at once corrupt the heap (a ResNet's Conv2D under TF 2.17 aborts within a second;
+  tests/tf_codistill/test_exchange.py).
+  """
+
+  def __init__(self, batch=None):
+    self.batch = batch
+    self._forward: Dict[int, tuple] = {}  # id(model) -> (model, its tf.function)
+    self._lock = threading.Lock()
+
+  def finite(self, model: keras.Model) -> bool:
+    """True without a probe batch, else whether every prediction of ``model`` on it is finite."""
+    if self.batch is None:
+      return True
+    with self._lock:
+      if id(model) not in self._forward:
+        self._forward[id(model)] = (model, tf.function(lambda x: model(x, training=False)))
+      forward = self._forward[id(model)][1]
+    return all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in tf.nest.flatten(forward(self.batch)))
 
 
 def group_dir(exchange_dir: str, group: int) -> str:

@@ -73,7 +73,7 @@ class ExchangePublisher(StepHook):
                writer: Optional[lean_versions.LeanWriter] = None):
     if every_steps < 1:
       raise ValueError(f"exchange_every_steps={every_steps} must be >= 1")
-    self.probe = probe  # real inputs the published model must predict finite values on
+    self.probe = exchange.ProbeForward(probe)  # the published model must predict finite values
     self.writer = writer  # writes lean versions; None: SavedModels
     self.refused = 0  # snapshots not published because they were not finite
     self.local = local
@@ -145,11 +145,11 @@ class ExchangePublisher(StepHook):
     self._executor.shutdown()
 
 
-def finiteness_problem(model: keras.Model, weights: Sequence[np.ndarray], probe=None
-                       ) -> Optional[str]:
+def finiteness_problem(model: keras.Model, weights: Sequence[np.ndarray],
+                       probe: Optional[exchange.ProbeForward] = None) -> Optional[str]:
   """Why ``model`` (holding ``weights``) must not be published or exported, or None."""
   if not all_finite(weights):
     return "its weights contain NaN/Inf"
-  if probe is not None and not np.isfinite(model(probe, training=False).numpy()).all():
+  if probe is not None and not probe.finite(model):
     return "its predictions on a probe batch of real inputs are NaN/Inf"
   return None

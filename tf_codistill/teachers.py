@@ -55,7 +55,7 @@ class TeacherPool:
     self.exchange_dir = exchange_dir
     self.peers = list(peers)
     self.poll_interval_s = float(poll_interval_s)
-    self.probe = probe  # a small batch of real inputs; a teacher must predict finite values on it
+    self.probe = exchange.ProbeForward(probe)  # a teacher must predict finite values on it
     self._model = model
     self._expected = exchange.expected_signature(input_spec, output_shape)
     self._lock = threading.Lock()
@@ -154,11 +154,9 @@ class TeacherPool:
     for var in target.weights:
       if var.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(var))):
         raise exchange.InvalidVersionError(f"{version.path}: variable {var.name} has NaN/Inf")
-    if self.probe is not None:
-      predictions = target(self.probe, training=False)
-      if not bool(tf.reduce_all(tf.math.is_finite(predictions))):
-        raise exchange.InvalidVersionError(
-            f"{version.path}: its predictions on a probe batch of real inputs are NaN/Inf")
+    if not self.probe.finite(target):
+      raise exchange.InvalidVersionError(
+          f"{version.path}: its predictions on a probe batch of real inputs are NaN/Inf")
     if commit is not None:
       commit()
     return TeacherUpdate(index, version.group, version.step, version.path,

@@ -464,7 +464,8 @@ class GroupTrainer:
     final = callbacks.evaluation.evaluate()
     weights = local.snapshot()
     with local.at_step(step, weights) as final_model:
-      problem = publishing.finiteness_problem(final_model, weights, data.probe)
+      problem = publishing.finiteness_problem(final_model, weights,
+                                               exchange.ProbeForward(data.probe))
       if problem:
         raise NonFiniteLossError(f"the final model of step {step} is not exported: {problem}",
                                  step)

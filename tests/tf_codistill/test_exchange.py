@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -121,3 +123,43 @@ def test_publish_saved_model_turns_an_export_into_a_complete_verified_version(tm
   loaded = tf.saved_model.load(path).signatures["serving_default"]
   np.testing.assert_allclose(loaded(inputs=x)["logits"].numpy(), model(x).numpy(), rtol=1e-6)
   assert sorted(os.listdir(tmp_path / "exchange" / "group_1")) == ["step_500"]
+
+
+_CONCURRENT_PROBES = """
+import sys, threading, time
+import numpy as np
+import tensorflow as tf
+from tf_codistill import exchange
+from tf_codistill.models import resnet
+batch = tf.constant(np.random.default_rng(0).random((64, 28, 28, 1), np.float32))
+models = [resnet.resnet(num_classes=10, widths=(8, 16, 32)) for _ in range(2)]
+probes = [exchange.ProbeForward(batch) for _ in models]  # a publisher's and a teacher pool's
+calls, stop = [0, 0], time.monotonic() + float(sys.argv[1])
+def run(i):
+  while time.monotonic() < stop:
+    assert probes[i].finite(models[i])
+    calls[i] += 1
+threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("calls", min(calls))
+"""
+
+
+def test_probe_forward_passes_of_one_architecture_run_safely_in_two_threads_at_once(tmp_path):
+  # Eager forward passes of two ResNets from two threads abort this process (heap corruption in
+  # oneDNN's shared eager kernels) within a second; ProbeForward runs them as tf.functions.
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  done = subprocess.run([sys.executable, "-c", _CONCURRENT_PROBES, "5"], cwd=repo,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert int(done.stdout.split()[-1]) > 50
+
+
+def test_probe_forward_names_non_finite_predictions_and_passes_without_a_probe():
+  model = _model()
+  probe = exchange.ProbeForward(tf.ones([2, 4]))
+  assert probe.finite(model)
+  model.layers[-1].bias.assign([np.inf])
+  assert not probe.finite(model)
+  assert exchange.ProbeForward(None).finite(model)

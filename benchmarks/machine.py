@@ -84,13 +84,19 @@ def own_cpu_seconds() -> float:
   return t.user + t.system + t.children_user + t.children_system
 
 
+# Others may use at most this share of the cores' time while a figure is taken (the machine's
+# own daemons use about 0.1%).
+FOREIGN_LIMIT = 0.05
+
+
 @dataclasses.dataclass
 class Session:
   """A benchmark's hold on the machine, and the load when it started.
 
-  The 1-minute load average at the end counts the benchmark's own threads (TF's pools alone keep
-  it near 3 on 2 cores), so it cannot tell whether anything else ran. ``foreign_cpu_share`` can:
-  the machine's busy CPU time over the run less the benchmark's own (its process and the child
+  The 1-minute load average at the end counts the benchmark's own threads (one TF process that
+  keeps both cores busy leaves it at 2-3 here: about two runnable threads on average, and more
+  at moments), so it cannot tell whether anything else ran. ``foreign_cpu_share`` can: the
+  machine's busy CPU time over the run less the benchmark's own (its process and the child
   processes it waited for), as a share of the cores' time.
   """
   name: str
@@ -109,12 +115,16 @@ class Session:
 
   def record(self) -> dict:
     """Load before and now, and the CPU others used meanwhile, for a summary.json: figures mean
-    little without it."""
-    after = load_1m()
+    little without it. ``above_nproc_load`` marks a figure taken on a loaded machine: it started
+    above ``cores``, or other processes used more than ``FOREIGN_LIMIT`` of the cores' time while
+    it ran (so the benchmark never had the cores to itself). The load after the run is recorded,
+    not judged: it counts the benchmark's own threads."""
+    foreign = self.foreign_cpu_share()
+    started_above, others_busy = self.load_before > self.cores, foreign > FOREIGN_LIMIT
     return {"benchmark": self.name, "cores": self.cores, "allow_load": self.allow_load,
-            "load_avg_1m_before": self.load_before, "load_avg_1m_after": after,
-            "above_nproc_load": max(self.load_before, after) > self.cores,
-            "foreign_cpu_share": round(self.foreign_cpu_share(), 4)}
+            "load_avg_1m_before": self.load_before, "load_avg_1m_after": load_1m(),
+            "foreign_cpu_share": round(foreign, 4), "started_above_nproc_load": started_above,
+            "others_busy": others_busy, "above_nproc_load": started_above or others_busy}
 
 
 def _holder(fd: int) -> str:

@@ -92,3 +92,15 @@ def test_foreign_cpu_share_counts_work_of_other_processes_not_the_benchmarks_own
   assert own_only < 0.45, own_only  # one busy thread of its own would be 0.5 if counted
   assert busy > own_only + 0.1, (own_only, busy)
   assert 0.0 <= record["foreign_cpu_share"] <= 1.0
+
+
+@pytest.mark.parametrize("load_before, foreign, started_above, others_busy", [
+    (0.5, 0.001, False, False), (2.5, 0.001, True, False), (0.5, 0.2, False, True)])
+def test_a_figure_is_marked_when_it_started_above_nproc_load_or_others_were_busy(
+    monkeypatch, load_before, foreign, started_above, others_busy):
+  session = machine.Session("b", False, load_before, 2)
+  monkeypatch.setattr(session, "foreign_cpu_share", lambda: foreign)
+  record = session.record()
+  assert (record["started_above_nproc_load"], record["others_busy"]) == (started_above, others_busy)
+  assert record["above_nproc_load"] == (started_above or others_busy)
+  assert record["load_avg_1m_before"] == load_before and record["foreign_cpu_share"] == foreign

@@ -33,9 +33,10 @@ def _value(value) -> str:
   return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-def _interval(goals: dict, name: str) -> str:
-  """A goal's 90% bootstrap interval as [low, high] (an open upper end: not reached)."""
-  interval = goals.get(f"{name}_interval")
+def _interval(goals: dict, name: str, verdict: Optional[dict] = None) -> str:
+  """A goal's 90% bootstrap interval as [low, high] (an open upper end: not reached): a suite's
+  ``<name>_interval`` goal, or a standalone script's verdict ``interval90``."""
+  interval = goals.get(f"{name}_interval") or (verdict or {}).get("interval90")
   if not interval:
     return ""
   return "[" + ", ".join("not reached" if v is None else f"{v:.4f}" for v in interval) + "]"
@@ -62,7 +63,7 @@ def goal_rows(summary: dict) -> List[Tuple[str, str, str, str, str, str]]:
   rows = []
   for name in names:
     threshold, met = _verdict(verdicts.get(name))
-    rows.append((name, _value(goals.get(name)), _interval(goals, name),
+    rows.append((name, _value(goals.get(name)), _interval(goals, name, verdicts.get(name)),
                  _fmt((summary.get("goal_spreads") or {}).get(name)), threshold, met))
   return rows
 

@@ -96,3 +96,12 @@ def test_report_shows_churn_at_matched_loss_and_plots_churn_vs_loss(tmp_path):
   assert "| `sync_b` | 1 | 0.05000 [0.0500, 0.0500] | 0.10000 [0.1000, 0.1000] |" in lines
   [path] = report.plot_churn_vs_loss(summary, str(tmp_path))
   assert path.endswith("churn_vs_loss.png") and (tmp_path / "churn_vs_loss.png").stat().st_size > 1000
+
+
+def test_goal_rows_show_a_standalone_scripts_verdict_interval():
+  summary = {"goals": {"ratio": 0.96, "plain": 2.0},
+             "goal_verdicts": {"ratio": {"threshold": [">=", 0.95], "interval90": [0.948, 0.97],
+                                         "met": True}}}
+  rows = {row[0]: row for row in report.goal_rows(summary)}
+  assert rows["ratio"][2] == "[0.9480, 0.9700]" and rows["ratio"][5] == "yes"
+  assert rows["plain"][2] == ""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
-import uuid
 from collections.abc import Callable, Sequence
 
 import gin
@@ -280,7 +279,7 @@ def _write_atomically(table: pa.Table, path: str) -> None:
   """Writes one Parquet file under a temporary name, then renames it into place."""
   buffer = pa.BufferOutputStream()
   pq.write_table(table, buffer)
-  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+  tmp = records.temporary_path(path)
   with tf.io.gfile.GFile(tmp, "wb") as f:
     f.write(buffer.getvalue().to_pybytes())
   tf.io.gfile.rename(tmp, path, overwrite=True)

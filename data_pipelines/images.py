@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import gzip
 import os
-import uuid
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
@@ -80,7 +79,7 @@ def write_tfrecords(images: np.ndarray, labels: np.ndarray, path: str) -> None:
   n, height, width, channels = images.shape
   encoded = tf.data.Dataset.from_tensor_slices(images).map(
       tf.io.encode_png, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+  tmp = records.temporary_path(path)
   with tf.io.TFRecordWriter(tmp) as writer:
     for png, label in zip(encoded.as_numpy_iterator(), labels):
       writer.write(example(png, int(label), height, width, channels).SerializeToString())

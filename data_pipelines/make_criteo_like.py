@@ -18,7 +18,6 @@ import functools
 import io
 import os
 import time
-import uuid
 from collections.abc import Iterable
 
 import numpy as np
@@ -30,6 +29,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from data_pipelines import records
 from data_pipelines.criteo import CAT_COLUMNS, INT_COLUMNS, LABEL_COLUMN, NUM_CAT, NUM_INT
 
 FILE_FORMATS = ("tsv", "parquet")
@@ -175,7 +175,7 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, *, seed: int = 
     rng = np.random.default_rng([seed, index])
     tables = (_arrow_table(model.sample(rng, min(_CHUNK_ROWS, rows - start)), dictionaries, file_format)
               for start in range(0, rows, _CHUNK_ROWS))
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    tmp = records.temporary_path(path)
     with tf.io.gfile.GFile(tmp, "wb") as f:
       (_write_tsv if file_format == "tsv" else _write_parquet)(f, tables)
     tf.io.gfile.rename(tmp, path, overwrite=True)

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import functools
 import os
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Tuple
 
 import tensorflow as tf
 from absl import logging
+
+def temporary_path(path: str) -> str:
+  """Where to write ``path`` before renaming it into place: a hidden sibling (``.tmp-<uuid>-<name>``)
+  that no pattern of the data's own files (``train-*``, ``eval-*``) matches, so a writer killed
+  mid-file never leaves a partial file that a reader's glob would pick up."""
+  directory, name = os.path.split(path)
+  return os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{name}")
+
 
 BAD_LINE_POLICIES = ("error", "skip")
 

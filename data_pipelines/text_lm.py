@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import subprocess
-import uuid
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
@@ -146,7 +145,7 @@ def build_vocab(files: Sequence[str], vocab_size: int, level: str = "word",
 
 def write_vocab(vocab: Sequence[Tuple[str, int]], path: str) -> None:
   """Writes ``token<TAB>count`` lines atomically."""
-  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+  tmp = records.temporary_path(path)
   with tf.io.gfile.GFile(tmp, "w") as f:
     for token, count in vocab:
       f.write(f"{token}\t{count}\n")
@@ -302,7 +301,7 @@ def split_lines(lines: Sequence[str]) -> Tuple[List[str], List[str]]:
 
 
 def _write_lines(lines: Sequence[str], path: str) -> None:
-  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+  tmp = records.temporary_path(path)
   with tf.io.gfile.GFile(tmp, "w") as f:
     f.write("".join(line + "\n" for line in lines))
   tf.io.gfile.rename(tmp, path, overwrite=True)

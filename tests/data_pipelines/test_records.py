@@ -1,5 +1,8 @@
 """Tests of the tabular pipelines' shared reading core: files, shards, tags, bad-record policy."""
 
+import os
+
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -141,3 +144,21 @@ def test_columnar_blocks_travel_packed_by_dtype_and_come_back_as_their_columns(t
           10 * a, float(a), str(a).encode())
       rows.append((int(file_ids[i]), int(numbers[i]), a))
   assert sorted(rows) == [(0, k + 1, k) for k in range(5)] + [(1, k + 1, k) for k in range(3)]
+
+
+def test_a_writer_killed_before_its_rename_leaves_nothing_that_the_data_glob_matches(
+    tmp_path, monkeypatch):
+  from data_pipelines import images  # pylint: disable=g-import-not-at-top
+  pixels = np.zeros([4, 28, 28], np.uint8)
+  images.write_tfrecords(pixels, np.arange(4), str(tmp_path / "train-00000-of-00002.tfrecord"))
+
+  def killed(*args, **kwargs):
+    raise KeyboardInterrupt("killed before the rename")
+
+  monkeypatch.setattr(tf.io.gfile, "rename", killed)
+  with pytest.raises(KeyboardInterrupt):
+    images.write_tfrecords(pixels, np.arange(4), str(tmp_path / "train-00001-of-00002.tfrecord"))
+  left = [name for name in os.listdir(tmp_path) if name.startswith(".tmp-")]
+  assert len(left) == 1 and left[0].endswith("-train-00001-of-00002.tfrecord")
+  assert tf.io.gfile.glob(str(tmp_path / "train-*")) == [
+      str(tmp_path / "train-00000-of-00002.tfrecord")]

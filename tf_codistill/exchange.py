@@ -83,7 +83,8 @@ class ProbeForward:
       if id(model) not in self._forward:
         self._forward[id(model)] = (model, tf.function(lambda x: model(x, training=False)))
       forward = self._forward[id(model)][1]
-    return all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in tf.nest.flatten(forward(self.batch)))
+    predictions = tf.nest.flatten(forward(self.batch))
+    return all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in predictions)
 
 
 def group_dir(exchange_dir: str, group: int) -> str:

@@ -279,10 +279,8 @@ def _write_atomically(table: pa.Table, path: str) -> None:
   """Writes one Parquet file under a temporary name, then renames it into place."""
   buffer = pa.BufferOutputStream()
   pq.write_table(table, buffer)
-  tmp = records.temporary_path(path)
-  with tf.io.gfile.GFile(tmp, "wb") as f:
+  with records.written_atomically(path) as tmp, tf.io.gfile.GFile(tmp, "wb") as f:
     f.write(buffer.getvalue().to_pybytes())
-  tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 class _GFileReader(io.RawIOBase):

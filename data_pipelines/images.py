@@ -79,11 +79,9 @@ def write_tfrecords(images: np.ndarray, labels: np.ndarray, path: str) -> None:
   n, height, width, channels = images.shape
   encoded = tf.data.Dataset.from_tensor_slices(images).map(
       tf.io.encode_png, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  tmp = records.temporary_path(path)
-  with tf.io.TFRecordWriter(tmp) as writer:
+  with records.written_atomically(path) as tmp, tf.io.TFRecordWriter(tmp) as writer:
     for png, label in zip(encoded.as_numpy_iterator(), labels):
       writer.write(example(png, int(label), height, width, channels).SerializeToString())
-  tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def convert_fashion_mnist(output_dir: str, num_train_files: int = 8,

@@ -175,10 +175,8 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, *, seed: int = 
     rng = np.random.default_rng([seed, index])
     tables = (_arrow_table(model.sample(rng, min(_CHUNK_ROWS, rows - start)), dictionaries, file_format)
               for start in range(0, rows, _CHUNK_ROWS))
-    tmp = records.temporary_path(path)
-    with tf.io.gfile.GFile(tmp, "wb") as f:
+    with records.written_atomically(path) as tmp, tf.io.gfile.GFile(tmp, "wb") as f:
       (_write_tsv if file_format == "tsv" else _write_parquet)(f, tables)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
     paths.append(path)
   return paths
 

@@ -4,25 +4,34 @@ Each pipeline opens its files and parses its own records; this module turns a li
 batches of records tagged with their file and 1-based record (line/row) number, sharded disjointly
 between the workers that read them, and applies the bad-record policy to a parsed batch:
 ``'error'`` fails naming file, record and reason; ``'skip'`` drops the record and counts it.
+Every pipeline's data files are written through ``written_atomically``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Tuple
+from typing import Any, Iterator, Tuple
 
 import tensorflow as tf
 from absl import logging
 
-def temporary_path(path: str) -> str:
-  """Where to write ``path`` before renaming it into place: a hidden sibling (``.tmp-<uuid>-<name>``)
-  that no pattern of the data's own files (``train-*``, ``eval-*``) matches, so a writer killed
-  mid-file never leaves a partial file that a reader's glob would pick up."""
+
+@contextlib.contextmanager
+def written_atomically(path: str) -> Iterator[str]:
+  """Yields where to write ``path``; renames it into place when the block ends without error.
+
+  The temporary file is a hidden sibling (``.tmp-<uuid>-<name>``) that no pattern of the data's
+  own files (``train-*``, ``eval-*``) matches, so a writer killed mid-file never leaves a partial
+  file that a reader's glob would pick up.
+  """
   directory, name = os.path.split(path)
-  return os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{name}")
+  tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{name}")
+  yield tmp
+  tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 BAD_LINE_POLICIES = ("error", "skip")

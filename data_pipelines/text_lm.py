@@ -145,11 +145,9 @@ def build_vocab(files: Sequence[str], vocab_size: int, level: str = "word",
 
 def write_vocab(vocab: Sequence[Tuple[str, int]], path: str) -> None:
   """Writes ``token<TAB>count`` lines atomically."""
-  tmp = records.temporary_path(path)
-  with tf.io.gfile.GFile(tmp, "w") as f:
+  with records.written_atomically(path) as tmp, tf.io.gfile.GFile(tmp, "w") as f:
     for token, count in vocab:
       f.write(f"{token}\t{count}\n")
-  tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def read_vocab(path: str) -> List[Tuple[str, int]]:
@@ -301,10 +299,8 @@ def split_lines(lines: Sequence[str]) -> Tuple[List[str], List[str]]:
 
 
 def _write_lines(lines: Sequence[str], path: str) -> None:
-  tmp = records.temporary_path(path)
-  with tf.io.gfile.GFile(tmp, "w") as f:
+  with records.written_atomically(path) as tmp, tf.io.gfile.GFile(tmp, "w") as f:
     f.write("".join(line + "\n" for line in lines))
-  tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def prepare(output_dir: str, vocab_size: int = 8000, level: str = "word",

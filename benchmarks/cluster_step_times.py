@@ -4,10 +4,10 @@ group (2 worker processes), each with three arms interleaved round by round: no 
 loaded teacher, and one teacher refreshed from a peer's newer versions while it trains.
 
 Every task is a real ``tf.distribute.Server`` or worker process on 127.0.0.1. The refreshing arm
-runs the real ``TeacherPool`` and ``TeacherRefresh`` (loads off the training thread, flips
-between steps); a peer's versions, real SavedModels written before the arm, appear in the
-exchange directory every ``--refresh_every_steps`` steps of the group (as a peer as fast as it,
-publishing every K steps, would).
+runs the real ``TeacherPool`` (polling at the library's default interval) and ``TeacherRefresh``
+(loads off the training thread, flips between steps); a peer's versions, real SavedModels
+written before the arm, appear in the exchange directory every ``--refresh_every_steps`` steps
+of the group (as a peer as fast as it, publishing every K steps, would).
 Step times: per-step times inside one ``fit`` (MultiWorkerMirrored: the chief's batch ends;
 parameter servers: the gaps between finished step functions on either worker, whose mean is the
 group's step time). Ratios are formed within each round (their mean step times) and summarized
@@ -37,6 +37,7 @@ from benchmarks import machine
 from benchmarks import models
 from benchmarks import standalone
 from benchmarks import step_times
+from tf_codistill import codistillation
 from tf_codistill import exchange
 from tf_codistill import step_hooks
 from tf_codistill import teachers
@@ -55,6 +56,9 @@ def define_flags() -> None:
   flags.DEFINE_integer("refresh_every_steps", 100,
                        "A new peer version appears every this many steps of the group measured (a "
                        "peer as fast as it publishing every K steps).")
+  flags.DEFINE_float("poll_interval_s", codistillation.Exchange.poll_interval_s,
+                     "How often the refreshing arm's teacher pool looks for new versions (the "
+                     "library's default); the harness's peer checks the step 4 times as often.")
   flags.DEFINE_list("groups", ["parameter_server", "multi_worker_mirrored"], "Groups measured.")
   flags.DEFINE_string("role", "", "Internal: the task a child process runs.")
   flags.DEFINE_string("cluster", "", "Internal: the cluster spec (JSON).")
@@ -103,11 +107,12 @@ class PeerVersions:
   arm trains, a new version (hard links to its files, its own COMPLETE marker) appears in the
   exchange directory whenever ``step()`` has passed another ``every_steps``."""
 
-  def __init__(self, work: str, every_steps: int, step: Callable[[], int]):
+  def __init__(self, work: str, every_steps: int, step: Callable[[], int], check_s: float):
     self.exchange_dir = os.path.join(work, "exchange")
     self._saved = os.path.join(work, "peer_saved_model")
     self.every_steps = every_steps
     self._step = step
+    self._check_s = check_s
     peer = _make_model()
     peer(next(iter(_dataset(8)))[0])
     exchange.save_model(peer, self._saved, SPEC)
@@ -132,8 +137,10 @@ class PeerVersions:
         os.link(os.path.join(dirpath, name), os.path.join(target, name))
 
   def _run(self) -> None:
+    # The peer is the harness's, not the group's: its step reads (a remote read under parameter
+    # servers) stay few, at the cost of a version appearing up to ``check_s`` late.
     last = self._step() // self.every_steps
-    while not self._stop.wait(0.05):
+    while not self._stop.wait(self._check_s):
       now = self._step() // self.every_steps
       if now > last:
         last = now
@@ -148,12 +155,15 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
   ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
   model = arms["teacher_refresh"]
   peer = (PeerVersions(work, FLAGS.refresh_every_steps,
-                       lambda: int(model.optimizer.iterations.numpy())) if chief else None)
+                       lambda: int(model.optimizer.iterations.numpy()),
+                       FLAGS.poll_interval_s / 4) if chief else None)
   exchange_dir = os.path.join(work, "exchange")
-  pool = teachers.TeacherPool(exchange_dir, [PEER], model, SPEC, [None, 1], poll_interval_s=0.2)
+  pool = teachers.TeacherPool(exchange_dir, [PEER], model, SPEC, [None, 1],
+                              poll_interval_s=FLAGS.poll_interval_s)
   refresh = teachers.TeacherRefresh(pool)
   driver = (step_hooks.ThreadDriver if ps else step_hooks.BatchDriver)([refresh])
   swaps: List[int] = []
+  loads: List[float] = []  # seconds from each refresh's load beginning to its swap
 
   def run_refreshing() -> List[float]:
     before = refresh.swaps
@@ -165,6 +175,7 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
       if peer is not None:
         peer.stop()
     swaps.append(refresh.swaps - before)
+    loads.extend(end - start for start, end in refresh.windows[before:])
     return times
 
   calls = {name: (lambda m=arms[name]: step_times.fit_step_times(m, data, FLAGS.steps))
@@ -173,6 +184,8 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
   times = step_times.interleave(calls, FLAGS.rounds)
   mean = statistics.fmean
   return {"step_times": step_times.describe(times), "refreshes_per_round": swaps,
+          "load_to_swap_seconds": {"median": statistics.median(loads) if loads else None,
+                              "max": max(loads, default=None)},
           "ratios": {"teacher_vs_no_teacher": step_times.throughput_ratio(
                          times, "teacher", "no_teacher", mean),
                      "refresh_vs_teacher": step_times.throughput_ratio(
@@ -200,7 +213,8 @@ def _child(role: str, part: str, cluster: dict, index: int = 0,
   args = [sys.executable, "-m", "benchmarks.cluster_step_times", f"--role={role}",
           f"--cluster={json.dumps(cluster)}", f"--task_index={index}", f"--part_out={part}",
           *[f"--{name}={getattr(FLAGS, name)}" for name in
-            ("batch_size", "num_buckets", "steps", "rounds", "refresh_every_steps")]]
+            ("batch_size", "num_buckets", "steps", "rounds", "refresh_every_steps",
+             "poll_interval_s")]]
   return local_cluster.start(args, env={**os.environ, **(env or {})}, cwd=os.getcwd())
 
 
@@ -270,7 +284,8 @@ def main(argv):
   summary = {"groups": groups, "goals": {k: v["value"] for k, v in verdicts.items()},
              "goal_verdicts": verdicts,
              "config": {name: getattr(FLAGS, name) for name in
-                        ("batch_size", "num_buckets", "steps", "rounds", "refresh_every_steps")},
+                        ("batch_size", "num_buckets", "steps", "rounds", "refresh_every_steps",
+                         "poll_interval_s")},
              "harness": "per-step times inside one fit, arms interleaved, mean step time ratios"}
   for name, v in verdicts.items():
     print(f"goal {name}: {v['value']:.3f} {v['threshold'][0]} {v['threshold'][1]} "

@@ -27,6 +27,8 @@ class Heartbeat(StepHook):
   """Writes ``path`` (JSON: step, start step, time, pid) at most every ``every_seconds``: shows
   that a task is alive and progressing, and from which step a restarted task resumed."""
 
+  reads_logs = False
+
   def __init__(self, path: str, every_seconds: float = 5.0, task: str = "chief:0"):
     self.path = path
     self.every_seconds = every_seconds

@@ -68,6 +68,8 @@ class ExchangePublisher(StepHook):
   every step is seen. A version is named by the step whose weights it holds.
   """
 
+  reads_logs = False
+
   def __init__(self, local: LocalCopy, exchange_dir: str, group: int, every_steps: int,
                input_spec, *, keep_last: int = 2, probe=None,
                writer: Optional[lean_versions.LeanWriter] = None):

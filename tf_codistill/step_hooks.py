@@ -27,7 +27,13 @@ def current_step(model: keras.Model) -> int:
 
 
 class StepHook:
-  """Work done every few steps; driven by batch callbacks or, under parameter servers, a thread."""
+  """Work done every few steps; driven by batch callbacks or, under parameter servers, a thread.
+
+  ``reads_logs``: whether ``on_step`` reads ``logs``. Under parameter servers every value in them
+  is a remote read per poll, so a driver whose hooks all leave them alone hands them ``{}``.
+  """
+
+  reads_logs = True
 
   def on_begin(self, model: keras.Model, step: int) -> None:
     pass
@@ -52,7 +58,7 @@ class BatchDriver(keras.callbacks.Callback):
 
   def on_train_batch_end(self, batch, logs=None):
     step = current_step(self.model)
-    values = scalar_logs(logs)
+    values = scalar_logs(logs) if any(hook.reads_logs for hook in self.hooks) else {}
     for hook in self.hooks:
       hook.on_step(self.model, step, values)
 
@@ -84,9 +90,7 @@ class ThreadDriver(keras.callbacks.Callback):
     while not self._stop.wait(self.poll_seconds):
       try:
         step = current_step(self.model)
-        logs = {m.name: float(m.result().numpy()) for m in self.model.metrics[:3]}
-        logs["alpha"] = float(self.model._effective_alpha().numpy())
-        logs["teacher_staleness"] = float(self.model.teacher_staleness().numpy())
+        logs = self._logs() if any(hook.reads_logs for hook in self.hooks) else {}
         for hook in self.hooks:
           hook.on_step(self.model, step, logs)
       except errors.NonFiniteLossError as e:
@@ -96,6 +100,13 @@ class ThreadDriver(keras.callbacks.Callback):
         return
       except Exception:  # A failing hook must not kill training; it is logged loudly.
         logging.exception("step hooks failed")
+
+  def _logs(self) -> Dict[str, float]:
+    """The losses, alpha and teacher staleness, read from the variables behind them."""
+    logs = {m.name: float(m.result().numpy()) for m in self.model.metrics[:3]}
+    logs["alpha"] = float(self.model._effective_alpha().numpy())
+    logs["teacher_staleness"] = float(self.model.teacher_staleness().numpy())
+    return logs
 
   def on_train_end(self, logs=None):
     self._stop.set()
@@ -160,6 +171,8 @@ class NonFiniteGuard(keras.callbacks.Callback, StepHook):
 
 class WallClockLimit(StepHook):
   """Ends training (as if its last step was reached) once it has run ``seconds``."""
+
+  reads_logs = False
 
   def __init__(self, seconds: float):
     self.seconds = seconds

@@ -64,6 +64,8 @@ class StepTimer(_Intervals, StepHook):
   each such interval counts once, as its mean time per step (``ClosureTimer`` times each step).
   """
 
+  reads_logs = False
+
   def __init__(self, steps_per_epoch: int, skip_steps: int = 5):
     self.steps_per_epoch = steps_per_epoch
     self.skip_steps = skip_steps  # the first steps include tracing

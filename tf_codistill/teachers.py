@@ -183,6 +183,8 @@ class TeacherPool:
 class TeacherRefresh(step_hooks.StepHook):
   """Activates newly loaded teachers of a CodistillModel between training steps."""
 
+  reads_logs = False
+
   def __init__(self, pool: TeacherPool, summary_writer: Optional[tf.summary.SummaryWriter] = None):
     self.pool = pool
     self.summary_writer = summary_writer

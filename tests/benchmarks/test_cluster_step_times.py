@@ -32,7 +32,8 @@ def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
   env = {**os.environ, "TF_CODISTILL_BENCH_LOCK": str(tmp_path / "lock")}
   done = subprocess.run(
       [sys.executable, "-m", "benchmarks.cluster_step_times", "--rounds=1", "--steps=100",
-       "--refresh_every_steps=10", "--num_buckets=500", "--batch_size=32", "--allow_load", "--settle_s=0",
+       "--refresh_every_steps=10", "--poll_interval_s=0.2", "--num_buckets=500",
+       "--batch_size=32", "--allow_load", "--settle_s=0",
        f"--out={out}", f"--work_dir={tmp_path / 'work'}"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
@@ -45,6 +46,7 @@ def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
     for arm, row in group["step_times"].items():
       assert 75 <= row["steps"] <= 100 and row["mean_ms"] > 0, (name, arm, row)
     assert group["refreshes_per_round"][0] >= 1, (name, group["refreshes_per_round"])
+    assert 0 < group["load_to_swap_seconds"]["median"] <= group["load_to_swap_seconds"]["max"]
     for ratio in group["ratios"].values():
       assert ratio["median"] > 0 and len(ratio["rounds"]) == 1
   assert set(summary["goal_verdicts"]) == set(cluster_step_times.GOALS)

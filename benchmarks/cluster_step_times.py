@@ -163,7 +163,9 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
   refresh = teachers.TeacherRefresh(pool)
   driver = (step_hooks.ThreadDriver if ps else step_hooks.BatchDriver)([refresh])
   swaps: List[int] = []
-  loads: List[float] = []  # seconds from each refresh's load beginning to its swap
+  # Seconds from each refresh's load beginning to its swap (a version loaded as a round's fit
+  # ends is swapped in at the arm's next round: the max can span other arms' rounds).
+  loads: List[float] = []
 
   def run_refreshing() -> List[float]:
     before = refresh.swaps

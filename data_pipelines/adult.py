@@ -181,9 +181,7 @@ def make_dataset(
   for path in files:
     check_schema(path)
   def parse(columns: dict[str, tf.Tensor], enforce):
-    label = columns[LABEL_COLUMN]
-    numbers = tf.stack([columns[name] for name in NUMERIC_COLUMNS], axis=1)
-    cats = tf.stack([columns[name] for name in CATEGORICAL_COLUMNS], axis=1)
+    label, numbers, cats = columns["label"], columns["numbers"], columns["cats"]
     ok = tf.equal(label, 0) | tf.equal(label, 1)
     describe = lambda i: tf.strings.join(
         ["label not in {0,1}", records.shown(tf.strings.as_string(label[i]))])
@@ -211,8 +209,9 @@ def _columns() -> dict[str, str]:
 
 
 def _parquet_reader() -> Callable[[tf.Tensor], tf.data.Dataset]:
-  dtypes = {"int64": tf.int64, "string": tf.string}
-  return records.parquet_blocks([(name, dtypes[kind]) for name, kind in _columns().items()])
+  return records.parquet_blocks({"label": (tf.int64, LABEL_COLUMN),
+                                 "numbers": (tf.int64, NUMERIC_COLUMNS),
+                                 "cats": (tf.string, CATEGORICAL_COLUMNS)})
 
 
 def _features(label: tf.Tensor, numbers: tf.Tensor, cats: tf.Tensor,

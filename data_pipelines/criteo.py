@@ -113,8 +113,8 @@ def make_dataset(
 
 
 def _parquet_reader() -> Callable[[tf.Tensor], tf.data.Dataset]:
-  columns = [(LABEL_COLUMN, tf.int64)] + [(name, tf.int64) for name in INT_COLUMNS]
-  return records.parquet_blocks(columns + [(name, tf.string) for name in CAT_COLUMNS])
+  return records.parquet_blocks({"label": (tf.int64, LABEL_COLUMN), "ints": (tf.int64, INT_COLUMNS),
+                                 "cats": (tf.string, CAT_COLUMNS)})
 
 
 def _parse_tsv_batch(lines: tf.Tensor, enforce: EnforceFn) -> Tensors:
@@ -156,9 +156,7 @@ def _parse_tsv_batch(lines: tf.Tensor, enforce: EnforceFn) -> Tensors:
 
 def _parse_parquet_batch(columns: dict[str, tf.Tensor], enforce: EnforceFn) -> Tensors:
   """Validates a batch of Parquet rows; returns label (bool), ints (int64) and categorical strings."""
-  label = columns[LABEL_COLUMN]
-  ints = tf.stack([columns[name] for name in INT_COLUMNS], axis=1)
-  cats = tf.stack([columns[name] for name in CAT_COLUMNS], axis=1)
+  label, ints, cats = columns["label"], columns["ints"], columns["cats"]
 
   label_ok = tf.equal(label, 0) | tf.equal(label, 1)
   cat_ok = tf.strings.regex_full_match(cats, _HEX_RE)

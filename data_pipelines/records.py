@@ -13,7 +13,7 @@ import contextlib
 import functools
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Iterator, Tuple
 
 import tensorflow as tf
@@ -159,9 +159,6 @@ def read_tagged_files(files: Sequence[str], open_file: Callable[[tf.Tensor], tf.
       num_parallel_calls=tf.data.AUTOTUNE,
       deterministic=deterministic,
   )
-  groups = _column_groups(dataset.element_spec[2])
-  if groups:
-    dataset = dataset.map(functools.partial(_pack_columns, groups))
   dataset = dataset.unbatch()
   if cache:
     dataset = dataset.cache()
@@ -169,32 +166,7 @@ def read_tagged_files(files: Sequence[str], open_file: Callable[[tf.Tensor], tf.
     dataset = dataset.shuffle(shuffle_buffer, seed=seed)
   if repeat:
     dataset = dataset.repeat()
-  dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-  if groups:
-    dataset = dataset.map(functools.partial(_unpack_columns, groups))
-  return dataset
-
-
-def _column_groups(spec) -> dict[str, list[str]] | None:
-  """Column names by dtype, when records are a dict of columns (a columnar file's blocks): rows
-  then travel through unbatch, shuffle and batch as one tensor per dtype instead of one per
-  column (each component of a row costs about as much as the row's few bytes). None: keep them."""
-  if not isinstance(spec, dict) or len(spec) < 3 or any(s.shape.rank != 1 for s in spec.values()):
-    return None
-  groups: dict[str, list[str]] = {}
-  for name, column in spec.items():
-    groups.setdefault(column.dtype.name, []).append(name)
-  return groups if len(groups) < len(spec) else None
-
-
-def _pack_columns(groups: dict[str, list[str]], file_ids, numbers, records):
-  return file_ids, numbers, {dtype: tf.stack([records[name] for name in names], axis=1)
-                             for dtype, names in groups.items()}
-
-
-def _unpack_columns(groups: dict[str, list[str]], file_ids, numbers, packed):
-  return file_ids, numbers, {name: packed[dtype][:, i]
-                             for dtype, names in groups.items() for i, name in enumerate(names)}
+  return dataset.batch(batch_size, drop_remainder=drop_remainder)
 
 
 def parsed_batches(files: Sequence[str], open_file: Callable[[tf.Tensor], tf.data.Dataset],
@@ -291,13 +263,18 @@ def _tag_block(file_id: tf.Tensor, block_index: tf.Tensor, records,
   return block
 
 
-def parquet_blocks(columns: Sequence[tuple[str, tf.DType]]) -> Callable[[tf.Tensor], tf.data.Dataset]:
+def parquet_blocks(groups: Mapping[str, tuple[tf.DType, str | Sequence[str]]]
+                   ) -> Callable[[tf.Tensor], tf.data.Dataset]:
   """``open_file`` for ``read_tagged_files(..., blocks=True)``: a Parquet file as blocks of
-  READ_BLOCK rows of ``columns`` (name, dtype), read with tensorflow-io's Parquet kernels in
-  chunks of 64 blocks per column (each read call costs about as much as decoding 10k rows, so
-  1024-row reads ran at 10k rows/s and 65536-row reads at 260k) and then sliced into blocks.
-  (Its ``IODataset.from_parquet`` unbatches every column to single values and zips them back
-  into rows.)"""
+  READ_BLOCK rows, each a dict of ``groups``: ``name: (dtype, column)`` gives the column as a
+  vector ``[rows]``, ``name: (dtype, [columns])`` those columns stacked as ``[rows, columns]``
+  (stacked once per read, so a row travels through unbatch/shuffle/batch as one tensor per group
+  and reaches the parser as the matrix it needs: each component of a row costs about as much as
+  the row's few bytes, and every copy of a string column costs as much as reading it). Columns
+  are read with tensorflow-io's Parquet kernels in chunks of 64 blocks (each read call costs
+  about as much as decoding 10k rows, so 1024-row reads ran at 10k rows/s and 65536-row reads at
+  260k) and then sliced into blocks. (Its ``IODataset.from_parquet`` unbatches every column to
+  single values and zips them back into rows.)"""
   from tensorflow_io.python.ops import core_ops  # slow to import: only when Parquet is read
 
   def open_blocks(path: tf.Tensor) -> tf.data.Dataset:
@@ -309,20 +286,24 @@ def parquet_blocks(columns: Sequence[tuple[str, tf.DType]]) -> Callable[[tf.Tens
       tf.debugging.assert_equal(tf.shape(found)[0], 1, message=f"no Parquet column {name}")
       return tf.boolean_mask(found[0], found[0] >= 0)
 
-    rows = shape(columns[0][0])[0]
+    def column(name: str, dtype: tf.DType, start: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
+      values = core_ops.io_parquet_readable_read(
+          input=path, shared=path, component=name, shape=shape(name), start=start, stop=stop,
+          dtype=dtype, container="ParquetIODataset")
+      values.set_shape([None])  # one value per row (the kernel's output has no shape)
+      return values
+
+    _, first = next(iter(groups.values()))
+    rows = shape(first if isinstance(first, str) else first[0])[0]
 
     def read(start: tf.Tensor) -> dict:
       stop = tf.minimum(start + _PARQUET_CHUNK, rows)
-      chunk = {}
-      for name, dtype in columns:
-        chunk[name] = core_ops.io_parquet_readable_read(
-            input=path, shared=path, component=name, shape=shape(name), start=start, stop=stop,
-            dtype=dtype, container="ParquetIODataset")
-        chunk[name].set_shape([None])  # one value per row (the kernel's output has no shape)
-      return chunk
+      return {group: (column(cols, dtype, start, stop) if isinstance(cols, str) else
+                      tf.stack([column(c, dtype, start, stop) for c in cols], axis=1))
+              for group, (dtype, cols) in groups.items()}
 
     def blocks(chunk: dict) -> tf.data.Dataset:
-      size = tf.shape(chunk[columns[0][0]], out_type=tf.int64)[0]
+      size = tf.shape(next(iter(chunk.values())), out_type=tf.int64)[0]
       return tf.data.Dataset.range(0, size, READ_BLOCK).map(
           lambda start: {name: value[start:start + READ_BLOCK] for name, value in chunk.items()})
 

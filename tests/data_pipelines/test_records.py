@@ -116,31 +116,25 @@ def test_check_choice_names_the_parameter():
     records.check_choice("bad_lines", "drop", records.BAD_LINE_POLICIES)
 
 
-def test_columnar_blocks_travel_packed_by_dtype_and_come_back_as_their_columns(tmp_path):
-  # A columnar reader's blocks (a dict of columns): rows are packed into one tensor per dtype
-  # through unbatch/shuffle/batch, and every batch holds the original columns again.
+def test_columnar_blocks_travel_as_their_groups_and_are_batched_whole(tmp_path):
+  # A columnar reader's blocks (a dict of vectors and matrices, one row per leading index) go
+  # through unbatch/shuffle/batch as they are: every batch holds the same groups, rows intact.
   def open_blocks(path):
     n = tf.strings.to_number(tf.strings.regex_replace(path, r".*_(\d+)$", r"\1"), tf.int64)
     rows = tf.range(n)
     return tf.data.Dataset.from_tensors({
-        "a": rows, "b": rows * 10, "label": tf.cast(rows, tf.float32),
+        "ab": tf.stack([rows, rows * 10], axis=1), "label": tf.cast(rows, tf.float32),
         "name": tf.strings.as_string(rows)})
-  spec = {name: tf.TensorSpec([None], dtype) for name, dtype in
-          (("a", tf.int64), ("b", tf.int64), ("label", tf.float32), ("name", tf.string))}
-  assert records._column_groups(spec) == {"int64": ["a", "b"], "float32": ["label"],
-                                          "string": ["name"]}
-  assert records._column_groups(tf.TensorSpec([None], tf.string)) is None
   files = [str(tmp_path / "f_5"), str(tmp_path / "f_3")]
   batches = list(records.read_tagged_files(files, open_blocks, batch_size=4, blocks=True,
                                            shuffle_buffer=8, seed=1))
   rows = []
   for file_ids, numbers, columns in batches:
-    assert set(columns) == set(spec)
-    for name, column in columns.items():
-      assert column.dtype == spec[name].dtype and column.shape.rank == 1
+    assert set(columns) == {"ab", "label", "name"}
+    assert columns["ab"].shape[1:] == [2] and columns["name"].dtype == tf.string
     for i in range(len(numbers)):
-      a = int(columns["a"][i])
-      assert (int(columns["b"][i]), float(columns["label"][i]), columns["name"][i].numpy()) == (
+      a = int(columns["ab"][i, 0])
+      assert (int(columns["ab"][i, 1]), float(columns["label"][i]), columns["name"][i].numpy()) == (
           10 * a, float(a), str(a).encode())
       rows.append((int(file_ids[i]), int(numbers[i]), a))
   assert sorted(rows) == [(0, k + 1, k) for k in range(5)] + [(1, k + 1, k) for k in range(3)]

@@ -187,7 +187,7 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
   mean = statistics.fmean
   return {"step_times": step_times.describe(times), "refreshes_per_round": swaps,
           "load_to_swap_seconds": {"median": statistics.median(loads) if loads else None,
-                              "max": max(loads, default=None)},
+                                   "max": max(loads, default=None)},
           "ratios": {"teacher_vs_no_teacher": step_times.throughput_ratio(
                          times, "teacher", "no_teacher", mean),
                      "refresh_vs_teacher": step_times.throughput_ratio(

@@ -113,7 +113,8 @@ def make_dataset(
 
 
 def _parquet_reader() -> Callable[[tf.Tensor], tf.data.Dataset]:
-  return records.parquet_blocks({"label": (tf.int64, LABEL_COLUMN), "ints": (tf.int64, INT_COLUMNS),
+  return records.parquet_blocks({"label": (tf.int64, LABEL_COLUMN),
+                                 "ints": (tf.int64, INT_COLUMNS),
                                  "cats": (tf.string, CAT_COLUMNS)})
 
 

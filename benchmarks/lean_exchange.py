@@ -10,6 +10,11 @@ directory is measured on disk (files and marker: what each reader fetches). A ``
 rebuilds every version, so each figure is of versions that were read back. Bytes per step are
 amortized over one cycle of ``whole_every`` publishes: (median whole version + (whole_every - 1)
 x median delta) / (whole_every x K); a format without deltas is its median version / K.
+
+The error-bounded formats (``row_tolerance`` > 0, added with ``whole_every`` = 100 beside an
+exact int8 delta format of the same ``whole_every``, tolerances 0.05 and 0.2 fixed before they
+were measured here) are lossy: every version read back is checked against the error bound, and
+the staleness suite measures their effect on the loss.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from benchmarks import traffic
 from data_pipelines import criteo
 from tf_codistill import exchange
 from tf_codistill import lean_versions
+from tf_codistill import weight_codecs
 from tf_codistill.models import ctr
 
 FORMATS = {
@@ -38,7 +44,14 @@ FORMATS = {
     "float32_deltas": lean_versions.PublishFormat("float32", row_deltas=True),
     "bfloat16_deltas": lean_versions.PublishFormat("bfloat16", row_deltas=True),
     "int8_deltas": lean_versions.PublishFormat("int8", row_deltas=True),
+    "int8_deltas_w100": lean_versions.PublishFormat("int8", row_deltas=True, whole_every=100),
+    "int8_tolerant05_w100": lean_versions.PublishFormat("int8", row_deltas=True, whole_every=100,
+                                                        row_tolerance=0.05),
+    "int8_tolerant20_w100": lean_versions.PublishFormat("int8", row_deltas=True, whole_every=100,
+                                                        row_tolerance=0.2),
 }
+# int8's own rounding: half a code of the row's largest magnitude (1/254), with float slack.
+_INT8_ROUNDING = 1 / 254 + 1e-4
 SPEC = {"dense": tf.TensorSpec([None, 13], tf.float32),
         "categorical": tf.TensorSpec([None, 26], tf.int64)}
 
@@ -96,12 +109,26 @@ def _publish_all(model: keras.Model, fmt: lean_versions.PublishFormat, steps: Se
       version_id, arrays = reader.read(exchange_dir, version, marker, signature, shapes)
       reader.commit(version_id, arrays)
       read_s.append(time.perf_counter() - start)
-      for got, want in zip(arrays, snapshots[step]):  # what a reader rebuilds is this step's
-        if fmt.encoding == "float32":
-          np.testing.assert_array_equal(got, want)
+      _check_read_back(fmt, arrays, snapshots[step])
   return {"whole_bytes": whole, "delta_bytes": deltas,
           "write_seconds_median": statistics.median(write_s),
           "read_seconds_median": statistics.median(read_s) if read_s else None}
+
+
+def _check_read_back(fmt: lean_versions.PublishFormat, arrays: Sequence[np.ndarray],
+                     weights: Sequence[np.ndarray]) -> None:
+  """What a reader rebuilt is this step's weights: exactly (float32, exact deltas), or within
+  the format's row tolerance plus int8 rounding, per row."""
+  for got, want in zip(arrays, weights):
+    if fmt.row_tolerance:
+      got_rows, want_rows = weight_codecs.as_rows(got), weight_codecs.as_rows(want)
+      error = np.abs(got_rows - want_rows).max(axis=1, initial=0.0)
+      bound = np.abs(want_rows).max(axis=1, initial=0.0) * (
+          fmt.row_tolerance + (_INT8_ROUNDING if fmt.encoding == "int8" else 1e-6))
+      if np.any(error > bound):
+        raise AssertionError(f"{fmt}: a row read back is off by {error.max()} (> its bound)")
+    elif fmt.encoding == "float32":
+      np.testing.assert_array_equal(got, want)
 
 
 def amortized_bytes_per_step(sizes: dict, k: int, whole_every: int) -> float:
@@ -121,7 +148,8 @@ def measure(data_dir: str, steps: int, batch: int, intervals: Sequence[int],
   out = {"steps": steps, "batch": batch, "final_train_loss": loss, "formats": {}}
   for name, fmt in FORMATS.items():
     out["formats"][name] = {"encoding": fmt.encoding, "row_deltas": fmt.row_deltas,
-                            "whole_every": fmt.whole_every, "by_interval": {}}
+                            "whole_every": fmt.whole_every, "row_tolerance": fmt.row_tolerance,
+                            "by_interval": {}}
     for k in intervals:
       with tempfile.TemporaryDirectory() as tmp:
         sizes = _publish_all(model, fmt, [s for s in sorted(snapshots) if s % k == 0],

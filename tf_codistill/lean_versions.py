@@ -6,13 +6,16 @@ versions leaner: ``encoding`` stores the weights in bfloat16 or int8 (``weight_c
 since the group's previous version (an embedding table whose ids were not all looked up), only
 those rows and their indices, with a whole version every ``whole_every`` publishes. A row
 "changed" when its stored form did: a reader that applies the delta holds exactly what a whole
-version would have given it.
+version would have given it. With ``row_tolerance`` > 0 a delta is error-bounded instead: it
+sends only the rows that drifted from what readers hold by more than that fraction of the row's
+largest magnitude, so every row a reader holds stays within it (plus the encoding's rounding).
 
 Files of a lean version, beside ``COMPLETE`` (exchange.py)::
 
     weights.index, weights.data-00000-of-00001   a TF tensor bundle: for array i of the model's
                                                  weights, "<i>/values" [rows, width], "<i>/scales"
-                                                 (int8: one per row), "<i>/rows" (a delta's indices)
+                                                 (int8: one per row), "<i>/rows" (a delta's indices:
+                                                 uint16 for tables of up to 65536 rows, else int32)
 
 and the marker's ``format``: ``kind: 'lean'``, ``encoding``, a random ``id``, ``base`` (null for a
 whole version, else the ``step`` and ``id`` of the version the delta applies to), ``arrays``
@@ -57,11 +60,15 @@ class PublishFormat:
     whole_every: with ``row_deltas``, every this many publishes a whole version is written (a
       new base for readers that fell behind or restarted).
     delta_max_fraction: above this fraction of changed rows an array is stored whole.
+    row_tolerance: 0 (exact deltas: every row whose stored form changed), or error-bounded
+      deltas: a row is sent only once ``max|row - held row| > row_tolerance * max|row|``, where
+      ``held row`` is what readers hold (lossy: the staleness suite measures its effect).
   """
   encoding: str = SAVED_MODEL
   row_deltas: bool = False
   whole_every: int = 10
   delta_max_fraction: float = 0.5
+  row_tolerance: float = 0.0
 
   def __post_init__(self):
     choices = (SAVED_MODEL,) + weight_codecs.ENCODINGS
@@ -76,6 +83,12 @@ class PublishFormat:
     if not 0 <= self.delta_max_fraction <= 1:
       raise ConfigurationError(
           f"PublishFormat.delta_max_fraction={self.delta_max_fraction} must be in [0, 1]")
+    if not 0 <= self.row_tolerance < 1:
+      raise ConfigurationError(
+          f"PublishFormat.row_tolerance={self.row_tolerance} must be in [0, 1)")
+    if self.row_tolerance and not self.row_deltas:
+      raise ConfigurationError(f"PublishFormat.row_tolerance={self.row_tolerance} needs "
+                               "row_deltas=True (it bounds the error of row deltas)")
 
   @property
   def lean(self) -> bool:
@@ -111,23 +124,33 @@ class LeanWriter:
     return (self.format.row_deltas and self._last is not None
             and self._deltas_since_whole + 1 < self.format.whole_every)
 
+  def _rows_to_send(self, i: int, weight: np.ndarray, enc: weight_codecs.Encoded
+                    ) -> Optional[np.ndarray]:
+    """The rows of array ``i`` a delta stores, or None to store it whole."""
+    held = self._last[i]
+    if self.format.row_tolerance and np.issubdtype(np.asarray(weight).dtype, np.floating):
+      rows = weight_codecs.drifted_rows(weight, held, self.format.row_tolerance)
+    else:
+      rows = weight_codecs.changed_rows(enc, held)
+    return None if len(rows) > self.format.delta_max_fraction * enc.num_rows else rows
+
   def _arrays(self, weights: Sequence[np.ndarray], encoded: Sequence[weight_codecs.Encoded],
-              delta: bool) -> Tuple[Dict[str, np.ndarray], List[dict]]:
-    tensors, arrays = {}, []
+              delta: bool) -> Tuple[Dict[str, np.ndarray], List[dict], list]:
+    """The bundle's tensors, the marker's arrays, and what a reader holds once it applied them."""
+    tensors, arrays, held = {}, [], []
     for i, (weight, enc) in enumerate(zip(weights, encoded)):
-      rows = weight_codecs.changed_rows(enc, self._last[i]) if delta else None
-      if rows is not None and len(rows) > self.format.delta_max_fraction * enc.num_rows:
-        rows = None
+      rows = self._rows_to_send(i, weight, enc) if delta else None
       part = enc if rows is None else enc.take(rows)
+      held.append(enc if rows is None else self._last[i].with_rows(rows, enc))
       tensors[f"{i}/values"] = part.values
       if part.scales is not None:
         tensors[f"{i}/scales"] = part.scales
       if rows is not None:
-        tensors[f"{i}/rows"] = rows
+        tensors[f"{i}/rows"] = weight_codecs.compact_indices(rows, enc.num_rows)
       arrays.append({"name": self.names[i], "shape": list(np.shape(weight)),
                      "dtype": np.asarray(weight).dtype.name,
                      "stored": "whole" if rows is None else "rows"})
-    return tensors, arrays
+    return tensors, arrays, held
 
   def publish(self, weights: Sequence[np.ndarray], exchange_dir: str, group: int, step: int, *,
               keep_last: int = 2) -> str:
@@ -137,7 +160,7 @@ class LeanWriter:
       raise ValueError(f"{len(weights)} arrays for a model with {len(self.names)} weights")
     encoded = [weight_codecs.encode(w, self.format.encoding) for w in weights]
     delta = self._delta_now()
-    tensors, arrays = self._arrays(weights, encoded, delta)
+    tensors, arrays, held = self._arrays(weights, encoded, delta)
     version_id = uuid.uuid4().hex
     base = {"step": self._last_step, "id": self._last_id} if delta else None
     marker = {"format": {"kind": KIND, "encoding": self.format.encoding, "id": version_id,
@@ -146,7 +169,7 @@ class LeanWriter:
                                   lambda tmp: _save_bundle(tmp, tensors), marker,
                                   keep_last=keep_last)
     # Only a version that exists becomes the base of the next delta.
-    self._last, self._last_id, self._last_step = encoded, version_id, int(step)
+    self._last, self._last_id, self._last_step = held, version_id, int(step)
     self._deltas_since_whole = self._deltas_since_whole + 1 if delta else 0
     self.last_bytes = sum(t.nbytes for t in tensors.values())
     return path

@@ -39,6 +39,16 @@ class Encoded:
     """The rows ``rows`` only."""
     return Encoded(self.values[rows], None if self.scales is None else self.scales[rows])
 
+  def with_rows(self, rows: np.ndarray, new: "Encoded") -> "Encoded":
+    """A copy with rows ``rows`` taken from ``new`` (same shape and encoding)."""
+    values = self.values.copy()
+    values[rows] = new.values[rows]
+    if self.scales is None:
+      return Encoded(values)
+    scales = self.scales.copy()
+    scales[rows] = new.scales[rows]
+    return Encoded(values, scales)
+
 
 def rows_shape(shape) -> Tuple[int, int]:
   """(rows, width) of an array of ``shape`` seen as rows of its last axis."""
@@ -92,3 +102,21 @@ def changed_rows(new: Encoded, old: Encoded) -> np.ndarray:
   if new.scales is not None:
     differ |= new.scales != old.scales
   return np.flatnonzero(differ).astype(np.int32)
+
+
+def drifted_rows(array: np.ndarray, held: Encoded, tolerance: float) -> np.ndarray:
+  """Indices of the rows of ``array`` that differ from ``held``'s by more than ``tolerance``
+  times their largest magnitude (``max|row - held row| > tolerance * max|row|``): the rows an
+  error-bounded delta must send so that no row a reader holds is further than that from
+  ``array``."""
+  rows = as_rows(array).astype(np.float32)
+  if rows.shape != held.values.shape:
+    raise ValueError(f"cannot compare rows of {rows.shape} with held {held.values.shape}")
+  drift = np.abs(rows - decode(held, np.float32)).max(axis=1, initial=0.0)
+  bound = tolerance * np.abs(rows).max(axis=1, initial=0.0)
+  return np.flatnonzero(drift > bound).astype(np.int32)
+
+
+def compact_indices(rows: np.ndarray, num_rows: int) -> np.ndarray:
+  """``rows`` (indices into ``num_rows`` rows) as uint16 where they fit, else int32."""
+  return rows.astype(np.uint16 if num_rows <= np.iinfo(np.uint16).max + 1 else np.int32)

@@ -64,6 +64,9 @@ def test_publish_formats_are_measured_on_versions_read_back_and_reported(tmp_pat
   assert per_step["saved_model"] > per_step["float32"]
   assert per_step["int8_deltas"] == pytest.approx(lean_exchange.amortized_bytes_per_step(
       k5["int8_deltas"], 5, 10))
+  # Error-bounded deltas (checked against their bound as they were read back) send fewer rows.
+  assert per_step["int8_tolerant20_w100"] < per_step["int8_deltas_w100"]
+  assert formats["int8_tolerant20_w100"]["row_tolerance"] == 0.2
   table = comm_suite.bytes_table(batch_per_worker=16, exchange_every=100, scale=0.025)
   goals = comm_suite._goals(table, lean)
   assert goals["codistill_traffic_reduction"] is None  # K = 100 was not measured here
@@ -75,5 +78,5 @@ def test_publish_formats_are_measured_on_versions_read_back_and_reported(tmp_pat
                         "headline_format": comm_suite.HEADLINE_FORMAT}}
   comm_suite.write_report(summary, str(tmp_path / "report.md"))
   report = (tmp_path / "report.md").read_text()
-  assert "## Publish formats (CTR model)" in report and "`int8_deltas` | 20 |" in report
+  assert "## Publish formats (CTR model)" in report and "`int8_deltas` | 10 | 0.0 | 20 |" in report
   assert "| missing | >= 100 | **no** |" in report  # a goal whose value is missing is missed

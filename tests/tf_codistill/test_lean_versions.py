@@ -90,6 +90,39 @@ def test_deltas_hold_only_changed_rows_and_rebuild_the_whole_version(tmp_path, e
   assert writer.last_bytes < whole_bytes / 10
 
 
+@pytest.mark.parametrize("encoding", ["float32", "int8"])
+def test_tolerant_deltas_send_only_drifted_rows_and_bound_every_rows_error(tmp_path, encoding):
+  exchange_dir = str(tmp_path)
+  model = emb_net()
+  shapes = [w.shape for w in model.get_weights()]
+  tolerance = 0.2
+  writer = _writer(model, encoding=encoding, row_deltas=True, row_tolerance=tolerance)
+  reader = lv.LeanReader()
+  weights = model.get_weights()
+  writer.publish(weights, exchange_dir, 1, 10)
+  reader.commit(*_reader_arrays(exchange_dir, 10, reader, shapes))
+  table = weights[0]
+  magnitude = np.abs(table).max(axis=1, keepdims=True)
+  # Row 3 drifts by 1% of its magnitude per publish, row 4 by 50%, row 5 not at all.
+  sent = []
+  for step in (20, 30, 40):
+    weights = [w.copy() for w in weights]
+    weights[0][3] += 0.01 * magnitude[3]
+    weights[0][4] += 0.5 * magnitude[4]
+    path = writer.publish(weights, exchange_dir, 1, step)
+    sent.append(tf.train.load_checkpoint(os.path.join(path, lv.BUNDLE)).get_tensor("0/rows"))
+    reader.commit(*_reader_arrays(exchange_dir, step, reader, shapes))
+    held = reader.held[0]
+    error = np.abs(held - weights[0]).max(axis=1) / np.abs(weights[0]).max(axis=1)
+    assert error.max() <= tolerance + (0.01 if encoding == "int8" else 1e-6)
+  assert all(rows.dtype == np.uint16 for rows in sent)  # a 200-row table: 2-byte indices
+  # Row 4 goes out every time; row 3's drift (1%, 2%, 3%) stays within 20%: never sent.
+  assert [rows.tolist() for rows in sent] == [[4], [4], [4]]
+  # What the reader holds is what the writer will build its next delta against.
+  for got, want in zip(reader.held, writer._last):
+    np.testing.assert_array_equal(got.reshape(-1), wc.decode(want).reshape(-1))
+
+
 def test_a_reader_that_skipped_versions_or_holds_none_walks_the_chain(tmp_path):
   exchange_dir = str(tmp_path)
   model = emb_net()
@@ -170,7 +203,10 @@ def test_rows_out_of_range_and_wrong_shapes_are_rejected(tmp_path):
     ({"encoding": "int4"}, "PublishFormat.encoding"),
     ({"row_deltas": True}, "PublishFormat.row_deltas"),
     ({"encoding": "int8", "whole_every": 0}, "PublishFormat.whole_every"),
-    ({"encoding": "int8", "delta_max_fraction": 2.0}, "PublishFormat.delta_max_fraction")])
+    ({"encoding": "int8", "delta_max_fraction": 2.0}, "PublishFormat.delta_max_fraction"),
+    ({"encoding": "int8", "row_tolerance": 0.1}, "PublishFormat.row_tolerance"),
+    ({"encoding": "int8", "row_deltas": True, "row_tolerance": 1.0},
+     "PublishFormat.row_tolerance")])
 def test_publish_format_refuses_values_that_cannot_work_naming_them(changes, named):
   with pytest.raises(ConfigurationError, match=named):
     tfc.PublishFormat(**changes)

@@ -50,8 +50,9 @@ FORMATS = {
     "int8_tolerant20_w100": lean_versions.PublishFormat("int8", row_deltas=True, whole_every=100,
                                                         row_tolerance=0.2),
 }
-# int8's own rounding: half a code of the row's largest magnitude (1/254), with float slack.
-_INT8_ROUNDING = 1 / 254 + 1e-4
+# int8's own rounding: half a code, 1/254 of the row's largest magnitude (times 1 + 2^-8: the
+# scale is a bfloat16 value), with float slack.
+_INT8_ROUNDING = (1 + 2 ** -8) / 254 + 1e-6
 SPEC = {"dense": tf.TensorSpec([None, 13], tf.float32),
         "categorical": tf.TensorSpec([None, 26], tf.int64)}
 

@@ -14,7 +14,8 @@ Files of a lean version, beside ``COMPLETE`` (exchange.py)::
 
     weights.index, weights.data-00000-of-00001   a TF tensor bundle: for array i of the model's
                                                  weights, "<i>/values" [rows, width], "<i>/scales"
-                                                 (int8: one per row), "<i>/rows" (a delta's indices:
+                                                 (int8: one bfloat16 per row; float32 from
+                                                 older writers), "<i>/rows" (a delta's indices:
                                                  uint16 for tables of up to 65536 rows, else int32)
 
 and the marker's ``format``: ``kind: 'lean'``, ``encoding``, a random ``id``, ``base`` (null for a
@@ -144,7 +145,7 @@ class LeanWriter:
       held.append(enc if rows is None else self._last[i].with_rows(rows, enc))
       tensors[f"{i}/values"] = part.values
       if part.scales is not None:
-        tensors[f"{i}/scales"] = part.scales
+        tensors[f"{i}/scales"] = weight_codecs.stored_scales(part.scales)
       if rows is not None:
         tensors[f"{i}/rows"] = weight_codecs.compact_indices(rows, enc.num_rows)
       arrays.append({"name": self.names[i], "shape": list(np.shape(weight)),

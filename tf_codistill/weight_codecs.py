@@ -2,8 +2,11 @@
 
 Every array is seen as rows of its last axis (an embedding table ``[vocab, dim]`` is ``vocab``
 rows of ``dim``; a kernel ``[in, out]`` is ``in`` rows of ``out``; a vector is one row). int8
-stores each row as ``round(row / scale)`` with one float32 ``scale = max|row| / 127`` per row
-(symmetric, weight-only), so a row can be replaced alone: that is what a row delta does.
+stores each row as ``round(row / scale)`` with one ``scale = max|row| / 127`` per row (symmetric,
+weight-only), rounded to a bfloat16 value so that a lean version stores it in 2 bytes without
+loss (``max|row| / scale`` stays within half a code of 127, so the largest code is always 127 and
+quantizing decoded values again gives the same codes); a row can be replaced alone: that is what
+a row delta does.
 Arrays that are not floating point (counters, seeds) are always stored as they are.
 """
 
@@ -77,16 +80,22 @@ def encode(array: np.ndarray, encoding: str) -> Encoded:
     return Encoded(rows.astype(_BFLOAT16))
   rows = rows.astype(np.float32)
   scales = (np.abs(rows).max(axis=1) if rows.shape[1] else np.zeros(rows.shape[0])) / _INT8_MAX
-  scales = scales.astype(np.float32)
+  scales = scales.astype(_BFLOAT16).astype(np.float32)
   safe = np.where(scales > 0, scales, 1.0)[:, None]
   codes = np.clip(np.rint(rows / safe), -_INT8_MAX, _INT8_MAX).astype(np.int8)
   return Encoded(codes, scales)
 
 
+def stored_scales(scales: np.ndarray) -> np.ndarray:
+  """int8 scales as a lean version stores them: bfloat16 (exact, see ``encode``)."""
+  return scales.astype(_BFLOAT16)
+
+
 def decode(encoded: Encoded, dtype=np.float32) -> np.ndarray:
   """The rows ``[rows, width]`` that ``encoded`` stands for, in ``dtype`` (floating arrays)."""
   if encoded.scales is not None:
-    return (encoded.values.astype(np.float32) * encoded.scales[:, None]).astype(dtype)
+    scales = encoded.scales.astype(np.float32)
+    return (encoded.values.astype(np.float32) * scales[:, None]).astype(dtype)
   if np.issubdtype(encoded.values.dtype, np.integer) or encoded.values.dtype == np.bool_:
     return encoded.values
   return encoded.values.astype(dtype)

@@ -22,7 +22,14 @@ def test_int8_round_trip_is_within_half_a_step_of_each_rows_scale():
   table[3] = 0.0  # an all-zero row has scale 0 and decodes to zeros
   enc = wc.encode(table, "int8")
   assert enc.values.dtype == np.int8 and enc.scales.shape == (50,)
-  np.testing.assert_allclose(enc.scales, np.abs(table).max(axis=1) / 127, rtol=1e-6)
+  # A scale is max|row| / 127 rounded to a bfloat16 value: stored in 2 bytes without loss.
+  np.testing.assert_allclose(enc.scales, np.abs(table).max(axis=1) / 127, rtol=2 ** -8)
+  np.testing.assert_array_equal(wc.stored_scales(enc.scales).astype(np.float32), enc.scales)
+  # Every non-zero row's largest code is 127, so quantizing the decoded rows is idempotent.
+  assert np.abs(enc.values).max(axis=1).tolist() == [0 if i == 3 else 127 for i in range(50)]
+  again = wc.encode(wc.decode(enc), "int8")
+  np.testing.assert_array_equal(again.values, enc.values)
+  np.testing.assert_array_equal(again.scales, enc.scales)
   decoded = wc.decode(enc)
   assert np.all(np.abs(decoded - table) <= enc.scales[:, None] / 2 + 1e-7)
   np.testing.assert_array_equal(decoded[3], 0.0)

@@ -239,7 +239,9 @@ def _formats_section(summary: dict) -> List[str]:
           "delta) / (whole_every x K). A row tolerance above 0 is lossy (error-bounded deltas: "
           "every row a reader holds is within that fraction of the row's largest magnitude, plus "
           "int8 rounding; every version read back is checked against it); the staleness suite "
-          "measures what it does to the loss.", "",
+          "measures what it does to the loss (`int8_tolerant05_minus_k100_loss`, "
+          "`int8_tolerant20_minus_k100_loss` in [../staleness/report.md](../staleness/report.md)).",
+          "",
           standalone.markdown_table(
               ["format", "whole_every", "row tolerance", "K", "whole version MB (n)", "delta MB (n)", "kB per step",
                "reduction vs as-sent all-reduce", "write s", "read s"], rows), ""]

@@ -243,8 +243,9 @@ def _formats_section(summary: dict) -> List[str]:
           "`int8_tolerant20_minus_k100_loss` in [../staleness/report.md](../staleness/report.md)).",
           "",
           standalone.markdown_table(
-              ["format", "whole_every", "row tolerance", "K", "whole version MB (n)", "delta MB (n)", "kB per step",
-               "reduction vs as-sent all-reduce", "write s", "read s"], rows), ""]
+              ["format", "whole_every", "row tolerance", "K", "whole version MB (n)",
+               "delta MB (n)", "kB per step", "reduction vs as-sent all-reduce", "write s",
+               "read s"], rows), ""]
 
 
 def write_report(summary: dict, path: str) -> None:

@@ -123,6 +123,25 @@ def test_tolerant_deltas_send_only_drifted_rows_and_bound_every_rows_error(tmp_p
     np.testing.assert_array_equal(got.reshape(-1), wc.decode(want).reshape(-1))
 
 
+def test_int8_scales_are_stored_as_bfloat16_and_float32_scales_of_older_writers_still_read(
+    tmp_path, monkeypatch):
+  model = emb_net()
+  shapes = [w.shape for w in model.get_weights()]
+  weights = model.get_weights()
+  path = _writer(model, encoding="int8").publish(weights, str(tmp_path), 1, 10)
+  assert tf.train.load_checkpoint(os.path.join(path, lv.BUNDLE)).get_tensor("0/scales").dtype == (
+      tf.bfloat16.as_numpy_dtype)
+  # An older writer stored float32 scales.
+  monkeypatch.setattr(wc, "stored_scales", lambda scales: scales.astype(np.float32))
+  path = _writer(model, encoding="int8").publish(weights, str(tmp_path), 2, 10)
+  assert tf.train.load_checkpoint(os.path.join(path, lv.BUNDLE)).get_tensor(
+      "0/scales").dtype == np.float32
+  for group in (1, 2):
+    _, arrays = _reader_arrays(str(tmp_path), 10, lv.LeanReader(), shapes, group=group)
+    for got, want in zip(arrays, _stored(weights, "int8")):
+      np.testing.assert_array_equal(got, want)
+
+
 def test_a_reader_that_skipped_versions_or_holds_none_walks_the_chain(tmp_path):
   exchange_dir = str(tmp_path)
   model = emb_net()

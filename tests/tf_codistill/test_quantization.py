@@ -16,7 +16,8 @@ from tf_codistill.model import CodistillModel
 from tf_codistill.models import ctr
 
 # Stated tolerance: int8 codes keep a relative error of at most 1/254 of each row's largest
-# weight (times 1 + 2^-8: a scale is rounded to a bfloat16 value); through a small model, probabilities stay within 0.03 and their mean within 0.005.
+# weight (times 1 + 2^-8: a scale is rounded to a bfloat16 value); through a small model,
+# probabilities stay within 0.03 and their mean within 0.005.
 MAX_ABS_PROB_DIFF = 0.03
 MEAN_ABS_PROB_DIFF = 0.005
 

@@ -50,9 +50,6 @@ FORMATS = {
     "int8_tolerant20_w100": lean_versions.PublishFormat("int8", row_deltas=True, whole_every=100,
                                                         row_tolerance=0.2),
 }
-# int8's own rounding: half a code, 1/254 of the row's largest magnitude (times 1 + 2^-8: the
-# scale is a bfloat16 value), with float slack.
-_INT8_ROUNDING = (1 + 2 ** -8) / 254 + 1e-6
 SPEC = {"dense": tf.TensorSpec([None, 13], tf.float32),
         "categorical": tf.TensorSpec([None, 26], tf.int64)}
 
@@ -120,14 +117,13 @@ def _check_read_back(fmt: lean_versions.PublishFormat, arrays: Sequence[np.ndarr
                      weights: Sequence[np.ndarray]) -> None:
   """What a reader rebuilt is this step's weights: exactly (float32, exact deltas), or within
   the format's row tolerance plus int8 rounding, per row."""
+  rounding = (weight_codecs.INT8_ROW_ERROR if fmt.encoding == "int8" else 0.0) + 1e-6
   for got, want in zip(arrays, weights):
     if fmt.row_tolerance:
-      got_rows, want_rows = weight_codecs.as_rows(got), weight_codecs.as_rows(want)
-      error = np.abs(got_rows - want_rows).max(axis=1, initial=0.0)
-      bound = np.abs(want_rows).max(axis=1, initial=0.0) * (
-          fmt.row_tolerance + (_INT8_ROUNDING if fmt.encoding == "int8" else 1e-6))
-      if np.any(error > bound):
-        raise AssertionError(f"{fmt}: a row read back is off by {error.max()} (> its bound)")
+      off = weight_codecs.drifted_rows(want, weight_codecs.encode(got, "float32"),
+                                       fmt.row_tolerance + rounding)
+      if len(off):
+        raise AssertionError(f"{fmt}: {len(off)} rows read back are off by more than their bound")
     elif fmt.encoding == "float32":
       np.testing.assert_array_equal(got, want)
 

@@ -21,6 +21,9 @@ import tensorflow as tf
 ENCODINGS = ("float32", "bfloat16", "int8")
 _BFLOAT16 = tf.bfloat16.as_numpy_dtype
 _INT8_MAX = 127.0
+# int8's largest error per value, as a fraction of its row's largest magnitude: half a code,
+# times 1 + 2^-8 because a scale is rounded to a bfloat16 value.
+INT8_ROW_ERROR = (1 + 2 ** -8) / (2 * _INT8_MAX)
 
 
 @dataclasses.dataclass(frozen=True)

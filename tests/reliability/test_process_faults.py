@@ -25,6 +25,13 @@ def work(tmp_path_factory):
 
 def _check(record):
   shown = {k: v for k, v in record.items() if k != "stderr_tail"}
+  # The verdict's parts one by one, so a failure names the part that failed before any long record.
+  for part in ("finished", "resumed_correctly", "launcher_restarted"):
+    assert record.get(part), (f"{part}={record.get(part)!r}, error={record.get('error')!r}, "
+                              f"step_at_kill={record.get('step_at_kill')}, "
+                              f"resumed_from_step={record.get('resumed_from_step')}, "
+                              f"final_steps={record.get('final_steps')}, "
+                              f"exit_code={record.get('exit_code')}", shown)
   assert record["ok"], (shown, record.get("stderr_tail", "")[-3000:])
   assert record["finished"] and record["exit_code"] == 0, shown
   assert record["launcher_restarted"], shown

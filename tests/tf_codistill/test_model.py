@@ -183,6 +183,27 @@ def test_double_buffer_flips_and_never_touches_the_active_copy():
   assert model.teacher_steps.numpy().tolist() == [20]
 
 
+def test_traced_step_follows_active_slot_through_one_case_op_that_is_not_lowered():
+  student = _functional()
+  model = CodistillModel(student, 1)
+  model(tf.zeros([1, 8]))
+  target = tf.function(model.teacher_target)
+  x = tf.random.normal([4, 8])
+  model.set_teacher_weights(0, student.get_weights(), step=1)
+  np.testing.assert_allclose(target(x).numpy(), tf.sigmoid(student(x)).numpy(), rtol=1e-6)
+  doubled = [w * 2 for w in student.get_weights()]
+  model.set_teacher_weights(0, doubled, step=2)  # restored into the other copy, then flipped
+  second = model.teacher_slots[0][model.active_slot[0].numpy()]
+  np.testing.assert_allclose(second.get_weights()[0], doubled[0])
+  np.testing.assert_allclose(target(x).numpy(), tf.sigmoid(second(x)).numpy(), rtol=1e-6)
+  assert target.experimental_get_tracing_count() == 1
+  # Lowered to Switch/Merge, the unused copy's ops would still run (as dead ops) every step.
+  graph = target.get_concrete_function(x).graph
+  cases = [op for op in graph.get_operations() if op.type in ("Case", "StatelessCase")]
+  assert len(cases) == 1
+  assert cases[0].get_attr("_lower_using_switch_merge") is False
+
+
 def test_export_writes_the_student_with_the_serving_signature(tmp_path):
   from tf_codistill.model import export
   model = CodistillModel(_Subclassed(), teacher_factory=_Subclassed)

@@ -152,7 +152,7 @@ class TeacherPool:
       exchange.check_signature(version.path, self._expected)
       self._restore(target, tf.io.gfile.join(version.path, "variables", "variables"))
     for var in target.weights:
-      if var.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(var))):
+      if var.dtype.is_floating and not all_finite(var):
         raise exchange.InvalidVersionError(f"{version.path}: variable {var.name} has NaN/Inf")
     if not self.probe.finite(target):
       raise exchange.InvalidVersionError(
@@ -178,6 +178,17 @@ class TeacherPool:
       quantization.assign_float_weights(target, self._staging.get_weights())
     except ValueError as e:
       raise ValueError(f"{prefix}: {e}") from None
+
+
+def all_finite(var: tf.Variable) -> bool:
+  """Whether every value of ``var`` is finite, checked on the device that holds it (each shard's,
+  for a sharded variable): under parameter servers only the verdict travels to this process, not
+  the variable's values."""
+  for part in getattr(var, "variables", None) or [var]:
+    with tf.device(part.device):
+      if not bool(tf.reduce_all(tf.math.is_finite(part))):
+        return False
+  return True
 
 
 class TeacherRefresh(step_hooks.StepHook):

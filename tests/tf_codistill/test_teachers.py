@@ -174,10 +174,16 @@ for step in (10, 20, 30):
   assert pool.poll_once() == 1, pool.rejections
   activate_all(model, pool)
   added.append(sorted(set(context.context().list_function_names()) - before))
+# A version with a NaN weight is refused (checked on the ps) and the last good teacher stays.
+bad = small_net(seed=40)
+bad.set_weights([np.where(np.arange(w.size).reshape(w.shape) == 0, np.nan, w)
+                 for w in bad.get_weights()])
+exchange.publish(bad, exchange_dir, 1, 40, spec, keep_last=5)
+refused = pool.poll_once() == 0 and pool.rejections == 1
 teacher = model.teacher_slots[0][int(model.active_slot.numpy()[0])]
 same = all(np.array_equal(a, b) for a, b in zip(teacher.get_weights(), peer.get_weights()))
 devices = sorted({v.device for v in teacher.weights})
-print(json.dumps({"added": added, "same": same, "devices": devices}))
+print(json.dumps({"added": added, "same": same, "devices": devices, "refused": refused}))
 """
 
 
@@ -185,8 +191,21 @@ print(json.dumps({"added": added, "same": same, "devices": devices}))
 def test_teacher_loads_on_parameter_servers_trace_no_new_functions(tmp_path):
   """Under ParameterServerStrategy the teachers live on the ps; loading a version restores into
   them from the coordinator, with no function traced per load (a parameter server keeps every
-  function it is sent, for good)."""
+  function it is sent, for good), and a version with a NaN weight is refused."""
   report = run_ps_coordinator(_PS_COORDINATOR, tmp_path)
   assert report["devices"] == ["/job:ps/replica:0/task:0/device:CPU:0"]
   assert report["same"]
   assert report["added"][1:] == [[], []], report["added"]  # the first load makes its kernels
+  assert report["refused"]
+
+
+def test_all_finite_checks_every_value_and_every_shard():
+  assert teachers.all_finite(tf.Variable(np.ones([3, 2], np.float32)))
+  for bad in (np.nan, np.inf, -np.inf):
+    values = np.ones([3, 2], np.float32)
+    values[2, 1] = bad
+    assert not teachers.all_finite(tf.Variable(values))
+  from tensorflow.python.distribute import sharded_variable  # what a partitioned ps variable is
+  shards = [tf.Variable(np.ones([2, 2], np.float32)), tf.Variable([[1.0, np.nan]])]
+  assert not teachers.all_finite(sharded_variable.ShardedVariable(shards))
+  assert teachers.all_finite(sharded_variable.ShardedVariable(shards[:1]))

@@ -33,8 +33,7 @@ def _check(record):
                               f"final_steps={record.get('final_steps')}, "
                               f"exit_code={record.get('exit_code')}", shown)
   assert record["ok"], (shown, record.get("stderr_tail", "")[-3000:])
-  assert record["finished"] and record["exit_code"] == 0, shown
-  assert record["launcher_restarted"], shown
+  assert record["exit_code"] == 0, shown
   assert record["recovery_s"] is not None and record["recovery_s"] < 600, shown
   if record["kind"] == "worker":
     # Nothing restarts but the worker: the coordinator reschedules its steps; no step is lost.

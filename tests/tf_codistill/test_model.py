@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tf_codistill import model as model_lib
 from tf_codistill.model import CodistillModel, clone_architecture
 
 
@@ -183,7 +184,13 @@ def test_double_buffer_flips_and_never_touches_the_active_copy():
   assert model.teacher_steps.numpy().tolist() == [20]
 
 
-def test_traced_step_follows_active_slot_through_one_case_op_that_is_not_lowered():
+def _case_lowering(graph) -> list:
+  """``_lower_using_switch_merge`` of every Case op in ``graph``."""
+  return [op.get_attr("_lower_using_switch_merge") for op in graph.get_operations()
+          if op.type in ("Case", "StatelessCase")]
+
+
+def test_traced_step_follows_active_slot_through_one_lowered_case_with_local_teachers():
   student = _functional()
   model = CodistillModel(student, 1)
   model(tf.zeros([1, 8]))
@@ -197,11 +204,24 @@ def test_traced_step_follows_active_slot_through_one_case_op_that_is_not_lowered
   np.testing.assert_allclose(second.get_weights()[0], doubled[0])
   np.testing.assert_allclose(target(x).numpy(), tf.sigmoid(second(x)).numpy(), rtol=1e-6)
   assert target.experimental_get_tracing_count() == 1
-  # Lowered to Switch/Merge, the unused copy's ops would still run (as dead ops) every step.
-  graph = target.get_concrete_function(x).graph
-  cases = [op for op in graph.get_operations() if op.type in ("Case", "StatelessCase")]
-  assert len(cases) == 1
-  assert cases[0].get_attr("_lower_using_switch_merge") is False
+  # Local variables: lowered to Switch/Merge, the cheaper choice in one process.
+  assert not model.teachers_are_remote()
+  assert _case_lowering(target.get_concrete_function(x).graph) == [True]
+
+
+def test_select_branch_keeps_one_case_op_when_asked_and_follows_the_index():
+  values = [tf.Variable(1.0), tf.Variable(2.0), tf.Variable(3.0)]
+  index = tf.Variable(0)
+  for keep_case in (True, False):
+    choose = tf.function(lambda: model_lib.select_branch(
+        index.read_value(), [lambda v=v: v * 10.0 for v in values], keep_case=keep_case))
+    for i, expected in enumerate((10.0, 20.0, 30.0)):
+      index.assign(i)
+      assert choose().numpy() == expected
+    assert choose.experimental_get_tracing_count() == 1
+    assert _case_lowering(choose.get_concrete_function().graph) == [not keep_case]
+  index.assign(1)
+  assert model_lib.select_branch(index, [lambda v=v: v * 10.0 for v in values]).numpy() == 20.0
 
 
 def test_export_writes_the_student_with_the_serving_signature(tmp_path):

@@ -183,7 +183,13 @@ refused = pool.poll_once() == 0 and pool.rejections == 1
 teacher = model.teacher_slots[0][int(model.active_slot.numpy()[0])]
 same = all(np.array_equal(a, b) for a, b in zip(teacher.get_weights(), peer.get_weights()))
 devices = sorted({v.device for v in teacher.weights})
-print(json.dumps({"added": added, "same": same, "devices": devices, "refused": refused}))
+# Remote teacher variables: the copy choice stays one Case op (lowered, the unused copy's dead
+# ops would pass between the worker and the ps every step).
+graph = tf.function(model.teacher_target).get_concrete_function(spec).graph
+lowering = [op.get_attr("_lower_using_switch_merge") for op in graph.get_operations()
+            if op.type in ("Case", "StatelessCase")]
+print(json.dumps({"added": added, "same": same, "devices": devices, "refused": refused,
+                  "remote": model.teachers_are_remote(), "case_lowering": lowering}))
 """
 
 
@@ -191,12 +197,14 @@ print(json.dumps({"added": added, "same": same, "devices": devices, "refused": r
 def test_teacher_loads_on_parameter_servers_trace_no_new_functions(tmp_path):
   """Under ParameterServerStrategy the teachers live on the ps; loading a version restores into
   them from the coordinator, with no function traced per load (a parameter server keeps every
-  function it is sent, for good), and a version with a NaN weight is refused."""
+  function it is sent, for good), a version with a NaN weight is refused, and the step keeps the
+  copy choice as one Case op."""
   report = run_ps_coordinator(_PS_COORDINATOR, tmp_path)
   assert report["devices"] == ["/job:ps/replica:0/task:0/device:CPU:0"]
   assert report["same"]
   assert report["added"][1:] == [[], []], report["added"]  # the first load makes its kernels
   assert report["refused"]
+  assert report["remote"] and report["case_lowering"] == [False], report
 
 
 def test_all_finite_checks_every_value_and_every_shard():

@@ -17,8 +17,10 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import importlib.metadata
 import json
 import os
+import platform
 import sys
 import tempfile
 import threading
@@ -56,6 +58,27 @@ def cores() -> int:
 def load_1m() -> float:
   """The 1-minute load average."""
   return os.getloadavg()[0]
+
+
+def cpu_model() -> str:
+  """The CPU's model name (``/proc/cpuinfo``): step times from different CPU models are not
+  comparable, so every figure records it."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.lower().startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine() or "unknown"
+
+
+def tensorflow_version() -> str:
+  """The installed TensorFlow's version, read from its package metadata (no import)."""
+  try:
+    return importlib.metadata.version("tensorflow")
+  except importlib.metadata.PackageNotFoundError:
+    return "not installed"
 
 
 def define_flags() -> None:
@@ -118,10 +141,12 @@ class Session:
     little without it. ``above_nproc_load`` marks a figure taken on a loaded machine: it started
     above ``cores``, or other processes used more than ``FOREIGN_LIMIT`` of the cores' time while
     it ran (so the benchmark never had the cores to itself). The load after the run is recorded,
-    not judged: it counts the benchmark's own threads."""
+    not judged: it counts the benchmark's own threads. The CPU model and TensorFlow version say
+    which machine kind a figure belongs to."""
     foreign = self.foreign_cpu_share()
     started_above, others_busy = self.load_before > self.cores, foreign > FOREIGN_LIMIT
-    return {"benchmark": self.name, "cores": self.cores, "allow_load": self.allow_load,
+    return {"benchmark": self.name, "cores": self.cores, "cpu_model": cpu_model(),
+            "tensorflow": tensorflow_version(), "allow_load": self.allow_load,
             "load_avg_1m_before": self.load_before, "load_avg_1m_after": load_1m(),
             "foreign_cpu_share": round(foreign, 4), "started_above_nproc_load": started_above,
             "others_busy": others_busy, "above_nproc_load": started_above or others_busy}

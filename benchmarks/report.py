@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -132,7 +133,20 @@ def _load_lines(summary: dict) -> List[str]:
                  "their wall times and examples/s are not trustworthy")
   elif runs and not any(r.get("load_avg_1m_before") is not None for r in runs):
     lines.append("- load before each run not recorded (runs predate the load checks)")
-  return lines
+  return lines + _cpu_lines(runs, summary.get("machine") or {})
+
+
+def _cpu_lines(runs: List[dict], machine_record: dict) -> List[str]:
+  """Which CPU model the runs were taken on; runs resumed on another machine kind are named, as
+  their wall times and examples/s cannot be compared with the others'."""
+  counts = collections.Counter(r.get("cpu_model") or "not recorded" for r in runs)
+  if not runs and machine_record.get("cpu_model"):
+    counts[machine_record["cpu_model"]] = 1
+  if len(counts) == 1:
+    return [f"- CPU: {next(iter(counts))}"] if "not recorded" not in counts else []
+  shown = ", ".join(f"{model} ({n} runs)" for model, n in counts.most_common())
+  return [f"- **runs taken on {len(counts)} CPU models: {shown}**; wall times and examples/s "
+          "are comparable only between runs on the same one"]
 
 
 def _protocol_lines(summary: dict) -> List[str]:
@@ -352,6 +366,15 @@ def _summaries(results_root: str) -> Dict[str, dict]:
   return out
 
 
+def _cpu_cell(summary: dict) -> str:
+  """The CPU model(s) a summary's figures were taken on, or "not recorded"."""
+  models = {r.get("cpu_model") for a in (summary.get("arms") or {}).values()
+            if isinstance(a, dict) for r in a.get("runs") or [] if isinstance(r, dict)}
+  models |= {(summary.get("machine") or {}).get("cpu_model")}
+  models.discard(None)
+  return " / ".join(sorted(models)) or "not recorded"
+
+
 def _cell(summary: dict, goal: str) -> str:
   """A goal's value, interval and verdict in one table cell."""
   goals, verdict = summary.get("goals") or {}, (summary.get("goal_verdicts") or {}).get(goal)
@@ -413,14 +436,15 @@ def index_markdown(results_root: str) -> str:
   lines += helps_section(summaries)
   lines += ["## Every suite's goal figures", "",
             "| suite | goal figure | value | 90% interval | spread (mean ± std [min, max]) | goal "
-            "| met |", "| --- | --- | --- | --- | --- | --- | --- |"]
+            "| met | CPU |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
   for name, summary in summaries.items():
     link = f"[`{name}`]({name}/report.md)" if os.path.exists(
         os.path.join(results_root, name, "report.md")) else f"`{name}`"
-    rows = goal_rows(summary)
+    rows, cpu = goal_rows(summary), _cpu_cell(summary)
     if not rows:
-      lines.append(f"| {link} | (no goal figures) | | | | | |")
-    lines += [f"| {link} | `{goal}` | " + " | ".join(cells) + " |" for goal, *cells in rows]
+      lines.append(f"| {link} | (no goal figures) | | | | | | {cpu} |")
+    lines += [f"| {link} | `{goal}` | " + " | ".join(cells) + f" | {cpu} |"
+              for goal, *cells in rows]
   return "\n".join(lines) + "\n"
 
 

@@ -721,6 +721,7 @@ def _run_seed(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], seed
       load, above = machine.settle(allow_load, what=f"{suite.name}/{arm.name} seed {seed}",
                                    log=progress)
     load = {"load_avg_1m_before": load, "started_above_nproc_load": above,
+            "cpu_model": machine.cpu_model(),
             "beside_sibling_run": cpus is not None and cpus.in_use()}
     with cpus.take(_cpus_needed(arm)) if cpus else contextlib.nullcontext():
       if arm.kind == "train":
@@ -904,6 +905,7 @@ def summarize(suite: Suite, paths: RunPaths, protocol_record: Optional[dict] = N
                    "load_avg_1m_before": result.get("load_avg_1m_before"),
                    "load_avg_1m_at_end": result.get("load_avg_1m_at_end"),
                    "started_above_nproc_load": result.get("started_above_nproc_load"),
+                   "cpu_model": result.get("cpu_model"),
                    "best_val_loss": protocol.best_loss(
                        protocol.curve_points(run["curve"], suite.loss_key)),
                    "steps_to_target": steps, "wall_time_to_target_s": wall,

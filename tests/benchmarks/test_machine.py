@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import tensorflow as tf
 
 from benchmarks import machine
 
@@ -104,3 +105,5 @@ def test_a_figure_is_marked_when_it_started_above_nproc_load_or_others_were_busy
   assert (record["started_above_nproc_load"], record["others_busy"]) == (started_above, others_busy)
   assert record["above_nproc_load"] == (started_above or others_busy)
   assert record["load_avg_1m_before"] == load_before and record["foreign_cpu_share"] == foreign
+  assert record["cpu_model"] == machine.cpu_model() and record["cpu_model"] != "unknown"
+  assert record["tensorflow"] == tf.__version__

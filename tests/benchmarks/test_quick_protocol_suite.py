@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from benchmarks import machine
 from testing_utils import REPO
 
 pytestmark = pytest.mark.e2e
@@ -61,6 +62,8 @@ def test_protocol_suite_finds_b_star_tunes_and_reports_goals_with_intervals(tmp_
              "codistill_alpha0")
   assert all(r["load_avg_1m_before"] is not None
              for name in trained for r in summary["arms"][name]["runs"])
+  assert {r["cpu_model"] for name in trained
+          for r in summary["arms"][name]["runs"]} == {machine.cpu_model()}
   assert "on CPUs 0" in proc.stderr and "on CPUs 1" in proc.stderr
   report = (results / "quick_protocol" / "report.md").read_text()
   assert "## Protocol record" in report and "B\\* = 32" in report

@@ -105,3 +105,27 @@ def test_goal_rows_show_a_standalone_scripts_verdict_interval():
   rows = {row[0]: row for row in report.goal_rows(summary)}
   assert rows["ratio"][2] == "[0.9480, 0.9700]" and rows["ratio"][5] == "yes"
   assert rows["plain"][2] == ""
+
+
+def test_report_names_the_cpu_and_flags_runs_resumed_on_another_cpu_model():
+  run = lambda model: {"load_avg_1m_before": 0.5, "cpu_model": model}
+  same = {"arms": {"a": {"runs": [run("CPU X")]}, "b": {"runs": [run("CPU X")]}}}
+  assert report._cpu_lines([run("CPU X"), run("CPU X")], {}) == ["- CPU: CPU X"]
+  mixed = [run("CPU X"), run("CPU X"), run("CPU Y")]
+  line, = report._cpu_lines(mixed, {})
+  assert "2 CPU models: CPU X (2 runs), CPU Y (1 runs)" in line
+  assert "comparable only between runs on the same one" in line
+  assert report._cpu_lines([], {"cpu_model": "CPU Z"}) == ["- CPU: CPU Z"]
+  assert report._cpu_lines([{"load_avg_1m_before": 0.5}], {}) == []
+  assert report._cpu_cell(same) == "CPU X"
+  assert report._cpu_cell({"machine": {"cpu_model": "CPU Z"}}) == "CPU Z"
+  assert report._cpu_cell({"goals": {}}) == "not recorded"
+
+
+def test_index_shows_each_suites_cpu(tmp_path):
+  (tmp_path / "step").mkdir()
+  (tmp_path / "step" / "summary.json").write_text(json.dumps({
+      "goals": {"ratio": 0.96}, "machine": {"cpu_model": "CPU Z", "cores": 2}}))
+  text = report.index_markdown(str(tmp_path))
+  assert "| met | CPU |" in text
+  assert "| `step` | `ratio` | 0.9600 |  |" in text and text.rstrip().endswith("| CPU Z |")

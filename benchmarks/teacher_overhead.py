@@ -5,7 +5,8 @@ a mixed_bfloat16 one (float32 variables, bfloat16 compute) and an int8 one (teac
 
 Per-step times inside one ``fit`` per arm and round, arms interleaved (``benchmarks.step_times``);
 ratios are formed within each round and reported as their median over rounds with a 90% bootstrap
-interval. Also measured: the pause the training thread sees when a refreshed teacher is swapped
+interval. A second, identical no-teacher model is timed as an arm of its own: its ratio to the
+first (``no_teacher_again_vs_no_teacher``) is the noise floor the other ratios must clear. Also measured: the pause the training thread sees when a refreshed teacher is swapped
 in, against assigning its values in place.
 
   .venv/bin/python -m benchmarks.teacher_overhead [--optimizer=adagrad]
@@ -77,7 +78,9 @@ def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
   make = lambda: ctr.ctr_model(num_buckets=num_buckets, embedding_dim=embedding_dim)
   sample = next(iter(_dataset(batch_size, num_buckets)))[0]
   arms = {"plain_keras": _compile(make(), optimizer),
-          "codistill_no_teacher": _compile(CodistillModel(make(), 0), optimizer)}
+          "codistill_no_teacher": _compile(CodistillModel(make(), 0), optimizer),
+          # An identical second instance: its ratio to the first is the harness's noise floor.
+          "codistill_no_teacher_again": _compile(CodistillModel(make(), 0), optimizer)}
   for name, policy in TEACHER_ARMS.items():
     student = make()
     arms[name] = _compile(CodistillModel(
@@ -97,6 +100,8 @@ def measure(arms: Dict[str, keras.Model], data: tf.data.Dataset, steps: int, rou
       rounds)
   ratios = {
       "no_teacher_vs_plain": step_times.throughput_ratio(times, "codistill_no_teacher", "plain_keras"),
+      "no_teacher_again_vs_no_teacher": step_times.throughput_ratio(
+          times, "codistill_no_teacher_again", "codistill_no_teacher"),
       "one_teacher_vs_no_teacher": step_times.throughput_ratio(times, "codistill_one_teacher",
                                                                "codistill_no_teacher"),
       "bfloat16_teacher_vs_no_teacher": step_times.throughput_ratio(
@@ -152,7 +157,9 @@ def main(argv):
     print(f"{name:<28} {row['median_ms']:>10.2f} {row['p90_ms']:>8.2f} {row['steps_per_sec']:>8.1f}")
   for name, ratio in summary["ratios"].items():
     low, high = ratio["interval90"]
-    print(f"throughput ratio {name}: {ratio['median']:.3f} [{low:.3f}, {high:.3f}]")
+    print(f"throughput ratio {name}: {ratio['median']:.3f} [{low:.3f}, {high:.3f}]"
+          + ("  (two identical models: the noise floor)" if name.startswith("no_teacher_again")
+             else ""))
   print(f"training-thread pause of a refresh: flip {summary['swap_flip_ms_median']:.2f} ms "
         f"(in-place assign would be {summary['in_place_assign_ms_median']:.1f} ms)")
   FLAGS.out = FLAGS.out or os.path.join(os.path.dirname(standalone.results_path("teacher_overhead")),

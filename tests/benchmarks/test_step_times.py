@@ -52,7 +52,8 @@ def test_ratios_are_formed_within_rounds_and_come_with_an_interval():
 
 def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
   arms = teacher_overhead.build_arms(batch_size=8, num_buckets=50, embedding_dim=2)
-  assert set(arms) == {"plain_keras", "codistill_no_teacher", "codistill_one_teacher",
+  assert set(arms) == {"plain_keras", "codistill_no_teacher", "codistill_no_teacher_again",
+                       "codistill_one_teacher",
                        "codistill_bfloat16_teacher", "codistill_mixed_bfloat16_teacher",
                        "codistill_int8_teacher"}
   for name, variables in (("codistill_bfloat16_teacher", "bfloat16"),
@@ -66,5 +67,7 @@ def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
   assert {row["steps"] for row in summary["step_times"].values()} == {6}
   for ratio in summary["ratios"].values():
     assert ratio["median"] > 0 and len(ratio["rounds"]) == 2
+  assert "no_teacher_again_vs_no_teacher" in summary["ratios"]
+  assert arms["codistill_no_teacher_again"] is not arms["codistill_no_teacher"]
   pause = teacher_overhead.swap_pause(arms["codistill_one_teacher"], repeats=2)
   assert pause["swap_flip_ms_median"] >= 0 and pause["in_place_assign_ms_median"] > 0

@@ -5,7 +5,9 @@ a mixed_bfloat16 one (float32 variables, bfloat16 compute) and an int8 one (teac
 
 Per-step times inside one ``fit`` per arm and round, arms interleaved (``benchmarks.step_times``);
 ratios are formed within each round and reported as their median over rounds with a 90% bootstrap
-interval. A second, identical no-teacher model is timed as an arm of its own: its ratio to the
+interval. Each teacher's forward pass is also timed alone (an in-graph loop on one batch), where
+noise is small, so what a precision saves in compute can be told from what the step shows. A
+second, identical no-teacher model is timed as an arm of its own: its ratio to the
 first (``no_teacher_again_vs_no_teacher``) is the noise floor the other ratios must clear. Also measured: the pause the training thread sees when a refreshed teacher is swapped
 in, against assigning its values in place.
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import tensorflow as tf
 import tf_keras as keras
@@ -118,6 +120,36 @@ def measure(arms: Dict[str, keras.Model], data: tf.data.Dataset, steps: int, rou
   return {"step_times": step_times.describe(times), "ratios": ratios}
 
 
+def _forward_loop(teacher: keras.Model, x) -> Callable[[tf.Tensor], tf.Tensor]:
+  """A function that runs ``teacher`` on ``x`` n times in one graph (no step around it)."""
+  @tf.function
+  def loop(n):
+    total = tf.zeros([])
+    for _ in tf.range(n):
+      total += tf.reduce_sum(tf.cast(teacher(x, training=False), tf.float32))
+    return total
+  return loop
+
+
+def forward_times(arms: Dict[str, keras.Model], data: tf.data.Dataset, calls: int = 100,
+                  repeats: int = 7) -> Dict[str, float]:
+  """Median ms of one forward pass of each arm's active teacher alone, on one batch: what a
+  precision saves in compute, free of the step's noise (repeats interleaved across arms)."""
+  x = next(iter(data))[0]
+  loops = {}
+  for name in TEACHER_ARMS:
+    model = arms[name]
+    loops[name] = _forward_loop(model.teacher_slots[0][int(model.active_slot.numpy()[0])], x)
+    loops[name](tf.constant(2))
+  times = {name: [] for name in loops}
+  for _ in range(repeats):
+    for name, loop in loops.items():
+      start = time.perf_counter()
+      loop(tf.constant(calls)).numpy()
+      times[name].append(1e3 * (time.perf_counter() - start) / calls)
+  return {name: statistics.median(values) for name, values in times.items()}
+
+
 def swap_pause(model: CodistillModel, repeats: int = 10) -> Dict[str, float]:
   """The training thread's part of a refresh, flipping the double buffer (the restore itself runs
   in the teacher pool's thread), against assigning the values in place as a single buffer would."""
@@ -140,6 +172,7 @@ def main(argv):
   arms = build_arms(FLAGS.batch_size, FLAGS.num_buckets, FLAGS.embedding_dim, FLAGS.optimizer)
   summary = measure(arms, _dataset(FLAGS.batch_size, FLAGS.num_buckets), FLAGS.steps, FLAGS.rounds)
   summary.update(swap_pause(arms["codistill_one_teacher"]))
+  summary["teacher_forward_ms"] = forward_times(arms, _dataset(FLAGS.batch_size, FLAGS.num_buckets))
   summary["config"] = {"optimizer": FLAGS.optimizer, "batch_size": FLAGS.batch_size,
                        "num_buckets": FLAGS.num_buckets, "embedding_dim": FLAGS.embedding_dim,
                        "steps": FLAGS.steps, "rounds": FLAGS.rounds, "cpus": os.cpu_count(),
@@ -160,6 +193,10 @@ def main(argv):
     print(f"throughput ratio {name}: {ratio['median']:.3f} [{low:.3f}, {high:.3f}]"
           + ("  (two identical models: the noise floor)" if name.startswith("no_teacher_again")
              else ""))
+  forward = summary["teacher_forward_ms"]
+  for name, ms in forward.items():
+    print(f"teacher forward alone, {name}: {ms:.3f} ms "
+          f"(x{forward['codistill_one_teacher'] / ms:.2f} float32's speed)")
   print(f"training-thread pause of a refresh: flip {summary['swap_flip_ms_median']:.2f} ms "
         f"(in-place assign would be {summary['in_place_assign_ms_median']:.1f} ms)")
   FLAGS.out = FLAGS.out or os.path.join(os.path.dirname(standalone.results_path("teacher_overhead")),

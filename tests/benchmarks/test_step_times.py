@@ -69,5 +69,14 @@ def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
     assert ratio["median"] > 0 and len(ratio["rounds"]) == 2
   assert "no_teacher_again_vs_no_teacher" in summary["ratios"]
   assert arms["codistill_no_teacher_again"] is not arms["codistill_no_teacher"]
+  forward = teacher_overhead.forward_times(arms, teacher_overhead._dataset(8, 50), calls=2,
+                                           repeats=2)
+  assert set(forward) == set(teacher_overhead.TEACHER_ARMS)
+  assert all(ms > 0 for ms in forward.values())
+  x = next(iter(teacher_overhead._dataset(8, 50)))[0]
+  teacher = arms["codistill_one_teacher"].teacher_slots[0][0]
+  once = float(tf.reduce_sum(teacher(x, training=False)))
+  assert float(teacher_overhead._forward_loop(teacher, x)(tf.constant(3))) == pytest.approx(
+      3 * once, rel=1e-5)
   pause = teacher_overhead.swap_pause(arms["codistill_one_teacher"], repeats=2)
   assert pause["swap_flip_ms_median"] >= 0 and pause["in_place_assign_ms_median"] > 0

@@ -5,11 +5,12 @@ a mixed_bfloat16 one (float32 variables, bfloat16 compute) and an int8 one (teac
 
 Per-step times inside one ``fit`` per arm and round, arms interleaved (``benchmarks.step_times``);
 ratios are formed within each round and reported as their median over rounds with a 90% bootstrap
-interval. Each teacher's forward pass is also timed alone (an in-graph loop on one batch), where
-noise is small, so what a precision saves in compute can be told from what the step shows. A
-second, identical no-teacher model is timed as an arm of its own: its ratio to the
-first (``no_teacher_again_vs_no_teacher``) is the noise floor the other ratios must clear. Also measured: the pause the training thread sees when a refreshed teacher is swapped
-in, against assigning its values in place.
+interval. Each teacher's forward pass is also timed alone (an in-graph loop on one batch, whose
+rows stay in cache: a lower bound), where noise is small, so what a precision saves in compute
+can be told from what the step shows. A second, identical no-teacher model is timed as an arm of
+its own: its ratio to the first (``no_teacher_again_vs_no_teacher``) is the noise floor the other
+ratios must clear. Also measured: the pause the training thread sees when a refreshed teacher is
+swapped in, against assigning its values in place.
 
   .venv/bin/python -m benchmarks.teacher_overhead [--optimizer=adagrad]
 """

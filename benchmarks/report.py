@@ -133,15 +133,24 @@ def _load_lines(summary: dict) -> List[str]:
                  "their wall times and examples/s are not trustworthy")
   elif runs and not any(r.get("load_avg_1m_before") is not None for r in runs):
     lines.append("- load before each run not recorded (runs predate the load checks)")
-  return lines + _cpu_lines(runs, summary.get("machine") or {})
+  return lines + _cpu_lines(summary)
 
 
-def _cpu_lines(runs: List[dict], machine_record: dict) -> List[str]:
+def _cpu_models(summary: dict) -> collections.Counter:
+  """Runs per CPU model ("not recorded" for runs from before the record), or the standalone
+  script's one model from its ``machine`` block when it has no runs."""
+  runs = [r for a in (summary.get("arms") or {}).values() if isinstance(a, dict)
+          for r in a.get("runs") or [] if isinstance(r, dict)]
+  counts = collections.Counter(r.get("cpu_model") or "not recorded" for r in runs)
+  if not runs and (summary.get("machine") or {}).get("cpu_model"):
+    counts[summary["machine"]["cpu_model"]] = 1
+  return counts
+
+
+def _cpu_lines(summary: dict) -> List[str]:
   """Which CPU model the runs were taken on; runs resumed on another machine kind are named, as
   their wall times and examples/s cannot be compared with the others'."""
-  counts = collections.Counter(r.get("cpu_model") or "not recorded" for r in runs)
-  if not runs and machine_record.get("cpu_model"):
-    counts[machine_record["cpu_model"]] = 1
+  counts = _cpu_models(summary)
   if len(counts) == 1:
     return [f"- CPU: {next(iter(counts))}"] if "not recorded" not in counts else []
   shown = ", ".join(f"{model} ({n} runs)" for model, n in counts.most_common())
@@ -368,11 +377,7 @@ def _summaries(results_root: str) -> Dict[str, dict]:
 
 def _cpu_cell(summary: dict) -> str:
   """The CPU model(s) a summary's figures were taken on, or "not recorded"."""
-  models = {r.get("cpu_model") for a in (summary.get("arms") or {}).values()
-            if isinstance(a, dict) for r in a.get("runs") or [] if isinstance(r, dict)}
-  models |= {(summary.get("machine") or {}).get("cpu_model")}
-  models.discard(None)
-  return " / ".join(sorted(models)) or "not recorded"
+  return " / ".join(sorted(set(_cpu_models(summary)) - {"not recorded"})) or "not recorded"
 
 
 def _cell(summary: dict, goal: str) -> str:

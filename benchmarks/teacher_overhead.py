@@ -139,8 +139,7 @@ def forward_times(arms: Dict[str, keras.Model], data: tf.data.Dataset, calls: in
   x = next(iter(data))[0]
   loops = {}
   for name in TEACHER_ARMS:
-    model = arms[name]
-    loops[name] = _forward_loop(model.teacher_slots[0][int(model.active_slot.numpy()[0])], x)
+    loops[name] = _forward_loop(arms[name].active_teacher(0), x)
     loops[name](tf.constant(2))
   times = {name: [] for name in loops}
   for _ in range(repeats):

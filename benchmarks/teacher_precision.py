@@ -95,7 +95,7 @@ def measure(task: str) -> Dict[str, object]:
   forward passes alone, and how far bfloat16's probabilities are from float32's."""
   arms, data, sample, output = _arms(task)
   reduced = ("bfloat16_teacher", "mixed_bfloat16_teacher")
-  teachers = {name: arms[name].teacher_slots[0][int(arms[name].active_slot.numpy()[0])]
+  teachers = {name: arms[name].active_teacher(0)
               for name in ("float32_teacher",) + reduced}
   probabilities = lambda model, x: losses.probabilities(
       tf.cast(model(x, training=False), tf.float32), output).numpy()

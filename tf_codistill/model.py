@@ -299,6 +299,10 @@ class CodistillModel(keras.Model):
       self._teachers_built = True
     return self.student(inputs, training=training)
 
+  def active_teacher(self, index: int) -> keras.Model:
+    """The copy of teacher ``index`` that the train step uses now."""
+    return self.teacher_slots[index][int(self.active_slot.numpy()[index])]
+
   def inactive_teacher(self, index: int) -> keras.Model:
     """The copy of teacher ``index`` that the train step does not use: safe to overwrite."""
     return self.teacher_slots[index][1 - int(self.active_slot.numpy()[index])]

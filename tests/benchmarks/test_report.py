@@ -110,13 +110,13 @@ def test_goal_rows_show_a_standalone_scripts_verdict_interval():
 def test_report_names_the_cpu_and_flags_runs_resumed_on_another_cpu_model():
   run = lambda model: {"load_avg_1m_before": 0.5, "cpu_model": model}
   same = {"arms": {"a": {"runs": [run("CPU X")]}, "b": {"runs": [run("CPU X")]}}}
-  assert report._cpu_lines([run("CPU X"), run("CPU X")], {}) == ["- CPU: CPU X"]
-  mixed = [run("CPU X"), run("CPU X"), run("CPU Y")]
-  line, = report._cpu_lines(mixed, {})
+  arms = lambda *runs: {"arms": {"a": {"runs": list(runs)}}}
+  assert report._cpu_lines(same) == ["- CPU: CPU X"]
+  line, = report._cpu_lines(arms(run("CPU X"), run("CPU X"), run("CPU Y")))
   assert "2 CPU models: CPU X (2 runs), CPU Y (1 runs)" in line
   assert "comparable only between runs on the same one" in line
-  assert report._cpu_lines([], {"cpu_model": "CPU Z"}) == ["- CPU: CPU Z"]
-  assert report._cpu_lines([{"load_avg_1m_before": 0.5}], {}) == []
+  assert report._cpu_lines({"arms": {}, "machine": {"cpu_model": "CPU Z"}}) == ["- CPU: CPU Z"]
+  assert report._cpu_lines(arms({"load_avg_1m_before": 0.5})) == []
   assert report._cpu_cell(same) == "CPU X"
   assert report._cpu_cell({"machine": {"cpu_model": "CPU Z"}}) == "CPU Z"
   assert report._cpu_cell({"goals": {}}) == "not recorded"

@@ -173,7 +173,7 @@ def test_double_buffer_flips_and_never_touches_the_active_copy():
   model.set_teacher_weights(0, first, step=10)
   active = model.teacher_slots[0][model.active_slot[0].numpy()]
   inactive = model.inactive_teacher(0)
-  assert active is not inactive
+  assert active is not inactive and model.active_teacher(0) is active
   inactive.set_weights([w * 0 for w in first])  # what a background restore would do
   np.testing.assert_allclose(active.get_weights()[0], first[0])
   x = tf.random.normal([2, 8])
@@ -181,6 +181,7 @@ def test_double_buffer_flips_and_never_touches_the_active_copy():
                              rtol=1e-6)
   model.activate_teacher(0, step=20)
   assert model.teacher_slots[0][model.active_slot[0].numpy()] is inactive
+  assert model.active_teacher(0) is inactive
   assert model.teacher_steps.numpy().tolist() == [20]
 
 

@@ -72,7 +72,7 @@ def test_an_int8_teacher_is_restored_from_a_float32_peer_version(tmp_path):
   pool = teachers.TeacherPool(str(tmp_path), [1], model, spec, [None, 20, 200], probe=x)
   assert pool.poll_once() == 1 and pool.rejections == 0
   model.activate_teacher(0, 40)
-  teacher = model.teacher_slots[0][int(model.active_slot.numpy()[0])]
+  teacher = model.active_teacher(0)
   assert quantization.is_quantized(teacher)
   reference = losses.probabilities(peer(x, training=False), output).numpy()
   diff = np.abs(model.teacher_target(x).numpy() - reference)

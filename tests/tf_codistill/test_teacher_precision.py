@@ -65,7 +65,7 @@ def test_pure_bfloat16_teacher_is_restored_from_a_float32_peer_version(tmp_path)
   pool = teachers.TeacherPool(str(tmp_path), [1], model, spec, [None, 20, 200])
   assert pool.poll_once() == 1 and pool.rejections == 0
   model.activate_teacher(0, 40)
-  teacher = model.teacher_slots[0][int(model.active_slot.numpy()[0])]
+  teacher = model.active_teacher(0)
   assert {w.dtype for w in teacher.weights} == {tf.bfloat16}  # an LSTM LM has no BatchNorm
   for restored, original in zip(teacher.get_weights(), peer.get_weights()):
     np.testing.assert_allclose(restored.astype(np.float32), original, rtol=1e-2, atol=1e-6)

@@ -180,7 +180,7 @@ bad.set_weights([np.where(np.arange(w.size).reshape(w.shape) == 0, np.nan, w)
                  for w in bad.get_weights()])
 exchange.publish(bad, exchange_dir, 1, 40, spec, keep_last=5)
 refused = pool.poll_once() == 0 and pool.rejections == 1
-teacher = model.teacher_slots[0][int(model.active_slot.numpy()[0])]
+teacher = model.active_teacher(0)
 same = all(np.array_equal(a, b) for a, b in zip(teacher.get_weights(), peer.get_weights()))
 devices = sorted({v.device for v in teacher.weights})
 # Remote teacher variables: the copy choice stays one Case op (lowered, the unused copy's dead

@@ -54,6 +54,10 @@ class Exchange:
     publish_format: how versions are published: whole SavedModels (the default), or lean
       versions with bfloat16/int8 weights and row deltas (``tfc.PublishFormat``); readers
       accept every format.
+    wait_for_first_teachers_s: at the first step where a teacher can count (the later of the
+      model's ``burn_in_steps`` and ``publish_every_steps``, when the peers' first versions are
+      due), hold training up to this many seconds until every peer's first version is loaded
+      (0: never wait; not under ParameterServerStrategy, whose steps are not held by hooks).
     input_spec: the student's input spec (a ``tf.TensorSpec`` or a dict of them), needed only
       when ``fit`` is not given a ``tf.data.Dataset`` and the model was never called.
 
@@ -70,6 +74,7 @@ class Exchange:
   poll_interval_s: float = 2.0
   teacher_precision: str = "float32"
   publish_format: lean_versions.PublishFormat = lean_versions.PublishFormat()
+  wait_for_first_teachers_s: float = 0.0
   input_spec: Any = None
 
   def __post_init__(self):
@@ -83,6 +88,9 @@ class Exchange:
         raise ConfigurationError(f"Exchange.{name}={getattr(self, name)} must be >= 1")
     if self.poll_interval_s <= 0:
       raise ConfigurationError(f"Exchange.poll_interval_s={self.poll_interval_s} must be > 0")
+    if self.wait_for_first_teachers_s < 0:
+      raise ConfigurationError(f"Exchange.wait_for_first_teachers_s="
+                               f"{self.wait_for_first_teachers_s} must be >= 0")
     try:
       peers = topology.teacher_groups(self.group, self.num_groups, self.teacher_graph)
       peers = self.peer_groups()
@@ -156,10 +164,12 @@ class ExchangeHooks:
   refresh: teachers_lib.TeacherRefresh
   publisher: Optional[publishing.ExchangePublisher]  # the chief's only
   callback: Optional[keras.callbacks.Callback]
+  first_wait: Optional[teachers_lib.FirstTeachersWait] = None
 
   @property
   def hooks(self) -> List[step_hooks.StepHook]:
-    return [self.refresh] + ([self.publisher] if self.publisher is not None else [])
+    optional = [self.publisher, self.first_wait]  # the wait after this group's own publish
+    return [self.refresh] + [hook for hook in optional if hook is not None]
 
 
 def exchange_hooks(model, exchange: Exchange, input_spec, probe=None,
@@ -171,8 +181,15 @@ def exchange_hooks(model, exchange: Exchange, input_spec, probe=None,
   (a local copy of the student; by default a new one).
 
   Raises:
-    ConfigurationError: the chief cannot write to its group's exchange directory.
+    ConfigurationError: the chief cannot write to its group's exchange directory, or a wait for
+      the first teachers is asked for under parameter servers.
   """
+  parameter_server = isinstance(model.distribute_strategy,
+                                tf.distribute.experimental.ParameterServerStrategy)
+  if parameter_server and exchange.wait_for_first_teachers_s > 0:
+    raise ConfigurationError(
+        "Exchange.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group (its "
+        "steps are scheduled regardless of hooks): set it to 0")
   sample = sample_batch(input_spec)
   with model.distribute_strategy.scope():  # student and teacher variables exist from here on
     output_shape = [None] + model(sample).shape.as_list()[1:]
@@ -199,9 +216,11 @@ def exchange_hooks(model, exchange: Exchange, input_spec, probe=None,
     publisher = publishing.ExchangePublisher(
         local, exchange.directory, exchange.group, exchange.publish_every_steps, input_spec,
         keep_last=exchange.keep_last, probe=probe, writer=writer)
-  parameter_server = isinstance(model.distribute_strategy,
-                                tf.distribute.experimental.ParameterServerStrategy)
   hooks = ExchangeHooks(refresh, publisher, callback=None)
+  if exchange.wait_for_first_teachers_s > 0:
+    hooks.first_wait = teachers_lib.FirstTeachersWait(
+        refresh, max(model.burn_in_steps, exchange.publish_every_steps),
+        exchange.wait_for_first_teachers_s)
   hooks.callback = (step_hooks.ThreadDriver(hooks.hooks) if parameter_server
                     else step_hooks.BatchDriver(hooks.hooks))
   return hooks

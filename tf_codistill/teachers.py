@@ -59,6 +59,7 @@ class TeacherPool:
     self._model = model
     self._expected = exchange.expected_signature(input_spec, output_shape)
     self._lock = threading.Lock()
+    self._loaded = threading.Condition(self._lock)  # notified after each version loaded
     self._pending: Dict[int, TeacherUpdate] = {}
     self._newest_seen: Dict[int, int] = {i: -1 for i in range(len(self.peers))}
     self._rejected: set = set()
@@ -100,8 +101,21 @@ class TeacherPool:
       if update is not None:
         with self._lock:
           self._pending[index] = update
+          self._loaded.notify_all()
         loaded += 1
     return loaded
+
+  def wait_until_loaded(self, timeout_s: float) -> List[int]:
+    """Blocks until every teacher has had a version loaded (now or earlier) or ``timeout_s``
+    has passed; returns the peer groups still without one."""
+    deadline = time.monotonic() + timeout_s
+    with self._loaded:
+      while True:
+        missing = [self.peers[i] for i, step in self._newest_seen.items() if step < 0]
+        remaining = deadline - time.monotonic()
+        if not missing or remaining <= 0:
+          return missing
+        self._loaded.wait(remaining)
 
   def _run(self) -> None:
     while not self._stop.is_set():
@@ -125,7 +139,8 @@ class TeacherPool:
       except (tf.errors.OpError, ValueError, AssertionError) as e:
         self._reject(version, f"{version.path}: cannot restore variables ({e})")
         continue
-      self._newest_seen[index] = version.step
+      with self._lock:
+        self._newest_seen[index] = version.step
       self.loads += 1
       return update
     return None
@@ -224,3 +239,34 @@ class TeacherRefresh(step_hooks.StepHook):
         with self.summary_writer.as_default(step=step):
           tf.summary.scalar(f"teacher/group_{update.peer}_step", update.step)
           tf.summary.scalar(f"teacher/group_{update.peer}_load_seconds", update.load_seconds)
+
+
+class FirstTeachersWait(step_hooks.StepHook):
+  """Holds the training thread once, at ``at_step``, until every teacher has a version loaded
+  or ``timeout_s`` has passed, then activates them: a group that runs ahead of its peers (a
+  faster machine, a later start) would otherwise train its whole run, or most of it, with no
+  teacher. Comes after the publisher among the hooks, so this group's own version of that step
+  is already on its way to the peers that wait for it."""
+
+  reads_logs = False
+
+  def __init__(self, refresh: TeacherRefresh, at_step: int, timeout_s: float):
+    self.refresh = refresh
+    self.at_step = at_step
+    self.timeout_s = timeout_s
+    self.waited_seconds: Optional[float] = None  # None: not reached yet
+
+  def on_step(self, model, step, logs):
+    if self.waited_seconds is not None or step < self.at_step:
+      return
+    start = time.monotonic()
+    missing = self.refresh.pool.wait_until_loaded(self.timeout_s)
+    self.waited_seconds = time.monotonic() - start
+    if missing:
+      logging.warning("teacher: no version of peer group(s) %s after waiting %.1fs at step %d "
+                      "(wait_for_first_teachers_s=%s): training on without them", missing,
+                      self.waited_seconds, step, self.timeout_s)
+    else:
+      logging.info("teacher: waited %.1fs at step %d for the peers' first versions",
+                   self.waited_seconds, step)
+    self.refresh.on_step(model, step, logs)

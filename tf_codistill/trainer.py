@@ -83,8 +83,9 @@ class TrainConfig:
   task distills from the other groups' newest published versions: of every other group
   (``teacher_graph='all_to_all'``) or of its predecessor only (``'ring'``), run in
   ``teacher_precision``, each version published as ``publish_format`` (a SavedModel, or a lean
-  version: ``@tfc.PublishFormat()``, lean_versions.py) (codistillation.Exchange). ``data_split='disjoint'`` gives each group (and
-  each of its input pipelines) its own shard of ``train_files``; ``batch_size`` is the global
+  version: ``@tfc.PublishFormat()``, lean_versions.py); ``wait_for_first_teachers_s`` holds a
+  group that runs ahead until its peers' first versions are loaded (codistillation.Exchange).
+  ``data_split='disjoint'`` gives each group (and each of its input pipelines) its own shard of ``train_files``; ``batch_size`` is the global
   batch of one step; exactly ``train_steps`` steps run, evaluated every ``steps_per_epoch``.
   ``task`` (default ``tasks.BinaryTask()``) sets the loss, metrics and results keys;
   ``prediction_batches`` caps the eval batches whose predictions ``save_eval_predictions`` keeps
@@ -123,6 +124,7 @@ class TrainConfig:
   exchange_every_steps: int = 100
   keep_last: int = 2
   poll_interval_s: float = 2.0
+  wait_for_first_teachers_s: float = 0.0
   data_split: str = "disjoint"
   label_smoothing: float = 0.0
   smoothing_prior: str = "uniform"
@@ -157,6 +159,10 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
                     batch_size=config.batch_size, steps_per_execution=config.steps_per_execution,
                     exchange_every_steps=config.exchange_every_steps, keep_last=config.keep_last,
                     checkpoint_every_steps=config.checkpoint_every_steps)
+  if config.wait_for_first_teachers_s and config.strategy == "parameter_server":
+    raise ConfigurationError("trainer.train.wait_for_first_teachers_s cannot hold a "
+                             "parameter_server group (its steps are scheduled regardless of "
+                             "hooks): unbind it")
   if config.max_wall_seconds is not None and config.strategy == "multi_worker_mirrored":
     raise ConfigurationError("trainer.train.max_wall_seconds cannot end a multi_worker_mirrored "
                              "group (its workers would wait for the chief): unbind it")
@@ -352,7 +358,8 @@ class GroupTrainer:
         self.exchange_dir, self.group, self.num_groups, config.teacher_graph,
         publish_every_steps=config.exchange_every_steps, keep_last=config.keep_last,
         poll_interval_s=config.poll_interval_s, teacher_precision=config.teacher_precision,
-        publish_format=config.publish_format)
+        publish_format=config.publish_format,
+        wait_for_first_teachers_s=config.wait_for_first_teachers_s)
 
   def _predictions_of(self, data: _Data) -> tf.data.Dataset:
     batches = self.config.prediction_batches
@@ -517,6 +524,7 @@ class GroupTrainer:
           publish_refused_non_finite=publisher.refused,
           publish_seconds_median=(float(np.median(publisher.publish_seconds))
                                   if publisher.publish_seconds else None),
+          first_teachers_wait_s=hooks.first_wait and hooks.first_wait.waited_seconds,
           # Step times of steps overlapping a refresh, a publish, an epoch end, or nothing.
           step_time_ms=callbacks.step_timer.quantiles_ms(_windows(hooks)))
     return results

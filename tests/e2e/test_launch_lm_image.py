@@ -23,6 +23,8 @@ COMMON = (
     "trainer.train.exchange_every_steps = 40",
     "trainer.train.burn_in_steps = 40",
     "trainer.train.poll_interval_s = 0.2",
+    # On a loaded machine one group can finish all its steps before its peer's first publish.
+    "trainer.train.wait_for_first_teachers_s = 120.0",
     "trainer.train.checkpoint_every_steps = 120",
     "trainer.train.verbose = 0",
     "trainer.train.intra_op_threads = 1",
@@ -62,6 +64,7 @@ def _launch(model_dir, gin_file, data_dir, bindings):
   for group, result in enumerate(results):
     assert result["steps"] == 120
     assert result["teacher_loads"] >= 1 and result["teacher_rejections"] == 0
+    assert result["first_teachers_wait_s"] is not None  # the wait point (step 40) was reached
     assert result["teacher_groups"] == [1 - group]
     assert result["history"]["alpha"][-1] == 1.0 and result["history"]["distill_loss"][-1] > 0
   return results

@@ -62,6 +62,11 @@ CASES = {
     "group_out_of_range": (
         "train", ["--group=2", "--num_groups=2"], "codistill_2way.gin", [], {},
         "--group=2 is out of range for --num_groups=2"),
+    "wait_for_first_teachers_under_parameter_server": (
+        "launch", ["--workers_per_group=1", "--ps_per_group=1"], "codistill_2way.gin",
+        ["trainer.train.strategy = 'parameter_server'",
+         "trainer.train.wait_for_first_teachers_s = 30.0"],
+        {}, "trainer.train.wait_for_first_teachers_s cannot hold a parameter_server group"),
     "exchange_dir_not_writable_launch": (
         "launch", ["--exchange_dir={locked}/exchange"], "codistill_2way.gin", [], {},
         "--exchange_dir: cannot write to {locked}/exchange"),

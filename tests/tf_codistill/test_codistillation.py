@@ -1,6 +1,9 @@
 """codistillation: the Exchange configuration, and fit publishing and refreshing by itself."""
 
+import logging
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -43,6 +46,7 @@ def test_exchange_peers_follow_the_teacher_graph_or_are_given(tmp_path):
     (dict(publish_every_steps=0), "Exchange.publish_every_steps=0"),
     (dict(keep_last=0), "Exchange.keep_last=0"),
     (dict(poll_interval_s=0), "Exchange.poll_interval_s=0"),
+    (dict(wait_for_first_teachers_s=-1), "Exchange.wait_for_first_teachers_s=-1"),
     (dict(teacher_precision="int4"), "Exchange.teacher_precision='int4'"),
 ])
 def test_exchange_refuses_values_that_cannot_work_naming_them(tmp_path, changes, named):
@@ -91,6 +95,50 @@ def test_fit_publishes_and_distills_from_a_published_peer(tmp_path, kind):
   x = tf.random.stateless_normal([5, 4], seed=[0, 1])
   np.testing.assert_allclose(served.signatures["serving_default"](inputs=x)["logits"],
                              model.student(x), rtol=1e-5, atol=1e-6)
+
+
+def _publish_once_group_0_has(exchange_dir, step, peer, peer_step):
+  """Publishes ``peer`` as group 1's ``peer_step`` half a second after group 0's version of
+  ``step`` appears: a peer that runs behind."""
+  deadline = time.monotonic() + 60
+  while (time.monotonic() < deadline
+         and step not in [v.step for v in exchange.list_versions(exchange_dir, 0)]):
+    time.sleep(0.05)
+  time.sleep(0.5)
+  exchange.publish(peer, exchange_dir, 1, peer_step, tf.TensorSpec([None, 4], tf.float32))
+
+
+def test_fit_holds_a_group_ahead_of_its_peer_until_the_peer_first_version_is_loaded(tmp_path):
+  exchange_dir = str(tmp_path / "exchange")
+  peer = small_net(seed=7)
+  peer(tf.zeros([1, 4]))
+  late_peer = threading.Thread(target=_publish_once_group_0_has, args=(exchange_dir, 10, peer, 10))
+  model = _compiled(tfc.CodistillModel(
+      small_net(), alpha=1.0, burn_in_steps=5,
+      exchange=tfc.Exchange(exchange_dir, 0, publish_every_steps=10, poll_interval_s=0.05,
+                            wait_for_first_teachers_s=60)))
+  late_peer.start()
+  try:
+    history = model.fit(_data(), epochs=1, steps_per_epoch=20, verbose=0)
+  finally:
+    late_peer.join()
+  wait = model.exchange_hooks.first_wait
+  # It waited at step 10 (the later of burn-in and the first publish), after publishing its
+  # own step 10 (the peer published only once that appeared), and not until the timeout.
+  assert wait.at_step == 10 and 0.4 < wait.waited_seconds < 30, wait.waited_seconds
+  assert model.teacher_steps.numpy().tolist() == [10]
+  assert model.exchange_hooks.refresh.swaps == 1 and history.history["distill_loss"][-1] > 0
+
+
+def test_fit_trains_on_without_teachers_when_the_wait_times_out(tmp_path, caplog):
+  model = _compiled(tfc.CodistillModel(small_net(), exchange=tfc.Exchange(
+      str(tmp_path), 0, publish_every_steps=5, poll_interval_s=0.05,
+      wait_for_first_teachers_s=0.5)))
+  with caplog.at_level(logging.WARNING):
+    history = model.fit(_data(), epochs=1, steps_per_epoch=10, verbose=0)
+  assert "no version of peer group(s) [1] after waiting" in caplog.text
+  assert 0.5 <= model.exchange_hooks.first_wait.waited_seconds < 10
+  assert model.teacher_steps.numpy().tolist() == [-1] and len(history.history["loss"]) == 1
 
 
 def test_fit_without_a_dataset_needs_an_input_spec(tmp_path):

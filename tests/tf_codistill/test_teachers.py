@@ -157,7 +157,8 @@ _PS_COORDINATOR = r"""
 import numpy as np
 from tensorflow.python.eager import context
 from testing_utils import activate_all, small_net
-from tf_codistill import exchange, teachers
+from tf_codistill import codistillation, exchange, teachers
+from tf_codistill.errors import ConfigurationError
 from tf_codistill.model import CodistillModel
 
 exchange_dir = args[0]
@@ -181,6 +182,13 @@ bad.set_weights([np.where(np.arange(w.size).reshape(w.shape) == 0, np.nan, w)
 exchange.publish(bad, exchange_dir, 1, 40, spec, keep_last=5)
 refused = pool.poll_once() == 0 and pool.rejections == 1
 teacher = model.active_teacher(0)
+# A wait for the first teachers cannot hold a parameter-server group's steps: refused.
+try:
+  codistillation.exchange_hooks(
+      model, codistillation.Exchange(exchange_dir, 0, wait_for_first_teachers_s=5.0), spec)
+  wait_refused = ""
+except ConfigurationError as e:
+  wait_refused = str(e)
 same = all(np.array_equal(a, b) for a, b in zip(teacher.get_weights(), peer.get_weights()))
 devices = sorted({v.device for v in teacher.weights})
 # Remote teacher variables: the copy choice stays one Case op (lowered, the unused copy's dead
@@ -189,7 +197,8 @@ graph = tf.function(model.teacher_target).get_concrete_function(spec).graph
 lowering = [op.get_attr("_lower_using_switch_merge") for op in graph.get_operations()
             if op.type in ("Case", "StatelessCase")]
 print(json.dumps({"added": added, "same": same, "devices": devices, "refused": refused,
-                  "remote": model.teachers_are_remote(), "case_lowering": lowering}))
+                  "remote": model.teachers_are_remote(), "case_lowering": lowering,
+                  "wait_refused": wait_refused}))
 """
 
 
@@ -198,13 +207,14 @@ def test_teacher_loads_on_parameter_servers_trace_no_new_functions(tmp_path):
   """Under ParameterServerStrategy the teachers live on the ps; loading a version restores into
   them from the coordinator, with no function traced per load (a parameter server keeps every
   function it is sent, for good), a version with a NaN weight is refused, and the step keeps the
-  copy choice as one Case op."""
+  copy choice as one Case op; a wait for the first teachers is refused there."""
   report = run_ps_coordinator(_PS_COORDINATOR, tmp_path)
   assert report["devices"] == ["/job:ps/replica:0/task:0/device:CPU:0"]
   assert report["same"]
   assert report["added"][1:] == [[], []], report["added"]  # the first load makes its kernels
   assert report["refused"]
   assert report["remote"] and report["case_lowering"] == [False], report
+  assert "wait_for_first_teachers_s cannot hold a ParameterServerStrategy" in report["wait_refused"]
 
 
 def test_all_finite_checks_every_value_and_every_shard():

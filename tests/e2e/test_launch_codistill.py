@@ -22,8 +22,12 @@ def _cli(name):
 
 def test_two_groups_load_each_others_published_models(tmp_path, criteo_dir):
   model_dir = str(tmp_path / "job")
-  proc = subprocess.run(launch_args(model_dir, criteo_dir, "--num_groups=2"), cwd=REPO,
-                        capture_output=True, text=True, timeout=600)
+  # A group that runs ahead waits for its peer's first version (a loaded machine can finish
+  # one group before the other has published).
+  proc = subprocess.run(
+      launch_args(model_dir, criteo_dir, "--num_groups=2",
+                  bindings=["trainer.train.wait_for_first_teachers_s = 120.0"]),
+      cwd=REPO, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   for group, peer in ((0, 1), (1, 0)):
     group_dir = os.path.join(model_dir, f"group_{group}")

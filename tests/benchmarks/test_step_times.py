@@ -29,6 +29,37 @@ def test_one_time_per_step_after_the_skipped_ones_inside_one_fit():
   assert int(model.optimizer.iterations.numpy()) == 10  # skipped steps train too
 
 
+class _Logged(keras.Model):
+  """A one-weight model whose train step records its name, in the order the steps really run."""
+
+  def __init__(self, name, calls):
+    super().__init__(name=name)
+    self.dense = keras.layers.Dense(1)
+    self.calls = calls
+
+  def call(self, x):
+    return self.dense(x)
+
+  def train_step(self, data):
+    tf.py_function(lambda: self.calls.append(self.name) or 0, [], tf.int32)
+    return super().train_step(data)
+
+
+def test_alternated_steps_take_turns_in_a_rotated_order_and_train_every_arm():
+  calls = []
+  models = {}
+  for name in "ab":
+    models[name] = _Logged(name, calls)
+    models[name].compile(keras.optimizers.SGD(0.1), "mse")
+  times = step_times.alternate_steps(models, _data(), steps=2, rounds=2, skip=1)
+  # Round 0: a, b for 1 skipped + 2 timed steps; round 1 starts with b.
+  assert calls == list("ababab" "bababa")
+  assert {name: [len(r) for r in rounds] for name, rounds in times.items()} == {"a": [2, 2],
+                                                                              "b": [2, 2]}
+  assert all(t > 0 for rounds in times.values() for r in rounds for t in r)
+  assert [int(m.optimizer.iterations.numpy()) for m in models.values()] == [6, 6]
+
+
 def test_arms_run_in_a_rotated_order_every_round():
   order = []
   arms = {name: (lambda n=name: order.append(n) or [0.1]) for name in "abc"}
@@ -65,6 +96,7 @@ def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
   assert quantization.is_quantized(arms["codistill_int8_teacher"].teacher_slots[0][0])
   summary = teacher_overhead.measure(arms, teacher_overhead._dataset(8, 50), steps=3, rounds=2)
   assert {row["steps"] for row in summary["step_times"].values()} == {6}
+  assert int(arms["codistill_int8_teacher"].optimizer.iterations.numpy()) == 2 * (3 + 3)
   for ratio in summary["ratios"].values():
     assert ratio["median"] > 0 and len(ratio["rounds"]) == 2
   assert "no_teacher_again_vs_no_teacher" in summary["ratios"]

@@ -35,6 +35,7 @@ from absl import flags
 from benchmarks import local_cluster
 from benchmarks import machine
 from benchmarks import models
+from benchmarks import report
 from benchmarks import standalone
 from benchmarks import step_times
 from tf_codistill import codistillation
@@ -293,6 +294,7 @@ def main(argv):
     print(f"goal {name}: {v['value']:.3f} {v['threshold'][0]} {v['threshold'][1]} "
           f"-> {'met' if v['met'] else 'MISSED'}")
   standalone.write_json(FLAGS.out, summary)
+  report.update_index_for(FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import matplotlib
@@ -366,12 +367,19 @@ SAME_DATA = "codistill_same_minus_best_sync_loss"  # both groups on all the data
 
 
 def _summaries(results_root: str) -> Dict[str, dict]:
+  """Every ``<suite>/summary.json``, keyed by suite, and every ``<suite>/summary_<variant>.json``
+  (one benchmark run under several settings, e.g. teacher_overhead's optimizers), keyed
+  ``<suite> (<variant>)``."""
   out = {}
   for name in sorted(os.listdir(results_root)):
-    path = os.path.join(results_root, name, "summary.json")
-    if os.path.isfile(path):
-      with open(path) as f:
-        out[name] = json.load(f)
+    folder = os.path.join(results_root, name)
+    if not os.path.isdir(folder):
+      continue
+    for file in sorted(os.listdir(folder)):
+      variant = re.fullmatch(r"summary(?:_(\w+))?\.json", file)
+      if variant:
+        with open(os.path.join(folder, file)) as f:
+          out[name + (f" ({variant.group(1)})" if variant.group(1) else "")] = json.load(f)
   return out
 
 

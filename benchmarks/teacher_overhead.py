@@ -28,6 +28,7 @@ from absl import flags
 
 from benchmarks import machine
 from benchmarks import models
+from benchmarks import report
 from benchmarks import standalone
 from benchmarks import step_times
 from tf_codistill import quantization
@@ -200,6 +201,7 @@ def main(argv):
   FLAGS.out = FLAGS.out or os.path.join(os.path.dirname(standalone.results_path("teacher_overhead")),
                                         f"summary_{FLAGS.optimizer}.json")
   standalone.write_json(FLAGS.out, summary)
+  report.update_index_for(FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -129,3 +129,19 @@ def test_index_shows_each_suites_cpu(tmp_path):
   text = report.index_markdown(str(tmp_path))
   assert "| met | CPU |" in text
   assert "| `step` | `ratio` | 0.9600 |  |" in text and text.rstrip().endswith("| CPU Z |")
+
+
+def test_index_lists_a_benchmark_run_under_several_settings_once_per_setting(tmp_path):
+  (tmp_path / "teacher_overhead").mkdir()
+  for optimizer, ratio in (("adam", 0.913), ("adagrad", 0.818)):
+    (tmp_path / "teacher_overhead" / f"summary_{optimizer}.json").write_text(json.dumps({
+        "goals": {"teacher_throughput_ratio": ratio},
+        "goal_verdicts": {"teacher_throughput_ratio": {
+            "threshold": [">=", 0.95], "interval90": [ratio - 0.01, ratio + 0.01], "met": False}},
+        "machine": {"cpu_model": "CPU Z"}}))
+  (tmp_path / "teacher_overhead" / "summary_adam.json.tmp").write_text("{")
+  text = report.index_markdown(str(tmp_path))
+  assert ("| `teacher_overhead (adam)` | `teacher_throughput_ratio` | 0.9130 | [0.9030, 0.9230] |"
+          in text)
+  assert "| `teacher_overhead (adagrad)` | `teacher_throughput_ratio` | 0.8180 |" in text
+  assert "tmp" not in text

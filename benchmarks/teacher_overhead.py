@@ -9,7 +9,9 @@ their median over rounds with a 90% bootstrap interval. Each teacher's forward p
 rows stay in cache: a lower bound), where noise is small, so what a precision saves in compute
 can be told from what the step shows. A second, identical no-teacher model is timed as an arm of
 its own: its ratio to the first (``no_teacher_again_vs_no_teacher``) is the noise floor the other
-ratios must clear. Also measured: the pause the training thread sees when a refreshed teacher is
+ratios must clear. Two arms take the float32 teacher apart: its embedding lookups alone
+(``lookups_only``), and all of it with 8-row tables whose rows are always in cache
+(``cached_tables``: what the lookups cost when no row has to come from memory). Also measured: the pause the training thread sees when a refreshed teacher is
 swapped in, against assigning its values in place.
 
   .venv/bin/python -m benchmarks.teacher_overhead [--optimizer=adagrad]
@@ -70,6 +72,26 @@ TEACHER_ARMS = {"codistill_one_teacher": None, "codistill_bfloat16_teacher": "bf
                 "codistill_int8_teacher": "int8"}
 
 
+def _lookups_only(num_buckets: int, embedding_dim: int) -> keras.Model:
+  """The CTR teacher's embedding lookups and concat, then one logit: no hidden layers."""
+  return ctr.ctr_model(num_buckets=num_buckets, embedding_dim=embedding_dim, hidden_units=())
+
+
+def _cached_tables(embedding_dim: int, rows: int = 8) -> keras.Model:
+  """The CTR teacher with ``rows``-row tables (ids taken modulo ``rows``): the same ops, with
+  every looked-up row in cache."""
+  inner = ctr.ctr_model(num_buckets=rows, embedding_dim=embedding_dim)
+  inputs = {"dense": keras.Input((13,), dtype=tf.float32, name="dense"),
+            "categorical": keras.Input((26,), dtype=tf.int64, name="categorical")}
+  ids = keras.layers.Lambda(lambda t: t % rows, name="modulo_rows")(inputs["categorical"])
+  return keras.Model(inputs, inner({"dense": inputs["dense"], "categorical": ids}))
+
+
+# Arms whose teacher is a part of the CTR teacher (what its cost is made of) -> its factory.
+PART_ARMS = {"codistill_lookups_only_teacher": lambda b, e: _lookups_only(b, e),
+             "codistill_cached_tables_teacher": lambda b, e: _cached_tables(e)}
+
+
 def _teacher_copy(student: keras.Model, precision: Optional[str]) -> keras.Model:
   if precision == "int8":
     return quantization.int8_copy(student)
@@ -90,10 +112,16 @@ def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
     arms[name] = _compile(CodistillModel(
         student, 1, alpha=1.0, teacher_factory=lambda s=student, p=policy: _teacher_copy(s, p)),
         optimizer)
+  for name, factory in PART_ARMS.items():
+    arms[name] = _compile(CodistillModel(
+        make(), 1, alpha=1.0, teacher_factory=lambda f=factory: f(num_buckets, embedding_dim)),
+        optimizer)
   for model in arms.values():
     model(sample)
   for name in TEACHER_ARMS:
     arms[name].set_teacher_weights(0, arms[name].student.get_weights(), step=0)
+  for name in PART_ARMS:
+    arms[name].activate_teacher(0, step=0)  # its own initial weights: finite, that is enough
   return arms
 
 
@@ -112,6 +140,10 @@ def measure(arms: Dict[str, keras.Model], data: tf.data.Dataset, steps: int, rou
           times, "codistill_mixed_bfloat16_teacher", "codistill_no_teacher"),
       "int8_teacher_vs_no_teacher": step_times.throughput_ratio(
           times, "codistill_int8_teacher", "codistill_no_teacher"),
+      "lookups_only_teacher_vs_no_teacher": step_times.throughput_ratio(
+          times, "codistill_lookups_only_teacher", "codistill_no_teacher"),
+      "cached_tables_teacher_vs_no_teacher": step_times.throughput_ratio(
+          times, "codistill_cached_tables_teacher", "codistill_no_teacher"),
       "bfloat16_teacher_vs_float32_teacher": step_times.throughput_ratio(
           times, "codistill_bfloat16_teacher", "codistill_one_teacher"),
       "int8_teacher_vs_float32_teacher": step_times.throughput_ratio(

@@ -86,7 +86,8 @@ def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
   assert set(arms) == {"plain_keras", "codistill_no_teacher", "codistill_no_teacher_again",
                        "codistill_one_teacher",
                        "codistill_bfloat16_teacher", "codistill_mixed_bfloat16_teacher",
-                       "codistill_int8_teacher"}
+                       "codistill_int8_teacher", "codistill_lookups_only_teacher",
+                       "codistill_cached_tables_teacher"}
   for name, variables in (("codistill_bfloat16_teacher", "bfloat16"),
                           ("codistill_mixed_bfloat16_teacher", "float32")):
     teacher = arms[name].teacher_slots[0][0]
@@ -99,7 +100,14 @@ def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
   assert int(arms["codistill_int8_teacher"].optimizer.iterations.numpy()) == 2 * (3 + 3)
   for ratio in summary["ratios"].values():
     assert ratio["median"] > 0 and len(ratio["rounds"]) == 2
-  assert "no_teacher_again_vs_no_teacher" in summary["ratios"]
+  assert {"no_teacher_again_vs_no_teacher", "lookups_only_teacher_vs_no_teacher",
+          "cached_tables_teacher_vs_no_teacher"} <= set(summary["ratios"])
+  for name in teacher_overhead.PART_ARMS:  # loaded, and really a part of the CTR teacher
+    assert arms[name].teacher_steps.numpy().tolist() == [0]
+  lookups = arms["codistill_lookups_only_teacher"].active_teacher(0)
+  assert not [layer for layer in lookups.layers if layer.name.startswith("hidden_")]
+  cached = arms["codistill_cached_tables_teacher"].active_teacher(0)
+  assert {w.shape[0] for w in cached.weights if "embedding" in w.name} == {8}
   assert arms["codistill_no_teacher_again"] is not arms["codistill_no_teacher"]
   forward = teacher_overhead.forward_times(arms, teacher_overhead._dataset(8, 50), calls=2,
                                            repeats=2)

@@ -294,9 +294,9 @@ def main(argv):
     print(f"goal {name}: {v['value']:.3f} {v['threshold'][0]} {v['threshold'][1]} "
           f"-> {'met' if v['met'] else 'MISSED'}")
   standalone.write_json(FLAGS.out, summary)
-  report.update_index_for(FLAGS.out)
 
 
 if __name__ == "__main__":
   define_flags()
-  machine.run_script(main, "benchmarks.cluster_step_times", unless=("role",))
+  machine.run_script(main, "benchmarks.cluster_step_times", unless=("role",),
+                     on_recorded=report.update_index_for)

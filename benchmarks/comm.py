@@ -386,12 +386,15 @@ def main(argv):
   }
   standalone.write_json(FLAGS.out, summary)
   write_report(summary, os.path.join(os.path.dirname(FLAGS.out), "report.md"))
-  from benchmarks import report  # pylint: disable=g-import-not-at-top (matplotlib: only now)
-  report.update_index_for(FLAGS.out)
   print(f"codistill_traffic_reduction (ctr, 2 workers, K={FLAGS.exchange_every_steps}, "
         f"{HEADLINE_FORMAT}): {_x(headline)}; SavedModel {saved_model:.1f}x; wrote {FLAGS.out}")
 
 
+def _update_index(path: str) -> None:
+  from benchmarks import report  # pylint: disable=g-import-not-at-top (matplotlib: only now)
+  report.update_index_for(path)
+
+
 if __name__ == "__main__":
   define_flags()
-  machine.run_script(main, "benchmarks.comm")
+  machine.run_script(main, "benchmarks.comm", on_recorded=_update_index)

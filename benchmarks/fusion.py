@@ -402,11 +402,14 @@ def main(argv):
         f"{summary['goals']['models_with_fusion_speedup']}")
   standalone.write_json(FLAGS.out, summary)
   write_report(summary, os.path.join(os.path.dirname(FLAGS.out), "report.md"))
-  from benchmarks import report  # pylint: disable=g-import-not-at-top (matplotlib: only now)
-  report.update_index_for(FLAGS.out)
   print(f"wrote {FLAGS.out} and report.md")
+
+
+def _update_index(path: str) -> None:
+  from benchmarks import report  # pylint: disable=g-import-not-at-top (matplotlib: only now)
+  report.update_index_for(path)
 
 
 if __name__ == "__main__":
   define_flags()
-  machine.run_script(main, "benchmarks.fusion")
+  machine.run_script(main, "benchmarks.fusion", on_recorded=_update_index)

@@ -259,11 +259,13 @@ class CpuPool:
 
 
 def run_script(main: Callable[[List[str]], object], name: str,
-               unless: Sequence[str] = ("report_only", "table", "group")) -> None:
+               unless: Sequence[str] = ("report_only", "table", "group"),
+               on_recorded: Optional[Callable[[str], object]] = None) -> None:
   """``app.run(main)`` for a standalone benchmark script, holding the machine (``exclusive``)
   while it measures, unless one of the ``unless`` flags is set (a report rewritten from recorded
   results, or a child process of a benchmark that holds it already). The load before and after
-  is added, as ``machine``, to the JSON the script wrote at ``--out``."""
+  is added, as ``machine``, to the JSON the script wrote at ``--out``; then ``on_recorded``
+  (e.g. the results index's update) is called with that path."""
   define_flags()
 
   def held(argv: List[str]) -> None:
@@ -274,15 +276,17 @@ def run_script(main: Callable[[List[str]], object], name: str,
     try:
       with exclusive(name, values["allow_load"], max_wait_s=values["settle_s"]) as session:
         main(argv)
-        _record_into(flags.FLAGS.flag_values_dict().get("out"), session)
+        _record_into(flags.FLAGS.flag_values_dict().get("out"), session, on_recorded)
     except (MachineBusy, MachineLoaded) as e:
       raise app.UsageError(str(e)) from None
 
   app.run(held)
 
 
-def _record_into(path: Optional[str], session: Session) -> None:
-  """Adds the session's load record to the JSON object at ``path`` (atomically), if there is one."""
+def _record_into(path: Optional[str], session: Session,
+                 on_recorded: Optional[Callable[[str], object]] = None) -> None:
+  """Adds the session's load record to the JSON object at ``path`` (atomically), if there is one,
+  then calls ``on_recorded(path)``."""
   if not path or not os.path.exists(path):
     return
   with open(path) as f:
@@ -291,3 +295,5 @@ def _record_into(path: Optional[str], session: Session) -> None:
     return
   summary["machine"] = session.record()
   standalone.write_json(path, summary, indent=1)
+  if on_recorded is not None:
+    on_recorded(path)

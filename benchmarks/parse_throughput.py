@@ -113,11 +113,14 @@ def main(argv: List[str]) -> None:
       },
   }
   standalone.write_json(FLAGS.out, summary)
-  from benchmarks import report  # pylint: disable=g-import-not-at-top (matplotlib: only now)
-  report.update_index_for(FLAGS.out)
   print(f"wrote {FLAGS.out}")
+
+
+def _update_index(path: str) -> None:
+  from benchmarks import report  # pylint: disable=g-import-not-at-top (matplotlib: only now)
+  report.update_index_for(path)
 
 
 if __name__ == "__main__":
   define_flags()
-  machine.run_script(main, "benchmarks.parse_throughput")
+  machine.run_script(main, "benchmarks.parse_throughput", on_recorded=_update_index)

@@ -233,8 +233,7 @@ def main(argv):
   FLAGS.out = FLAGS.out or os.path.join(os.path.dirname(standalone.results_path("teacher_overhead")),
                                         f"summary_{FLAGS.optimizer}.json")
   standalone.write_json(FLAGS.out, summary)
-  report.update_index_for(FLAGS.out)
 
 
 if __name__ == "__main__":
-  machine.run_script(main, "benchmarks.teacher_overhead")
+  machine.run_script(main, "benchmarks.teacher_overhead", on_recorded=report.update_index_for)

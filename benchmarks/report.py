@@ -440,11 +440,12 @@ def helps_section(summaries: Mapping[str, dict]) -> List[str]:
 
 def index_markdown(results_root: str) -> str:
   """The "Does codistillation help?" section, then one table of every suite's goal figures,
-  read from each ``<suite>/summary.json``."""
+  read from each ``<suite>/summary.json`` and ``<suite>/summary_<variant>.json``."""
   summaries = _summaries(results_root)
   lines = ["# Benchmark results", "",
-           "Generated from each suite's `summary.json` by `benchmarks.run` after every suite run "
-           "(numbers are never typed in). Each suite's `report.md` starts with the command that "
+           "Generated from each suite's `summary.json` (or `summary_<variant>.json`) by "
+           "`benchmarks.run` after every suite run, and by each standalone benchmark after its "
+           "run (numbers are never typed in). Each suite's `report.md` starts with the command that "
            "regenerates it.", ""]
   lines += helps_section(summaries)
   lines += ["## Every suite's goal figures", "",

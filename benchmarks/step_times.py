@@ -64,25 +64,26 @@ def fit_step_times(model: keras.Model, data, steps: int, skip: int = 3,
 
 
 def alternate_steps(models: Mapping[str, keras.Model], data: tf.data.Dataset, steps: int,
-                    rounds: int, skip: int = 3) -> Times:
+                    rounds: int, skip: int = 3, seed: int = 0) -> Times:
   """Per-step times of every arm with the arms alternating step by step.
 
   A step is one call of the arm's own tf_keras train function (the function ``fit`` runs for each
   step) on the arm's own iterator over ``data``. Each round runs ``skip`` uncounted steps of
-  every arm, then ``steps`` times one step of each arm in turn, the order rotated by one arm each
-  round. Steps next to each other in time see the same machine, so load that drifts over seconds
-  hits every arm alike: in an exploratory run (CTR model, Adam, 15 rounds) the per-round ratios
-  of a teacher arm spread over [0.91, 0.98] this way, against [0.77, 1.11] with 80 steps of one
-  arm after another. Each step starts with the
+  every arm, then ``steps`` times one step of each arm in turn, in an order drawn anew each round
+  (seeded), so no arm always follows the same one. Steps next to each other in time see the same
+  machine, so load that drifts over seconds hits every arm alike: in an exploratory run (CTR
+  model, Adam, 15 rounds) the per-round ratios of a teacher arm spread over [0.91, 0.98] this
+  way, against [0.77, 1.11] with 80 steps of one arm after another. Each step starts with the
   caches the previous arm's step left behind: a fair comparison only for models whose own step
   does not fit in cache either (the CTR model under Adam sweeps about 130 MB every step).
   """
   functions = {name: model.make_train_function() for name, model in models.items()}
   iterators = {name: iter(data) for name in models}
   names = list(models)
+  rng = np.random.default_rng(seed)
   times: Times = {name: [] for name in names}
-  for r in range(rounds):
-    order = names[r % len(names):] + names[:r % len(names)]
+  for _ in range(rounds):
+    order = [names[i] for i in rng.permutation(len(names))]
     this_round: Dict[str, List[float]] = {name: [] for name in names}
     for i in range(skip + steps):
       for name in order:

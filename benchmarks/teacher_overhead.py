@@ -5,14 +5,15 @@ a mixed_bfloat16 one (float32 variables, bfloat16 compute) and an int8 one (teac
 
 Per-step times with the arms alternating step by step, each step a call of the arm's own train
 function (``step_times.alternate_steps``); ratios are formed within each round and reported as
-their median over rounds with a 90% bootstrap interval. Each teacher's forward pass is also timed alone (an in-graph loop on one batch, whose
-rows stay in cache: a lower bound), where noise is small, so what a precision saves in compute
-can be told from what the step shows. A second, identical no-teacher model is timed as an arm of
-its own: its ratio to the first (``no_teacher_again_vs_no_teacher``) is the noise floor the other
-ratios must clear. Two arms take the float32 teacher apart: its embedding lookups alone
-(``lookups_only``), and all of it with 8-row tables whose rows are always in cache
-(``cached_tables``: what the lookups cost when no row has to come from memory). Also measured: the pause the training thread sees when a refreshed teacher is
-swapped in, against assigning its values in place.
+their median over rounds with a 90% bootstrap interval. Each teacher's forward pass is also
+timed alone (an in-graph loop on one batch, whose rows stay in cache: a lower bound), where
+noise is small, so what a precision saves in compute can be told from what the step shows. A
+second, identical no-teacher model is timed as an arm of its own: its ratio to the first
+(``no_teacher_again_vs_no_teacher``) is the noise floor the other ratios must clear. Two arms
+take the float32 teacher apart: its embedding lookups alone (``lookups_only``), and the whole
+teacher with 8-row tables whose rows are always in cache (``cached_tables``: the teacher's cost
+when no looked-up row has to come from memory). Also measured: the pause the training thread
+sees when a refreshed teacher is swapped in, against assigning its values in place.
 
   .venv/bin/python -m benchmarks.teacher_overhead [--optimizer=adagrad]
 """
@@ -88,8 +89,8 @@ def _cached_tables(embedding_dim: int, rows: int = 8) -> keras.Model:
 
 
 # Arms whose teacher is a part of the CTR teacher (what its cost is made of) -> its factory.
-PART_ARMS = {"codistill_lookups_only_teacher": lambda b, e: _lookups_only(b, e),
-             "codistill_cached_tables_teacher": lambda b, e: _cached_tables(e)}
+PART_ARMS = {"codistill_lookups_only_teacher": _lookups_only,
+             "codistill_cached_tables_teacher": lambda num_buckets, dim: _cached_tables(dim)}
 
 
 def _teacher_copy(student: keras.Model, precision: Optional[str]) -> keras.Model:

@@ -11,6 +11,7 @@ allows no batch-level callbacks, the same work runs from a thread polling the st
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, List, Optional, Sequence
 
 import gin
@@ -58,6 +59,8 @@ class Exchange:
       model's ``burn_in_steps`` and ``publish_every_steps``, when the peers' first versions are
       due), hold training up to this many seconds until every peer's first version is loaded
       (0: never wait; not under ParameterServerStrategy, whose steps are not held by hooks).
+      Every training process waits on its own: in a MultiWorkerMirrored group keep it below the
+      collectives' timeout (``strategies.make_strategy.timeout_seconds``).
     input_spec: the student's input spec (a ``tf.TensorSpec`` or a dict of them), needed only
       when ``fit`` is not given a ``tf.data.Dataset`` and the model was never called.
 
@@ -88,9 +91,9 @@ class Exchange:
         raise ConfigurationError(f"Exchange.{name}={getattr(self, name)} must be >= 1")
     if self.poll_interval_s <= 0:
       raise ConfigurationError(f"Exchange.poll_interval_s={self.poll_interval_s} must be > 0")
-    if self.wait_for_first_teachers_s < 0:
+    if not 0 <= self.wait_for_first_teachers_s <= threading.TIMEOUT_MAX:
       raise ConfigurationError(f"Exchange.wait_for_first_teachers_s="
-                               f"{self.wait_for_first_teachers_s} must be >= 0")
+                               f"{self.wait_for_first_teachers_s} must be >= 0 and finite")
     try:
       peers = topology.teacher_groups(self.group, self.num_groups, self.teacher_graph)
       peers = self.peer_groups()

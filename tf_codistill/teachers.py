@@ -99,7 +99,8 @@ class TeacherPool:
           continue
       update = self._load_newest(index, peer)
       if update is not None:
-        with self._lock:
+        with self._lock:  # seen and pending together: a waiter woken here finds the update
+          self._newest_seen[index] = update.step
           self._pending[index] = update
           self._loaded.notify_all()
         loaded += 1
@@ -139,8 +140,6 @@ class TeacherPool:
       except (tf.errors.OpError, ValueError, AssertionError) as e:
         self._reject(version, f"{version.path}: cannot restore variables ({e})")
         continue
-      with self._lock:
-        self._newest_seen[index] = version.step
       self.loads += 1
       return update
     return None
@@ -242,11 +241,12 @@ class TeacherRefresh(step_hooks.StepHook):
 
 
 class FirstTeachersWait(step_hooks.StepHook):
-  """Holds the training thread once, at ``at_step``, until every teacher has a version loaded
-  or ``timeout_s`` has passed, then activates them: a group that runs ahead of its peers (a
-  faster machine, a later start) would otherwise train its whole run, or most of it, with no
-  teacher. Comes after the publisher among the hooks, so this group's own version of that step
-  is already on its way to the peers that wait for it."""
+  """Holds the training thread once, at the first step from ``at_step`` on, until every teacher
+  has a version loaded or ``timeout_s`` has passed, then activates them: a process that runs
+  ahead of its peers (a faster machine, a later start) would otherwise train its whole run, or
+  most of it, with no teacher. Not when every teacher is loaded already (a resumed run restores
+  them with the model). Comes after the publisher among the hooks, so a version of this group
+  from that step or earlier is published or on its way to the peers that wait for it."""
 
   reads_logs = False
 
@@ -255,13 +255,18 @@ class FirstTeachersWait(step_hooks.StepHook):
     self.at_step = at_step
     self.timeout_s = timeout_s
     self.waited_seconds: Optional[float] = None  # None: not reached yet
+    self.windows: List[Tuple[float, float]] = []  # (wait began, ended), time.monotonic()
 
   def on_step(self, model, step, logs):
     if self.waited_seconds is not None or step < self.at_step:
       return
+    if all(int(s) >= 0 for s in model.teacher_steps.numpy()):
+      self.waited_seconds = 0.0
+      return
     start = time.monotonic()
     missing = self.refresh.pool.wait_until_loaded(self.timeout_s)
     self.waited_seconds = time.monotonic() - start
+    self.windows.append((start, start + self.waited_seconds))
     if missing:
       logging.warning("teacher: no version of peer group(s) %s after waiting %.1fs at step %d "
                       "(wait_for_first_teachers_s=%s): training on without them", missing,

@@ -85,8 +85,8 @@ class TrainConfig:
   ``teacher_precision``, each version published as ``publish_format`` (a SavedModel, or a lean
   version: ``@tfc.PublishFormat()``, lean_versions.py); ``wait_for_first_teachers_s`` holds a
   group that runs ahead until its peers' first versions are loaded (codistillation.Exchange).
-  ``data_split='disjoint'`` gives each group (and each of its input pipelines) its own shard of ``train_files``; ``batch_size`` is the global
-  batch of one step; exactly ``train_steps`` steps run, evaluated every ``steps_per_epoch``.
+  ``data_split='disjoint'`` gives each group (and each of its input pipelines) its own shard of
+  ``train_files``; ``batch_size`` is the global batch of one step; exactly ``train_steps`` steps run, evaluated every ``steps_per_epoch``.
   ``task`` (default ``tasks.BinaryTask()``) sets the loss, metrics and results keys;
   ``prediction_batches`` caps the eval batches whose predictions ``save_eval_predictions`` keeps
   (``eval_predictions.npz``; with ``prediction_history`` also at every evaluation, for churn vs
@@ -531,10 +531,14 @@ class GroupTrainer:
 
 
 def _windows(hooks: Optional[codistillation.ExchangeHooks]) -> Dict[str, list]:
-  """When each teacher refresh (load off-thread .. swap) and publish (snapshot .. written) ran."""
+  """When each teacher refresh (load off-thread .. swap), publish (snapshot .. written) and the
+  wait for the first teachers ran."""
   if hooks is None:
     return {}
-  return {"refresh": hooks.refresh.windows, "publish": hooks.publisher.windows}
+  windows = {"refresh": hooks.refresh.windows, "publish": hooks.publisher.windows}
+  if hooks.first_wait is not None:
+    windows["first_teachers_wait"] = hooks.first_wait.windows
+  return windows
 
 
 def _save_npz(path: str, **arrays: np.ndarray) -> None:

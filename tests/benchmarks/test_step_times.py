@@ -45,19 +45,20 @@ class _Logged(keras.Model):
     return super().train_step(data)
 
 
-def test_alternated_steps_take_turns_in_a_rotated_order_and_train_every_arm():
+def test_alternated_steps_take_turns_in_an_order_drawn_each_round_and_train_every_arm():
   calls = []
   models = {}
-  for name in "ab":
+  for name in "abc":
     models[name] = _Logged(name, calls)
     models[name].compile(keras.optimizers.SGD(0.1), "mse")
-  times = step_times.alternate_steps(models, _data(), steps=2, rounds=2, skip=1)
-  # Round 0: a, b for 1 skipped + 2 timed steps; round 1 starts with b.
-  assert calls == list("ababab" "bababa")
-  assert {name: [len(r) for r in rounds] for name, rounds in times.items()} == {"a": [2, 2],
-                                                                              "b": [2, 2]}
-  assert all(t > 0 for rounds in times.values() for r in rounds for t in r)
-  assert [int(m.optimizer.iterations.numpy()) for m in models.values()] == [6, 6]
+  times = step_times.alternate_steps(models, _data(), steps=2, rounds=6, skip=1)
+  # Each round: one order of the three arms, repeated for 1 skipped + 2 timed steps.
+  rounds = ["".join(calls[9 * r:9 * r + 9]) for r in range(6)]
+  assert len(calls) == 54 and all(sorted(r[:3]) == list("abc") and r == r[:3] * 3 for r in rounds)
+  assert len({r[:3] for r in rounds}) > 1  # the order changes between rounds
+  assert {name: [len(r) for r in arm] for name, arm in times.items()} == {
+      name: [2] * 6 for name in "abc"}
+  assert [int(m.optimizer.iterations.numpy()) for m in models.values()] == [18, 18, 18]
 
 
 def test_arms_run_in_a_rotated_order_every_round():

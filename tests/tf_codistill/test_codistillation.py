@@ -47,6 +47,7 @@ def test_exchange_peers_follow_the_teacher_graph_or_are_given(tmp_path):
     (dict(keep_last=0), "Exchange.keep_last=0"),
     (dict(poll_interval_s=0), "Exchange.poll_interval_s=0"),
     (dict(wait_for_first_teachers_s=-1), "Exchange.wait_for_first_teachers_s=-1"),
+    (dict(wait_for_first_teachers_s=float("inf")), "wait_for_first_teachers_s=inf must be"),
     (dict(teacher_precision="int4"), "Exchange.teacher_precision='int4'"),
 ])
 def test_exchange_refuses_values_that_cannot_work_naming_them(tmp_path, changes, named):
@@ -126,8 +127,13 @@ def test_fit_holds_a_group_ahead_of_its_peer_until_the_peer_first_version_is_loa
   # It waited at step 10 (the later of burn-in and the first publish), after publishing its
   # own step 10 (the peer published only once that appeared), and not until the timeout.
   assert wait.at_step == 10 and 0.4 < wait.waited_seconds < 30, wait.waited_seconds
-  assert model.teacher_steps.numpy().tolist() == [10]
+  assert model.teacher_steps.numpy().tolist() == [10] and wait.windows
   assert model.exchange_hooks.refresh.swaps == 1 and history.history["distill_loss"][-1] > 0
+  # A later fit (or a resumed run) whose teachers are loaded already does not wait again.
+  model.fit(_data(), epochs=1, steps_per_epoch=5, verbose=0)
+  assert model.exchange_hooks.first_wait is not wait
+  assert model.exchange_hooks.first_wait.waited_seconds == 0.0
+  assert not model.exchange_hooks.first_wait.windows
 
 
 def test_fit_trains_on_without_teachers_when_the_wait_times_out(tmp_path, caplog):
@@ -135,10 +141,12 @@ def test_fit_trains_on_without_teachers_when_the_wait_times_out(tmp_path, caplog
       str(tmp_path), 0, publish_every_steps=5, poll_interval_s=0.05,
       wait_for_first_teachers_s=0.5)))
   with caplog.at_level(logging.WARNING):
-    history = model.fit(_data(), epochs=1, steps_per_epoch=10, verbose=0)
+    model.fit(_data(), epochs=1, steps_per_epoch=10, verbose=0)
   assert "no version of peer group(s) [1] after waiting" in caplog.text
-  assert 0.5 <= model.exchange_hooks.first_wait.waited_seconds < 10
-  assert model.teacher_steps.numpy().tolist() == [-1] and len(history.history["loss"]) == 1
+  wait = model.exchange_hooks.first_wait
+  assert wait.at_step == 5 and 0.5 <= wait.waited_seconds < 10
+  assert model.teacher_steps.numpy().tolist() == [-1]
+  assert int(model.optimizer.iterations.numpy()) == 10  # trained on after the timeout
 
 
 def test_fit_without_a_dataset_needs_an_input_spec(tmp_path):

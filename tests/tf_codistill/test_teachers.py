@@ -3,6 +3,7 @@ ones (signature, NaN, links: tests/reliability/test_teacher_trust.py)."""
 
 import logging
 import os
+import threading
 import time
 
 import numpy as np
@@ -142,6 +143,23 @@ def test_a_stopped_pool_polls_again_when_started_again(tmp_path):
     pool.stop()
     activate_all(model, pool)
     assert model.teacher_steps.numpy().tolist() == [step]
+
+
+def test_a_wait_for_loaded_teachers_ends_when_the_pool_thread_loads_them_or_times_out(tmp_path):
+  model, pool = student_and_pool(tmp_path, peers=(1, 2))
+  start = time.monotonic()
+  assert pool.wait_until_loaded(0.3) == [1, 2] and time.monotonic() - start >= 0.3
+  exchange.publish(small_net(seed=5), str(tmp_path), 2, 40, SPEC)
+  late = threading.Timer(0.5, exchange.publish, (small_net(seed=7), str(tmp_path), 1, 50, SPEC))
+  pool.start()
+  late.start()
+  try:
+    assert pool.wait_until_loaded(60) == []
+  finally:
+    late.join()
+    pool.stop()
+  # When the wait ends, every loaded version is there to be activated.
+  assert sorted(u.step for u in pool.take_updates()) == [40, 50]
 
 
 def test_pool_refuses_wrong_number_of_peers(tmp_path):

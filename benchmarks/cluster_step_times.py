@@ -35,7 +35,6 @@ from absl import flags
 from benchmarks import local_cluster
 from benchmarks import machine
 from benchmarks import models
-from benchmarks import report
 from benchmarks import standalone
 from benchmarks import step_times
 from tf_codistill import codistillation
@@ -299,4 +298,4 @@ def main(argv):
 if __name__ == "__main__":
   define_flags()
   machine.run_script(main, "benchmarks.cluster_step_times", unless=("role",),
-                     on_recorded=report.update_index_for)
+                     on_recorded=standalone.update_results_index)

@@ -390,11 +390,6 @@ def main(argv):
         f"{HEADLINE_FORMAT}): {_x(headline)}; SavedModel {saved_model:.1f}x; wrote {FLAGS.out}")
 
 
-def _update_index(path: str) -> None:
-  from benchmarks import report  # pylint: disable=g-import-not-at-top (matplotlib: only now)
-  report.update_index_for(path)
-
-
 if __name__ == "__main__":
   define_flags()
-  machine.run_script(main, "benchmarks.comm", on_recorded=_update_index)
+  machine.run_script(main, "benchmarks.comm", on_recorded=standalone.update_results_index)

@@ -405,11 +405,6 @@ def main(argv):
   print(f"wrote {FLAGS.out} and report.md")
 
 
-def _update_index(path: str) -> None:
-  from benchmarks import report  # pylint: disable=g-import-not-at-top (matplotlib: only now)
-  report.update_index_for(path)
-
-
 if __name__ == "__main__":
   define_flags()
-  machine.run_script(main, "benchmarks.fusion", on_recorded=_update_index)
+  machine.run_script(main, "benchmarks.fusion", on_recorded=standalone.update_results_index)

@@ -116,11 +116,7 @@ def main(argv: List[str]) -> None:
   print(f"wrote {FLAGS.out}")
 
 
-def _update_index(path: str) -> None:
-  from benchmarks import report  # pylint: disable=g-import-not-at-top (matplotlib: only now)
-  report.update_index_for(path)
-
-
 if __name__ == "__main__":
   define_flags()
-  machine.run_script(main, "benchmarks.parse_throughput", on_recorded=_update_index)
+  machine.run_script(main, "benchmarks.parse_throughput",
+                     on_recorded=standalone.update_results_index)

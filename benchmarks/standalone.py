@@ -165,6 +165,14 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str, poll: float 
   raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def update_results_index(path: str) -> None:
+  """Rewrites the committed results index when ``path`` is a summary under
+  ``benchmarks/results/<suite>/`` (``report.update_index_for``; matplotlib is imported only
+  now): ``machine.run_script``'s ``on_recorded`` for scripts whose summaries hold goals."""
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  report.update_index_for(path)
+
+
 def write_json(path: str, value: object, indent: int = 2) -> None:
   """Writes ``value`` as JSON to ``path`` atomically, making its directory."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

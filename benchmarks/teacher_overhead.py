@@ -31,7 +31,6 @@ from absl import flags
 
 from benchmarks import machine
 from benchmarks import models
-from benchmarks import report
 from benchmarks import standalone
 from benchmarks import step_times
 from tf_codistill import quantization
@@ -42,7 +41,7 @@ flags.DEFINE_integer("batch_size", 512, "Examples per step.")
 flags.DEFINE_integer("num_buckets", 20_000, "Hash buckets per categorical feature.")
 flags.DEFINE_integer("embedding_dim", 16, "Embedding width.")
 flags.DEFINE_integer("steps", 80, "Timed steps per arm per round (arms alternate step by step).")
-flags.DEFINE_integer("rounds", 15, "Rounds (arm order rotated each round).")
+flags.DEFINE_integer("rounds", 15, "Rounds (arm order drawn anew each round).")
 flags.DEFINE_enum("optimizer", "adam", ["adam", "adagrad"],
                   "adam updates whole embedding tables every step (dense slots); adagrad only the "
                   "looked-up rows, so the forward passes weigh more in its step time.")
@@ -237,4 +236,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  machine.run_script(main, "benchmarks.teacher_overhead", on_recorded=report.update_index_for)
+  machine.run_script(main, "benchmarks.teacher_overhead",
+                     on_recorded=standalone.update_results_index)

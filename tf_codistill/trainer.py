@@ -86,7 +86,8 @@ class TrainConfig:
   version: ``@tfc.PublishFormat()``, lean_versions.py); ``wait_for_first_teachers_s`` holds a
   group that runs ahead until its peers' first versions are loaded (codistillation.Exchange).
   ``data_split='disjoint'`` gives each group (and each of its input pipelines) its own shard of
-  ``train_files``; ``batch_size`` is the global batch of one step; exactly ``train_steps`` steps run, evaluated every ``steps_per_epoch``.
+  ``train_files``; ``batch_size`` is the global batch of one step; exactly ``train_steps`` steps
+  run, evaluated every ``steps_per_epoch``.
   ``task`` (default ``tasks.BinaryTask()``) sets the loss, metrics and results keys;
   ``prediction_batches`` caps the eval batches whose predictions ``save_eval_predictions`` keeps
   (``eval_predictions.npz``; with ``prediction_history`` also at every evaluation, for churn vs

@@ -254,7 +254,7 @@ def test_the_teacher_pool_loads_lean_versions_and_their_deltas(tmp_path, teacher
   assert pool.poll_once() == 1
   activate_all(model, pool)
   assert model.teacher_steps.numpy().tolist() == [200] and pool.rejections == 0
-  teacher = model.teacher_slots[0][int(model.active_slot[0].numpy())]
+  teacher = model.active_teacher(0)
   tolerance = {"float32": 0, "bfloat16": 2 ** -8, "int8": 1e-6}[teacher_precision]
   for got, want in zip(quantization.float_weights(teacher), _stored(weights, "int8")):
     np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=tolerance, atol=1e-8)
@@ -283,6 +283,6 @@ def test_fit_publishes_int8_deltas_that_a_peer_pool_loads(tmp_path):
   pool.peers = [0]
   assert pool.poll_once() == 1 and pool.rejections == 0
   activate_all(peer, pool)
-  teacher = peer.teacher_slots[0][int(peer.active_slot[0].numpy())]
+  teacher = peer.active_teacher(0)
   for got, want in zip(teacher.get_weights(), _stored(model.student.get_weights(), "int8")):
     np.testing.assert_array_equal(got, want)

@@ -133,7 +133,7 @@ def test_mean_over_two_teachers_uses_only_loaded_ones():
                              rtol=1e-6)
   other = [w * 2 for w in student.get_weights()]
   model.set_teacher_weights(1, other, step=1)
-  second = model.teacher_slots[1][model.active_slot[1].numpy()]
+  second = model.active_teacher(1)
   np.testing.assert_allclose(second.get_weights()[0], other[0])
   expected = (tf.sigmoid(student(x)) + tf.sigmoid(second(x))) / 2
   np.testing.assert_allclose(model.teacher_target(x).numpy(), expected.numpy(), rtol=1e-6)
@@ -201,7 +201,7 @@ def test_traced_step_follows_active_slot_through_one_lowered_case_with_local_tea
   np.testing.assert_allclose(target(x).numpy(), tf.sigmoid(student(x)).numpy(), rtol=1e-6)
   doubled = [w * 2 for w in student.get_weights()]
   model.set_teacher_weights(0, doubled, step=2)  # restored into the other copy, then flipped
-  second = model.teacher_slots[0][model.active_slot[0].numpy()]
+  second = model.active_teacher(0)
   np.testing.assert_allclose(second.get_weights()[0], doubled[0])
   np.testing.assert_allclose(target(x).numpy(), tf.sigmoid(second(x)).numpy(), rtol=1e-6)
   assert target.experimental_get_tracing_count() == 1

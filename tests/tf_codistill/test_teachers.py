@@ -20,10 +20,6 @@ from tf_codistill.model import CodistillModel
 SPEC = tf.TensorSpec([None, 4], tf.float32)
 
 
-def _active(model, index=0):
-  return model.teacher_slots[index][int(model.active_slot[index].numpy())]
-
-
 def test_peer_without_versions_gives_no_teacher_then_its_publish_is_loaded(tmp_path):
   model, pool = student_and_pool(tmp_path)
   assert pool.poll_once() == 0 and pool.take_updates() == []
@@ -32,7 +28,7 @@ def test_peer_without_versions_gives_no_teacher_then_its_publish_is_loaded(tmp_p
   assert pool.poll_once() == 1
   activate_all(model, pool)
   assert model.teacher_steps.numpy().tolist() == [50]
-  for a, b in zip(_active(model).get_weights(), peer.get_weights()):
+  for a, b in zip(model.active_teacher(0).get_weights(), peer.get_weights()):
     np.testing.assert_array_equal(a, b)
   assert pool.poll_once() == 0  # nothing newer
 
@@ -50,7 +46,7 @@ def test_newest_corrupt_version_is_skipped_with_a_warning_naming_it(tmp_path, ca
   assert bad in caplog.text and "keeping the previous teacher" in caplog.text
   activate_all(model, pool)
   assert model.teacher_steps.numpy().tolist() == [10]
-  np.testing.assert_array_equal(_active(model).get_weights()[0], good.get_weights()[0])
+  np.testing.assert_array_equal(model.active_teacher(0).get_weights()[0], good.get_weights()[0])
   assert pool.rejections == 1
 
 
@@ -59,7 +55,7 @@ def test_same_size_garbage_in_variables_is_refused_and_previous_teacher_kept(tmp
   exchange.publish(small_net(seed=3), str(tmp_path), 1, 10, SPEC, keep_last=5)
   pool.poll_once()
   activate_all(model, pool)
-  kept = [w.copy() for w in _active(model).get_weights()]
+  kept = [w.copy() for w in model.active_teacher(0).get_weights()]
   bad = exchange.publish(small_net(seed=4), str(tmp_path), 1, 20, SPEC, keep_last=5)
   index = os.path.join(bad, "variables", "variables.index")
   size = os.path.getsize(index)
@@ -70,7 +66,7 @@ def test_same_size_garbage_in_variables_is_refused_and_previous_teacher_kept(tmp
   assert bad in caplog.text
   activate_all(model, pool)
   assert model.teacher_steps.numpy().tolist() == [10]
-  for a, b in zip(_active(model).get_weights(), kept):
+  for a, b in zip(model.active_teacher(0).get_weights(), kept):
     np.testing.assert_array_equal(a, b)
 
 

@@ -232,8 +232,13 @@ class CodistillModel(keras.Model):
     object.__setattr__(self, "_features_spec", spec)
 
   def copy_student(self) -> keras.Model:
-    """A new float32 model of the student's architecture (for local copies and exports)."""
-    return self._teacher_factory() if self._teacher_factory else clone_architecture(self.student)
+    """A new float32 model of the student's architecture (for local copies and exports): the
+    teacher factory's model, unless that holds the weights in another form (stacked tables)."""
+    if self._teacher_factory is not None:
+      copy = self._teacher_factory()
+      if not quantization.is_converted(copy):
+        return copy
+    return clone_architecture(self.student)
 
   def float32_copy(self) -> keras.Model:
     """A float32 model of the teachers' architecture with its variables created (from the
@@ -373,16 +378,21 @@ class CodistillModel(keras.Model):
   def _distill_term(self, x, logits, alpha_eff) -> tf.Tensor:
     if not self.teacher_slots:
       return tf.constant(0.0, logits.dtype)
+    on = alpha_eff > 0
+    # Two conds, both skipped while the term is switched off. The teachers' forward passes take
+    # the inputs only, not the student's logits, so they run beside the student's forward pass
+    # instead of after it (one cond over both made the student's backward pass wait for them).
+    target, weight = tf.cond(on, lambda: self._teacher_target_and_weight(x),
+                             lambda: (tf.zeros([1] * logits.shape.rank), tf.constant(0.0)))
 
     def distill():
-      target, weight = self._teacher_target_and_weight(x)
-      loss = losses.distillation_loss(logits, target, output=self.output_kind,
-                                      kind=self.distill_kind, temperature=self.temperature)
+      loss = losses.distillation_loss(
+          logits, tf.broadcast_to(target, tf.shape(logits)), output=self.output_kind,
+          kind=self.distill_kind, temperature=self.temperature)
       # No teacher with finite predictions on this batch: no distillation term for it.
       return tf.where(weight > 0, loss, tf.zeros_like(loss))
 
-    # Skip the teacher forward pass entirely while the term is switched off.
-    return tf.cond(alpha_eff > 0, distill, lambda: tf.constant(0.0, logits.dtype))
+    return tf.cond(on, distill, lambda: tf.constant(0.0, logits.dtype))
 
   def teacher_staleness(self) -> tf.Tensor:
     """Mean over loaded teachers of (own step - the peer step the teacher was published at)."""
@@ -408,7 +418,11 @@ class CodistillModel(keras.Model):
                                      regularization_losses=self.student.losses)
       distill_loss = self._distill_term(x, logits, alpha_eff)
       loss = task_loss + tf.cast(alpha_eff, task_loss.dtype) * distill_loss
-    fusion_lib.minimize(self.optimizer, loss, tape, variables, fusion, self._reducer)
+    # The update waits for the distillation term. Parts of it need no gradient (Adam's decay of
+    # its moments); started with the step, they keep every thread busy and the teachers' forward
+    # passes queue behind them, delaying the backward pass that needs their predictions.
+    with tf.control_dependencies([distill_loss]):
+      fusion_lib.minimize(self.optimizer, loss, tape, variables, fusion, self._reducer)
     return self._update_metrics(y, logits, sample_weight, loss, task_loss, distill_loss, alpha_eff)
 
   def test_step(self, data):

@@ -9,6 +9,11 @@ gathers; a dense layer scales its inputs by the row scales and multiplies them w
 keep float32 variables. A row of width w takes w + 4 bytes instead of 4w (0.31 of it for the
 CTR model's 16-wide embeddings). A teacher copy is never trained: its values come from a peer's float32
 weights through ``assign_float_weights``, quantized off the training thread.
+
+Int8 layers are one kind of ``ConvertedLayer``: a teacher layer that holds the float weights of
+one or more of the student's layers in another form (int8 codes here, embedding tables stacked
+into one in ``models.ctr.StackedEmbeddings``). ``float_shapes``, ``float_weights`` and
+``assign_float_weights`` see any model through them in the student's ``weights`` order.
 """
 
 from __future__ import annotations
@@ -22,7 +27,23 @@ import tf_keras as keras
 from tf_codistill import weight_codecs
 
 
-class _Int8Layer(keras.layers.Layer):
+class ConvertedLayer(keras.layers.Layer):
+  """A teacher layer holding the float weights of student layers in another form."""
+
+  def float_shapes(self) -> List[tf.TensorShape]:
+    """Shapes of the float weights this layer holds, in the student's order."""
+    raise NotImplementedError
+
+  def float_weights(self) -> List[np.ndarray]:
+    """The float values this layer stands for, in the student's order."""
+    raise NotImplementedError
+
+  def assign_float(self, values: Sequence[np.ndarray]) -> None:
+    """Converts the student's float weights ``values`` into this layer."""
+    raise NotImplementedError
+
+
+class _Int8Layer(ConvertedLayer):
   """A layer with one int8-coded weight (``codes`` + per-row ``scales``) and maybe a bias."""
 
   def _add_codes(self, rows: int, width: int) -> None:
@@ -129,27 +150,33 @@ def is_quantized(model: keras.Model) -> bool:
   return any(isinstance(layer, _Int8Layer) for layer in _leaves(model))
 
 
+def is_converted(model: keras.Model) -> bool:
+  """Whether ``model`` has layers that hold the student's weights in another form (int8,
+  stacked tables): then a float32 checkpoint cannot be restored into it directly."""
+  return any(isinstance(layer, ConvertedLayer) for layer in _leaves(model))
+
+
 def float_shapes(model: keras.Model) -> List[tf.TensorShape]:
   """The shapes of the float32 weights ``model`` stands for (its own, for a float model)."""
-  if not is_quantized(model):  # any model, subclassed ones included: its own weights' order
+  if not is_converted(model):  # any model, subclassed ones included: its own weights' order
     return [v.shape for v in model.weights]
   return [s for layer in _leaves(model)
-          for s in (layer.float_shapes() if isinstance(layer, _Int8Layer)
+          for s in (layer.float_shapes() if isinstance(layer, ConvertedLayer)
                     else [v.shape for v in layer.weights])]
 
 
 def float_weights(model: keras.Model) -> List[np.ndarray]:
   """The float32 weights ``model`` stands for, in the float model's ``weights`` order."""
-  if not is_quantized(model):
+  if not is_converted(model):
     return [np.asarray(w, np.float32) for w in model.get_weights()]
   return [np.asarray(w, np.float32) for layer in _leaves(model)
-          for w in (layer.float_weights() if isinstance(layer, _Int8Layer)
+          for w in (layer.float_weights() if isinstance(layer, ConvertedLayer)
                     else layer.get_weights())]
 
 
 def assign_float_weights(model: keras.Model, values: Sequence[np.ndarray]) -> None:
   """Assigns float weights (in the float model's ``weights`` order) to ``model``: cast into float
-  and bfloat16 variables, quantized into int8 layers.
+  and bfloat16 variables, converted into converted layers (quantized, stacked).
 
   Raises:
     ValueError: the values do not match the model's weights in number or shape.
@@ -160,17 +187,17 @@ def assign_float_weights(model: keras.Model, values: Sequence[np.ndarray]) -> No
   for value, shape in zip(values, shapes):
     if tuple(np.shape(value)) != tuple(shape):
       raise ValueError(f"an array of shape {np.shape(value)} where the teacher has {shape}")
-  if not is_quantized(model):
+  if not is_converted(model):
     for var, value in zip(model.weights, values):
       var.assign(tf.cast(value, var.dtype))
     return
   start = 0
   for layer in _leaves(model):
-    quantized = isinstance(layer, _Int8Layer)
-    count = len(layer.float_shapes()) if quantized else len(layer.weights)
+    converted = isinstance(layer, ConvertedLayer)
+    count = len(layer.float_shapes()) if converted else len(layer.weights)
     chunk = values[start:start + count]
     start += count
-    if quantized:
+    if converted:
       layer.assign_float(chunk)
     else:
       for var, value in zip(layer.weights, chunk):

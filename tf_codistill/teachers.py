@@ -180,8 +180,9 @@ class TeacherPool:
     """Restores the checkpoint at ``prefix`` into ``target``. A checkpoint restores only into
     variables of its saved dtype (float32): a teacher kept in another precision (bfloat16, int8)
     is restored into a float32 copy of its architecture, made once, then cast or quantized into
-    it (``quantization.assign_float_weights``), all off the training thread."""
-    if not quantization.is_quantized(target) and all(
+    it (``quantization.assign_float_weights``), all off the training thread; so is a teacher in
+    another form of the student (stacked tables, ``quantization.ConvertedLayer``)."""
+    if not quantization.is_converted(target) and all(
         v.dtype == tf.float32 for v in target.weights if v.dtype.is_floating):
       target.load_weights(prefix).assert_existing_objects_matched()
       return

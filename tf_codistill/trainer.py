@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -82,7 +83,8 @@ class TrainConfig:
   publishes to the exchange directory every ``exchange_every_steps`` steps and every training
   task distills from the other groups' newest published versions: of every other group
   (``teacher_graph='all_to_all'``) or of its predecessor only (``'ring'``), run in
-  ``teacher_precision``, each version published as ``publish_format`` (a SavedModel, or a lean
+  ``teacher_precision`` (or built by ``teacher_fn(student)``, e.g. ``@models.ctr_teacher``, whose
+  own layers set the precision), each version published as ``publish_format`` (a SavedModel, or a lean
   version: ``@tfc.PublishFormat()``, lean_versions.py); ``wait_for_first_teachers_s`` holds a
   group that runs ahead until its peers' first versions are loaded (codistillation.Exchange).
   ``data_split='disjoint'`` gives each group (and each of its input pipelines) its own shard of
@@ -121,6 +123,7 @@ class TrainConfig:
   temperature: float = 1.0
   teacher_graph: str = "all_to_all"
   teacher_precision: str = "float32"
+  teacher_fn: Optional[Callable[[keras.Model], keras.Model]] = None
   publish_format: lean_versions.PublishFormat = lean_versions.PublishFormat()
   exchange_every_steps: int = 100
   keep_last: int = 2
@@ -173,6 +176,11 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
   if config.teacher_precision not in PRECISIONS:
     raise ConfigurationError(f"trainer.train.teacher_precision={config.teacher_precision!r} is "
                              f"not one of {list(PRECISIONS)}")
+  if config.teacher_fn is not None and config.teacher_precision != "float32":
+    raise ConfigurationError(
+        f"trainer.train.teacher_precision={config.teacher_precision!r} applies to cloned "
+        "teachers, and trainer.train.teacher_fn is bound: set the precision in teacher_fn's own "
+        "bindings (e.g. models.ctr_teacher.dtype_policy) and unbind teacher_precision")
   for name in ("train_files", "eval_files"):
     if not getattr(config, name):
       raise ConfigurationError(
@@ -330,8 +338,11 @@ class GroupTrainer:
       student = config.model_fn()
       reducer = (comm.GradientReducer(config.allreduce_dtype)
                  if config.allreduce_dtype != "float32" else None)
+      teacher_factory = (functools.partial(config.teacher_fn, student)
+                         if config.teacher_fn is not None else None)
       model = CodistillModel(
-          student, exchange=self.exchange_config(), alpha=config.alpha,
+          student, exchange=self.exchange_config(), teacher_factory=teacher_factory,
+          alpha=config.alpha,
           burn_in_steps=config.burn_in_steps, output=self.task.output,
           distill_kind=config.distill_kind, temperature=config.temperature,
           fusion=config.fusion, reducer=reducer, fusion_binding="trainer.train.fusion")
@@ -510,6 +521,7 @@ class GroupTrainer:
         **self.task.results(final),
         "teacher_graph": config.teacher_graph, "teacher_groups": self.peers,
         "teacher_precision": config.teacher_precision,
+        "teacher_fn": getattr(config.teacher_fn, "__name__", None),
         "examples_per_sec": float(np.median(rates)) if rates else None,
         "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
         **extra,

@@ -23,10 +23,12 @@ def _cli(name):
 def test_two_groups_load_each_others_published_models(tmp_path, criteo_dir):
   model_dir = str(tmp_path / "job")
   # A group that runs ahead waits for its peer's first version (a loaded machine can finish
-  # one group before the other has published).
+  # one group before the other has published). The teachers are the CTR model's stacked form
+  # (the default clone is what the LM and image jobs and the demo run).
   proc = subprocess.run(
       launch_args(model_dir, criteo_dir, "--num_groups=2",
-                  bindings=["trainer.train.wait_for_first_teachers_s = 120.0"]),
+                  bindings=["trainer.train.wait_for_first_teachers_s = 120.0",
+                            "trainer.train.teacher_fn = @models.ctr_teacher"]),
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   for group, peer in ((0, 1), (1, 0)):
@@ -35,6 +37,7 @@ def test_two_groups_load_each_others_published_models(tmp_path, criteo_dir):
       results = json.load(f)
     assert results["steps"] == 240
     assert results["teacher_loads"] >= 1 and results["teacher_rejections"] == 0
+    assert results["teacher_fn"] == "ctr_teacher"
     assert results["teacher_steps"][0] >= 40
     log = open(os.path.join(group_dir, "chief_0.log")).read()
     peer_dir = os.path.join(model_dir, "exchange", f"group_{peer}")

@@ -91,3 +91,21 @@ def test_a_codistill_model_with_an_int8_teacher_trains(tmp_path):
   assert np.isfinite(logs["distill_loss"]) and logs["distill_loss"] > 0
   with pytest.raises(ValueError, match="teacher 0: 1 arrays"):
     model.set_teacher_weights(0, student.get_weights()[:1], step=2)
+
+
+def test_a_stacked_ctr_teacher_is_restored_from_a_float32_peer_version(tmp_path):
+  peer, output, x = project_model("ctr")
+  spec = {"dense": tf.TensorSpec([None, 13], tf.float32),
+          "categorical": tf.TensorSpec([None, 26], tf.int64)}
+  exchange.publish(peer, str(tmp_path), 1, 40, spec)
+  student, _, _ = project_model("ctr")
+  model = CodistillModel(student, exchange=Exchange(str(tmp_path), group=0),
+                         teacher_factory=lambda: ctr.ctr_teacher(student))
+  model(x)
+  assert quantization.is_converted(model.inactive_teacher(0))
+  assert not quantization.is_converted(model.copy_student())  # exports keep the student's form
+  pool = teachers.TeacherPool(str(tmp_path), [1], model, spec, [None, 1], probe=x)
+  assert pool.poll_once() == 1 and pool.rejections == 0
+  model.activate_teacher(0, 40)
+  reference = losses.probabilities(peer(x, training=False), output).numpy()
+  np.testing.assert_allclose(model.teacher_target(x).numpy(), reference, atol=1e-6)

@@ -44,3 +44,6 @@ def test_trainer_refuses_unknown_graph_and_precision_naming_the_binding(tmp_path
     trainer.train(str(tmp_path), teacher_graph="star", train_files=["x"], eval_files=["y"])
   with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_precision='int4'"):
     trainer.train(str(tmp_path), teacher_precision="int4", train_files=["x"], eval_files=["y"])
+  with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_fn is bound"):
+    trainer.train(str(tmp_path), teacher_precision="bfloat16", teacher_fn=lambda s: s,
+                  train_files=["x"], eval_files=["y"])

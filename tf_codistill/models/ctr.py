@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import gin
+import numpy as np
 import tensorflow as tf
 import tf_keras as keras
+
+from tf_codistill import quantization
 
 
 @gin.configurable(module="models")
@@ -41,3 +44,71 @@ def ctr_model(num_dense: int = 13, num_categorical: int = 26, num_buckets: int =
   logits = keras.layers.Dense(1, name="logits",
                               kernel_initializer=keras.initializers.GlorotUniform(seed=fixed(99)))(x)
   return keras.Model({"dense": dense_in, "categorical": cat_in}, logits, name="ctr_model")
+
+
+class StackedEmbeddings(quantization.ConvertedLayer):
+  """``num_tables`` equal Embedding layers, one per column of an id tensor, as one stacked table
+  looked up with one gather: a teacher's form of them (1 gather and no concat instead of a
+  column slice and a gather per table). Never trained; ``assign_float`` stacks the student's
+  tables. Ids must be in range, as the student's own lookup of the same batch requires (an id
+  past its table would read the next table's row).
+  """
+
+  def __init__(self, num_tables: int, input_dim: int, output_dim: int, **kwargs):
+    super().__init__(**kwargs)
+    self.num_tables, self.input_dim, self.output_dim = int(num_tables), int(input_dim), int(output_dim)
+
+  def build(self, input_shape):
+    self.table = self.add_weight("table", [self.num_tables * self.input_dim, self.output_dim],
+                                 self.variable_dtype, "zeros", trainable=False)
+    super().build(input_shape)
+
+  def call(self, ids):
+    offsets = tf.range(self.num_tables, dtype=ids.dtype) * self.input_dim
+    rows = tf.gather(self.table, ids + offsets)
+    return tf.reshape(tf.cast(rows, self.compute_dtype), [-1, self.num_tables * self.output_dim])
+
+  def float_shapes(self) -> List[tf.TensorShape]:
+    return [tf.TensorShape([self.input_dim, self.output_dim])] * self.num_tables
+
+  def float_weights(self) -> List[np.ndarray]:
+    return np.split(self.table.numpy().astype(np.float32), self.num_tables)
+
+  def assign_float(self, values: Sequence[np.ndarray]) -> None:
+    self.table.assign(tf.cast(np.concatenate(values, axis=0), self.table.dtype))
+
+  def get_config(self):
+    return {**super().get_config(), "num_tables": self.num_tables, "input_dim": self.input_dim,
+            "output_dim": self.output_dim}
+
+
+@gin.configurable(module="models")
+def ctr_teacher(student: keras.Model, dtype_policy: Optional[str] = None) -> keras.Model:
+  """A teacher copy of ``student`` (a ``ctr_model``) with its tables stacked into one
+  (StackedEmbeddings): the same predictions from fewer, cheaper ops in the train step. Pass it as
+  ``CodistillModel(teacher_factory=lambda: ctr_teacher(student))`` or bind
+  ``trainer.train.teacher_fn = @models.ctr_teacher``. ``dtype_policy`` (e.g. ``'bfloat16'``)
+  builds it in that tf_keras dtype policy, as ``teacher_precision`` does for a clone.
+
+  Raises:
+    ValueError: ``student`` is not a ctr_model.
+  """
+  tables = [layer for layer in student.layers if type(layer) is keras.layers.Embedding]
+  dense_layers = [layer for layer in student.layers if type(layer) is keras.layers.Dense]
+  inputs = student.input if isinstance(student.input, dict) else {}
+  if (student.name != "ctr_model" or sorted(inputs) != ["categorical", "dense"] or not tables
+      or len({(t.input_dim, t.output_dim) for t in tables}) != 1
+      or len(tables) != inputs["categorical"].shape[-1]):
+    raise ValueError(f"ctr_teacher: {student.name!r} is not a models.ctr_model (one equal "
+                     "Embedding per categorical column, then Dense layers); use the default "
+                     "teacher copy instead")
+  dense_in = keras.Input(inputs["dense"].shape[1:], dtype=inputs["dense"].dtype, name="dense")
+  cat_in = keras.Input(inputs["categorical"].shape[1:], dtype=inputs["categorical"].dtype,
+                       name="categorical")
+  x = StackedEmbeddings(len(tables), tables[0].input_dim, tables[0].output_dim,
+                        dtype=dtype_policy, name="stacked_embeddings")(cat_in)
+  x = keras.layers.Concatenate(dtype=dtype_policy, name="concat")([x, dense_in])
+  for layer in dense_layers:
+    x = keras.layers.Dense(layer.units, activation=layer.activation, use_bias=layer.use_bias,
+                           kernel_initializer="zeros", dtype=dtype_policy, name=layer.name)(x)
+  return keras.Model({"dense": dense_in, "categorical": cat_in}, x, name="ctr_teacher")

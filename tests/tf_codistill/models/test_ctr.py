@@ -1,9 +1,11 @@
-"""The CTR model: shapes, and where its initial weights come from."""
+"""The CTR model: shapes, where its initial weights come from, and its stacked teacher form."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tf_codistill import quantization
 from tf_codistill.models import ctr
 
 
@@ -33,3 +35,43 @@ def test_explicit_seed_fixes_the_weights_whatever_the_global_seed():
   _, a = _weights(seed=3, global_seed=1)
   _, b = _weights(seed=3, global_seed=2)
   np.testing.assert_array_equal(a, b)
+
+
+def _batch(num_categorical=26, buckets=100):
+  return {"dense": tf.random.stateless_uniform([8, 13], [1, 2]),
+          "categorical": tf.random.stateless_uniform([8, num_categorical], [3, 4], 0, buckets,
+                                                     tf.int64)}
+
+
+@pytest.mark.parametrize("policy,tolerance", [(None, 0.0), ("bfloat16", 0.02),
+                                              ("mixed_bfloat16", 0.02)])
+def test_a_stacked_teacher_predicts_like_its_student(policy, tolerance):
+  student = ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16, 8), seed=0)
+  x = _batch()
+  teacher = ctr.ctr_teacher(student, dtype_policy=policy)
+  teacher(x)
+  quantization.assign_float_weights(teacher, student.get_weights())
+  assert len(teacher.get_layer("stacked_embeddings").weights) == 1
+  got = tf.cast(teacher(x), tf.float32).numpy()
+  np.testing.assert_allclose(got, student(x).numpy(), atol=tolerance)
+  if policy is None:  # the stacked table gives back each student table as it is
+    for back, want in zip(quantization.float_weights(teacher), student.get_weights()):
+      np.testing.assert_array_equal(back, want)
+
+
+def test_a_stacked_lookup_reads_each_column_from_its_own_table():
+  student = ctr.ctr_model(num_dense=2, num_categorical=3, num_buckets=5, embedding_dim=2,
+                          hidden_units=(), seed=0)
+  teacher = ctr.ctr_teacher(student)
+  x = {"dense": tf.zeros([1, 2]), "categorical": tf.constant([[4, 0, 2]], tf.int64)}
+  teacher(x)
+  weights = [np.full([5, 2], float(t)) + np.arange(5)[:, None] / 10 for t in range(3)]
+  quantization.assign_float_weights(teacher, weights + student.get_weights()[3:])
+  rows = teacher.get_layer("stacked_embeddings")(x["categorical"]).numpy()
+  np.testing.assert_allclose(rows, [[0.4, 0.4, 1.0, 1.0, 2.2, 2.2]], rtol=1e-6)
+
+
+def test_ctr_teacher_refuses_a_model_that_is_not_a_ctr_model():
+  other = keras.Sequential([keras.layers.Dense(1, input_shape=(4,))])
+  with pytest.raises(ValueError, match="is not a models.ctr_model"):
+    ctr.ctr_teacher(other)

@@ -59,6 +59,9 @@ def define_flags() -> None:
   flags.DEFINE_float("poll_interval_s", codistillation.Exchange.poll_interval_s,
                      "How often the refreshing arm's teacher pool looks for new versions (the "
                      "library's default); the harness's peer checks the step 4 times as often.")
+  flags.DEFINE_enum("teacher_form", "stacked", ["stacked", "clone"],
+                    "The teachers' form: the CTR model's own (models.ctr_teacher, one stacked "
+                    "table) or a clone of the student (the form measured before 2026-11-27).")
   flags.DEFINE_list("groups", ["parameter_server", "multi_worker_mirrored"], "Groups measured.")
   flags.DEFINE_string("role", "", "Internal: the task a child process runs.")
   flags.DEFINE_string("cluster", "", "Internal: the cluster spec (JSON).")
@@ -92,7 +95,10 @@ def _build_arms(strategy: tf.distribute.Strategy) -> Dict[str, CodistillModel]:
   arms = {}
   with strategy.scope():
     for name in ARMS:
-      model = CodistillModel(_make_model(), 0 if name == "no_teacher" else 1, alpha=1.0)
+      student = _make_model()
+      factory = (lambda s=student: ctr.ctr_teacher(s)) if FLAGS.teacher_form == "stacked" else None
+      model = CodistillModel(student, 0 if name == "no_teacher" else 1, alpha=1.0,
+                             teacher_factory=factory)
       model.compile(optimizer=keras.optimizers.Adam(1e-3),
                     loss=keras.losses.BinaryCrossentropy(from_logits=True))
       model(sample)
@@ -216,7 +222,7 @@ def _child(role: str, part: str, cluster: dict, index: int = 0,
           f"--cluster={json.dumps(cluster)}", f"--task_index={index}", f"--part_out={part}",
           *[f"--{name}={getattr(FLAGS, name)}" for name in
             ("batch_size", "num_buckets", "steps", "rounds", "refresh_every_steps",
-             "poll_interval_s")]]
+             "poll_interval_s", "teacher_form")]]
   return local_cluster.start(args, env={**os.environ, **(env or {})}, cwd=os.getcwd())
 
 
@@ -287,7 +293,7 @@ def main(argv):
              "goal_verdicts": verdicts,
              "config": {name: getattr(FLAGS, name) for name in
                         ("batch_size", "num_buckets", "steps", "rounds", "refresh_every_steps",
-                         "poll_interval_s")},
+                         "poll_interval_s", "teacher_form")},
              "harness": "per-step times inside one fit, arms interleaved, mean step time ratios"}
   for name, v in verdicts.items():
     print(f"goal {name}: {v['value']:.3f} {v['threshold'][0]} {v['threshold'][1]} "

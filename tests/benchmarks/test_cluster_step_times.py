@@ -50,4 +50,5 @@ def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
     for ratio in group["ratios"].values():
       assert ratio["median"] > 0 and len(ratio["rounds"]) == 1
   assert set(summary["goal_verdicts"]) == set(cluster_step_times.GOALS)
+  assert summary["config"]["teacher_form"] == "stacked"  # the CTR model's teachers, on ps too
   assert summary["machine"]["allow_load"] is True and "foreign_cpu_share" in summary["machine"]

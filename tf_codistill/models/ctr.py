@@ -65,14 +65,14 @@ class StackedEmbeddings(quantization.ConvertedLayer):
 
   def call(self, ids):
     offsets = tf.range(self.num_tables, dtype=ids.dtype) * self.input_dim
-    rows = tf.gather(self.table, ids + offsets)
+    rows = tf.nn.embedding_lookup(self.table, ids + offsets)  # also a sharded (ps) table
     return tf.reshape(tf.cast(rows, self.compute_dtype), [-1, self.num_tables * self.output_dim])
 
   def float_shapes(self) -> List[tf.TensorShape]:
     return [tf.TensorShape([self.input_dim, self.output_dim])] * self.num_tables
 
   def float_weights(self) -> List[np.ndarray]:
-    return np.split(self.table.numpy().astype(np.float32), self.num_tables)
+    return np.split(np.asarray(tf.convert_to_tensor(self.table), np.float32), self.num_tables)
 
   def assign_float(self, values: Sequence[np.ndarray]) -> None:
     self.table.assign(tf.cast(np.concatenate(values, axis=0), self.table.dtype))

@@ -4,7 +4,8 @@
 ``alpha_eff = alpha`` after ``burn_in_steps`` optimizer steps and when at least one teacher is
 loaded, else 0. With no teacher loaded the step is exactly the wrapped model's own step.
 
-Each peer's teacher is double-buffered: two copies of the student's architecture with
+Each peer's teacher is double-buffered: two copies of the student's function (a clone, or what
+``teacher_factory`` builds: another precision or form, e.g. ``models.ctr_teacher``) with
 non-trainable variables and an ``active_slot`` variable choosing the one the train step runs
 (``select_branch``; one ``Case`` op kept as such under parameter servers). A refresh restores the new values into the *inactive* copy
 (off the training thread, see teachers.py) and then flips ``active_slot``: training never waits for
@@ -143,7 +144,9 @@ class CodistillModel(keras.Model):
     num_teachers: how many peer teachers the train step averages (given by ``exchange`` if set).
     exchange: where and how to exchange models with peer groups (codistillation.Exchange);
       with it ``fit`` publishes and refreshes teachers by itself.
-    teacher_factory: builds a new model of the student's architecture (default: a clone).
+    teacher_factory: builds a teacher copy: the student's architecture (default: a clone), or
+      a form holding its weights otherwise (``quantization.ConvertedLayer``, e.g.
+      ``models.ctr_teacher``; copies for publishing are then clones of the student).
     alpha: weight of the distillation term once ``burn_in_steps`` steps have run.
     output: ``sigmoid`` or ``softmax``: how the student's logits become probabilities.
     distill_kind, temperature: the distillation loss (losses.distillation_loss).
@@ -233,12 +236,16 @@ class CodistillModel(keras.Model):
 
   def copy_student(self) -> keras.Model:
     """A new float32 model of the student's architecture (for local copies and exports): the
-    teacher factory's model, unless that holds the weights in another form (stacked tables)."""
-    if self._teacher_factory is not None:
-      copy = self._teacher_factory()
-      if not quantization.is_converted(copy):
-        return copy
-    return clone_architecture(self.student)
+    teacher factory's model, unless the teachers it makes hold the weights in another form or
+    precision (stacked tables, bfloat16); then a clone of the student."""
+    if self._teacher_factory is None:
+      return clone_architecture(self.student)
+    if self.teacher_slots:
+      teacher = self.teacher_slots[0][0]
+      if quantization.is_converted(teacher) or any(
+          v.dtype != tf.float32 for v in teacher.weights if v.dtype.is_floating):
+        return clone_architecture(self.student)
+    return self._teacher_factory()
 
   def float32_copy(self) -> keras.Model:
     """A float32 model of the teachers' architecture with its variables created (from the
@@ -382,13 +389,13 @@ class CodistillModel(keras.Model):
     # Two conds, both skipped while the term is switched off. The teachers' forward passes take
     # the inputs only, not the student's logits, so they run beside the student's forward pass
     # instead of after it (one cond over both made the student's backward pass wait for them).
+    # (The off branch reads only the logits' shape: its ops alone wait for the student.)
     target, weight = tf.cond(on, lambda: self._teacher_target_and_weight(x),
-                             lambda: (tf.zeros([1] * logits.shape.rank), tf.constant(0.0)))
+                             lambda: (tf.zeros(tf.shape(logits)), tf.constant(0.0)))
 
     def distill():
-      loss = losses.distillation_loss(
-          logits, tf.broadcast_to(target, tf.shape(logits)), output=self.output_kind,
-          kind=self.distill_kind, temperature=self.temperature)
+      loss = losses.distillation_loss(logits, target, output=self.output_kind,
+                                      kind=self.distill_kind, temperature=self.temperature)
       # No teacher with finite predictions on this batch: no distillation term for it.
       return tf.where(weight > 0, loss, tf.zeros_like(loss))
 
@@ -418,9 +425,10 @@ class CodistillModel(keras.Model):
                                      regularization_losses=self.student.losses)
       distill_loss = self._distill_term(x, logits, alpha_eff)
       loss = task_loss + tf.cast(alpha_eff, task_loss.dtype) * distill_loss
-    # The update waits for the distillation term. Parts of it need no gradient (Adam's decay of
-    # its moments); started with the step, they keep every thread busy and the teachers' forward
-    # passes queue behind them, delaying the backward pass that needs their predictions.
+    # The update waits for the distillation term. Parts of it need no gradient (tf_keras Adam's
+    # decay of the moments of variables with sparse gradients: the embedding tables); started
+    # with the step, they keep every thread busy and the teachers' forward passes queue behind
+    # them, delaying the backward pass that needs their predictions.
     with tf.control_dependencies([distill_loss]):
       fusion_lib.minimize(self.optimizer, loss, tape, variables, fusion, self._reducer)
     return self._update_metrics(y, logits, sample_weight, loss, task_loss, distill_loss, alpha_eff)

@@ -137,9 +137,12 @@ def int8_copy(model: keras.Model) -> keras.Model:
 
 
 def _leaves(model: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
-  """The layers of ``model`` that hold weights, in the order of ``model.weights``."""
+  """The layers of ``model`` that hold weights (or will: converted layers), in the order of
+  ``model.weights``."""
   for layer in model.layers:
-    if isinstance(layer, keras.Model):
+    if isinstance(layer, ConvertedLayer):
+      yield layer
+    elif isinstance(layer, keras.Model):
       yield from _leaves(layer)
     elif layer.weights:
       yield layer

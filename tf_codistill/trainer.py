@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import io
 import json
@@ -188,6 +187,22 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
           f"--gin_bindings=\"trainer.train.{name} = ['data/{name.split('_')[0]}-*']\"")
 
 
+def teacher_factory(teacher_fn: Optional[Callable[[keras.Model], keras.Model]],
+                    student: keras.Model) -> Optional[Callable[[], keras.Model]]:
+  """CodistillModel's ``teacher_factory`` from ``trainer.train.teacher_fn``: a teacher_fn that
+  cannot build a teacher of this student raises ConfigurationError naming the binding (a
+  permanent failure, not one a restart fixes)."""
+  if teacher_fn is None:
+    return None
+
+  def make() -> keras.Model:
+    try:
+      return teacher_fn(student)
+    except ValueError as e:
+      raise ConfigurationError(f"trainer.train.teacher_fn: {e}") from None
+  return make
+
+
 def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
           exchange_dir: Optional[str] = None, **settings) -> Dict[str, float]:
   """Runs this process's part of group ``group`` of ``num_groups``; the chief returns its metrics.
@@ -338,10 +353,9 @@ class GroupTrainer:
       student = config.model_fn()
       reducer = (comm.GradientReducer(config.allreduce_dtype)
                  if config.allreduce_dtype != "float32" else None)
-      teacher_factory = (functools.partial(config.teacher_fn, student)
-                         if config.teacher_fn is not None else None)
       model = CodistillModel(
-          student, exchange=self.exchange_config(), teacher_factory=teacher_factory,
+          student, exchange=self.exchange_config(),
+          teacher_factory=teacher_factory(config.teacher_fn, student),
           alpha=config.alpha,
           burn_in_steps=config.burn_in_steps, output=self.task.output,
           distill_kind=config.distill_kind, temperature=config.temperature,
@@ -521,7 +535,8 @@ class GroupTrainer:
         **self.task.results(final),
         "teacher_graph": config.teacher_graph, "teacher_groups": self.peers,
         "teacher_precision": config.teacher_precision,
-        "teacher_fn": getattr(config.teacher_fn, "__name__", None),
+        "teacher_fn": (None if config.teacher_fn is None
+                       else getattr(config.teacher_fn, "__name__", repr(config.teacher_fn))),
         "examples_per_sec": float(np.median(rates)) if rates else None,
         "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
         **extra,

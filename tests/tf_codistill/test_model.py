@@ -239,3 +239,34 @@ def test_export_writes_the_student_with_the_serving_signature(tmp_path):
     serve = tf.saved_model.load(str(tmp_path / name)).signatures["serving_default"]
     assert serve.structured_input_signature[1]["inputs"].shape.as_list() == [None, 8]
     np.testing.assert_allclose(serve(inputs=x)["logits"], reference(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["ctr", "lm"])
+def test_the_distill_term_is_the_loss_toward_the_teachers_target_and_zero_when_off(name):
+  # The teachers' forward passes and the loss are two conds (model._distill_term): the term must
+  # still be the distillation loss of the student's logits toward the averaged teacher target.
+  from testing_utils import project_model
+  from tf_codistill import losses
+  student, output, x = project_model(name)
+  peer, _, _ = project_model(name)
+  peer.set_weights([w + 0.05 for w in student.get_weights()])
+  model = CodistillModel(student, 1, output=output, temperature=2.0)
+  model(x)
+  model.set_teacher_weights(0, peer.get_weights(), step=0)
+  logits = student(x, training=False)
+  want = losses.distillation_loss(logits, model.teacher_target(x), output=output,
+                                  temperature=2.0)
+  term = tf.function(model._distill_term)
+  np.testing.assert_allclose(float(term(x, logits, tf.constant(1.0))), float(want), rtol=1e-6)
+  assert float(term(x, logits, tf.constant(0.0))) == 0.0
+
+
+def test_a_step_with_a_loaded_teacher_compiles_under_xla():
+  # Both branches of the teachers' cond give a target of the logits' shape, as XLA requires.
+  model = CodistillModel(_functional(), 1, teacher_factory=lambda: _functional(seed=5))
+  model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=True)
+  model(tf.zeros([1, 8]))
+  model.set_teacher_weights(0, _functional(seed=7).get_weights(), step=0)
+  history = model.fit(_data(64, 16), epochs=1, verbose=0)
+  assert history.history["distill_loss"][-1] > 0 and np.isfinite(history.history["loss"][-1])

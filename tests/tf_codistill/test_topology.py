@@ -47,3 +47,14 @@ def test_trainer_refuses_unknown_graph_and_precision_naming_the_binding(tmp_path
   with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_fn is bound"):
     trainer.train(str(tmp_path), teacher_precision="bfloat16", teacher_fn=lambda s: s,
                   train_files=["x"], eval_files=["y"])
+
+
+def test_a_teacher_fn_that_does_not_fit_the_model_is_a_configuration_error():
+  # A permanent failure (exit status of a configuration error), not one a restart would retry.
+  from tf_codistill import trainer
+  from tf_codistill.models import ctr, mlp
+  assert trainer.teacher_factory(None, mlp.mlp(num_classes=3)) is None
+  make = trainer.teacher_factory(ctr.ctr_teacher, mlp.mlp(num_classes=3))
+  with pytest.raises(trainer.ConfigurationError,
+                     match="trainer.train.teacher_fn: .* is not a models.ctr_model"):
+    make()

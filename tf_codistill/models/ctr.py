@@ -95,8 +95,9 @@ def ctr_teacher(student: keras.Model, dtype_policy: Optional[str] = None) -> ker
   """
   tables = [layer for layer in student.layers if type(layer) is keras.layers.Embedding]
   dense_layers = [layer for layer in student.layers if type(layer) is keras.layers.Dense]
-  inputs = student.input if isinstance(student.input, dict) else {}
-  if (student.name != "ctr_model" or sorted(inputs) != ["categorical", "dense"] or not tables
+  inputs = getattr(student, "input", None) if student.name == "ctr_model" else None
+  inputs = inputs if isinstance(inputs, dict) else {}
+  if (sorted(inputs) != ["categorical", "dense"] or not tables
       or len({(t.input_dim, t.output_dim) for t in tables}) != 1
       or len(tables) != inputs["categorical"].shape[-1]):
     raise ValueError(f"ctr_teacher: {student.name!r} is not a models.ctr_model (one equal "

@@ -53,6 +53,8 @@ def test_a_stacked_teacher_predicts_like_its_student(policy, tolerance):
   quantization.assign_float_weights(teacher, student.get_weights())
   assert len(teacher.get_layer("stacked_embeddings").weights) == 1
   got = tf.cast(teacher(x), tf.float32).numpy()
+  if policy is None:  # the same values in the same order into the same matmuls
+    np.testing.assert_array_equal(got, student(x).numpy())
   np.testing.assert_allclose(got, student(x).numpy(), atol=tolerance)
   if policy is None:  # the stacked table gives back each student table as it is
     for back, want in zip(quantization.float_weights(teacher), student.get_weights()):
@@ -71,7 +73,21 @@ def test_a_stacked_lookup_reads_each_column_from_its_own_table():
   np.testing.assert_allclose(rows, [[0.4, 0.4, 1.0, 1.0, 2.2, 2.2]], rtol=1e-6)
 
 
+class _Unbuilt(keras.Model):
+
+  def call(self, inputs):
+    return inputs
+
+
 def test_ctr_teacher_refuses_a_model_that_is_not_a_ctr_model():
   other = keras.Sequential([keras.layers.Dense(1, input_shape=(4,))])
   with pytest.raises(ValueError, match="is not a models.ctr_model"):
     ctr.ctr_teacher(other)
+  for unbuilt in (_Unbuilt(), _Unbuilt(name="ctr_model")):  # no inputs to read yet
+    with pytest.raises(ValueError, match="is not a models.ctr_model"):
+      ctr.ctr_teacher(unbuilt)
+
+
+def test_an_unbuilt_stacked_teacher_is_already_a_converted_model():
+  teacher = ctr.ctr_teacher(ctr.ctr_model(num_buckets=10, embedding_dim=2, hidden_units=()))
+  assert quantization.is_converted(teacher)

@@ -240,11 +240,8 @@ class CodistillModel(keras.Model):
     precision (stacked tables, bfloat16); then a clone of the student."""
     if self._teacher_factory is None:
       return clone_architecture(self.student)
-    if self.teacher_slots:
-      teacher = self.teacher_slots[0][0]
-      if quantization.is_converted(teacher) or any(
-          v.dtype != tf.float32 for v in teacher.weights if v.dtype.is_floating):
-        return clone_architecture(self.student)
+    if self.teacher_slots and not quantization.restores_from_float32(self.teacher_slots[0][0]):
+      return clone_architecture(self.student)
     return self._teacher_factory()
 
   def float32_copy(self) -> keras.Model:

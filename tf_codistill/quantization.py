@@ -159,6 +159,14 @@ def is_converted(model: keras.Model) -> bool:
   return any(isinstance(layer, ConvertedLayer) for layer in _leaves(model))
 
 
+def restores_from_float32(model: keras.Model) -> bool:
+  """Whether a float32 checkpoint of the student restores into ``model`` as it is: no converted
+  layers and every floating variable float32 (else it goes through a float32 copy and
+  ``assign_float_weights``)."""
+  return not is_converted(model) and all(
+      v.dtype == tf.float32 for v in model.weights if v.dtype.is_floating)
+
+
 def float_shapes(model: keras.Model) -> List[tf.TensorShape]:
   """The shapes of the float32 weights ``model`` stands for (its own, for a float model)."""
   if not is_converted(model):  # any model, subclassed ones included: its own weights' order

@@ -182,8 +182,7 @@ class TeacherPool:
     is restored into a float32 copy of its architecture, made once, then cast or quantized into
     it (``quantization.assign_float_weights``), all off the training thread; so is a teacher in
     another form of the student (stacked tables, ``quantization.ConvertedLayer``)."""
-    if not quantization.is_converted(target) and all(
-        v.dtype == tf.float32 for v in target.weights if v.dtype.is_floating):
+    if quantization.restores_from_float32(target):
       target.load_weights(prefix).assert_existing_objects_matched()
       return
     if self._staging is None:

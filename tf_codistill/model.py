@@ -10,11 +10,17 @@ non-trainable variables and an ``active_slot`` variable choosing the one the tra
 (``select_branch``; one ``Case`` op kept as such under parameter servers). A refresh restores the new values into the *inactive* copy
 (off the training thread, see teachers.py) and then flips ``active_slot``: training never waits for
 the copy, never sees a half-written teacher, and the compiled train step is never retraced.
+
+A checkpoint of the model holds the teachers with it (a resumed run needs no reload), under keys
+that name the teachers' form (``teacher_state_key``): a run resumed with teachers of another form
+or precision restores its student and optimizer and no teacher, and trains on without one until
+the exchange gives it the peers' versions, instead of restoring values it cannot use.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
@@ -93,6 +99,31 @@ def select_branch(index: tf.Tensor, branches: Sequence[Callable[[], tf.Tensor]],
   # tf.switch_case lowers unconditionally (outside XLA) and has no argument to keep the op.
   from tensorflow.python.ops import cond_v2  # pylint: disable=g-import-not-at-top
   return cond_v2.indexed_case(index, list(branches), lower_using_switch_merge=not keep_case)
+
+
+# The attributes that hold the teachers' state; checkpoints key them by the teachers' form.
+_TEACHER_STATE = ("teacher_slots", "teacher_steps", "active_slot")
+
+
+def _layer_forms(model: keras.Model) -> List[str]:
+  """Class and dtype policy of every layer of ``model``, nested models' layers included."""
+  forms = []
+  for layer in getattr(model, "layers", []):
+    forms.append(f"{type(layer).__name__}:{layer.dtype_policy.name}")
+    if isinstance(layer, keras.Model):
+      forms.extend(_layer_forms(layer))
+  return forms
+
+
+def teacher_state_key(teacher: keras.Model, student: keras.Model) -> str:
+  """The suffix of the teachers' checkpoint keys: empty for teachers whose layers are the
+  student's own (a clone: the keys of every checkpoint so far), else a digest of their layers'
+  classes and dtype policies (stacked tables, bfloat16, int8), so that the teachers of one form
+  never restore from, or fail on, a checkpoint of another."""
+  forms = _layer_forms(teacher)
+  if forms == _layer_forms(student):
+    return ""
+  return "_form_" + hashlib.sha1("|".join(forms).encode()).hexdigest()[:12]
 
 
 def _teacher_maker(student: keras.Model, teacher_factory, exchange) -> Callable[[], keras.Model]:
@@ -182,6 +213,8 @@ class CodistillModel(keras.Model):
     self._teacher_factory = teacher_factory
     make = _teacher_maker(student, teacher_factory, exchange)
     self.teacher_slots = [[make(), make()] for _ in range(num_teachers)]
+    self.teacher_state_key = (teacher_state_key(self.teacher_slots[0][0], student)
+                              if num_teachers else "")
     self._set_features_spec(None)
     for teacher in self.all_teachers():
       teacher.trainable = False
@@ -285,6 +318,15 @@ class CodistillModel(keras.Model):
           "call the model once on a batch, or set Exchange.input_spec")
     return codistillation.exchange_hooks(self, self.exchange, codistillation.batched_spec(spec),
                                          codistillation.probe_batch(x))
+
+  def _trackable_children(self, save_type="checkpoint", **kwargs):
+    """Keras' children, with the teachers' state under keys that name its form."""
+    children = super()._trackable_children(save_type, **kwargs)
+    if self.teacher_state_key:
+      for name in _TEACHER_STATE:
+        if name in children:
+          children[name + self.teacher_state_key] = children.pop(name)
+    return children
 
   @property
   def num_teachers(self) -> int:

@@ -270,3 +270,48 @@ def test_a_step_with_a_loaded_teacher_compiles_under_xla():
   model.set_teacher_weights(0, _functional(seed=7).get_weights(), step=0)
   history = model.fit(_data(64, 16), epochs=1, verbose=0)
   assert history.history["distill_loss"][-1] > 0 and np.isfinite(history.history["loss"][-1])
+
+
+def _with_loaded_teacher(teacher_factory=None, seed=1):
+  student = _functional(seed)
+  model = CodistillModel(student, 1, teacher_factory=teacher_factory and (
+      lambda: teacher_factory(student)))
+  _compile(model)
+  model(tf.zeros([2, 8]))
+  return model
+
+
+@pytest.mark.parametrize("saved, resumed", [
+    (None, lambda s: clone_architecture(s, "bfloat16")),
+    (lambda s: clone_architecture(s, "bfloat16"), None),
+    (lambda s: clone_architecture(s, "mixed_bfloat16"), lambda s: clone_architecture(s, "bfloat16"))])
+def test_a_checkpoint_restores_no_teacher_into_teachers_of_another_form(tmp_path, saved, resumed):
+  # Keyed by form: a resumed run with another teacher precision restores its student and no
+  # teacher (teacher_steps -1: the exchange reloads the peers), instead of failing on dtypes.
+  model = _with_loaded_teacher(saved)
+  model.set_teacher_weights(0, _functional(seed=7).get_weights(), step=5)
+  path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+  fresh = _with_loaded_teacher(resumed, seed=3)
+  tf.train.Checkpoint(model=fresh).read(path).expect_partial()
+  for got, want in zip(fresh.student.get_weights(), model.student.get_weights()):
+    np.testing.assert_array_equal(got, want)
+  assert fresh.teacher_steps.numpy().tolist() == [-1]
+  assert float(fresh._effective_alpha()) == 0.0
+  assert fresh.teacher_state_key != model.teacher_state_key
+
+
+@pytest.mark.parametrize("form", [None, lambda s: clone_architecture(s, "bfloat16")])
+def test_a_checkpoint_restores_teachers_of_the_same_form(tmp_path, form):
+  model = _with_loaded_teacher(form)
+  model.set_teacher_weights(0, _functional(seed=7).get_weights(), step=5)
+  path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+  keys = [name for name, _ in tf.train.list_variables(path)]
+  # Clones keep the keys of every checkpoint before the form key existed.
+  prefix = "model/teacher_slots" + model.teacher_state_key + "/"
+  assert any(k.startswith(prefix) for k in keys), keys
+  assert (model.teacher_state_key == "") == (form is None)
+  fresh = _with_loaded_teacher(form, seed=3)
+  tf.train.Checkpoint(model=fresh).read(path).assert_existing_objects_matched()
+  assert fresh.teacher_steps.numpy().tolist() == [5]
+  x = tf.random.normal([4, 8])
+  np.testing.assert_array_equal(fresh.active_teacher(0)(x), model.active_teacher(0)(x))

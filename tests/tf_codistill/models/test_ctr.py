@@ -91,3 +91,30 @@ def test_ctr_teacher_refuses_a_model_that_is_not_a_ctr_model():
 def test_an_unbuilt_stacked_teacher_is_already_a_converted_model():
   teacher = ctr.ctr_teacher(ctr.ctr_model(num_buckets=10, embedding_dim=2, hidden_units=()))
   assert quantization.is_converted(teacher)
+
+
+@pytest.mark.parametrize("saved_stacked", [False, True])
+def test_a_run_resumed_with_the_other_teacher_form_restores_no_teacher(tmp_path, saved_stacked):
+  # Clone and stacked teachers are keyed apart in a checkpoint: the clone's first table would
+  # otherwise restore into the stacked table's key, or the stacked one be left at zeros while
+  # teacher_steps said it was loaded.
+  from tf_codistill.model import CodistillModel
+
+  def codistill(stacked):
+    student = ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16, 8), seed=0)
+    model = CodistillModel(student, 1, teacher_factory=(lambda: ctr.ctr_teacher(student))
+                           if stacked else None)
+    model(_batch())
+    return model
+
+  model = codistill(saved_stacked)
+  model.set_teacher_weights(0, model.student.get_weights(), step=7)
+  path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+  fresh = codistill(not saved_stacked)
+  tf.train.Checkpoint(model=fresh).read(path).expect_partial()
+  np.testing.assert_array_equal(fresh.student(_batch()), model.student(_batch()))
+  assert fresh.teacher_steps.numpy().tolist() == [-1]
+  again = codistill(saved_stacked)
+  tf.train.Checkpoint(model=again).read(path).assert_existing_objects_matched()
+  assert again.teacher_steps.numpy().tolist() == [7]
+  np.testing.assert_array_equal(again.active_teacher(0)(_batch()), model.student(_batch()))

@@ -8,13 +8,20 @@ that are not counted. Arms run in rounds, in a rotated order each round, so that
 load hits them alike; ``alternate_steps`` interleaves finer, one step of each arm in turn, calling
 the train function ``fit`` would call. A ratio of two arms is formed within each round (the ratio
 of their median step times) and summarized over rounds by its median and a 90% bootstrap interval.
+
+Rounds run in one process share what that process was dealt: where each arm's tables lie in
+memory, which arm follows which. Two runs of the same benchmark, each with tight intervals, can
+disagree by more than their intervals (CTR teacher arms moved by up to 7% between runs). Rounds
+taken in several processes are pooled with ``pool_processes``; their ratios then get an interval
+that resamples processes first (``cluster_bootstrap_median``), so it covers the spread between
+processes as well as between rounds.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Dict, List, Mapping, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -116,15 +123,52 @@ def bootstrap_median(values: Sequence[float], resamples: int = 2000, seed: int =
   return [float(np.percentile(medians, 5)), float(np.percentile(medians, 95))]
 
 
+def cluster_bootstrap_median(values: Sequence[float], clusters: Sequence[int],
+                             resamples: int = 2000, seed: int = 0) -> List[float]:
+  """90% bootstrap interval of the median of ``values`` taken in clusters (``clusters[i]`` is
+  the cluster of ``values[i]``, e.g. the process it was measured in): each resample draws
+  clusters with replacement, then values within each drawn cluster."""
+  rng = np.random.default_rng(seed)
+  groups = [np.asarray([v for v, c in zip(values, clusters) if c == key], np.float64)
+            for key in sorted(set(clusters))]
+  medians = []
+  for _ in range(resamples):
+    drawn = [groups[i] for i in rng.integers(0, len(groups), len(groups))]
+    medians.append(np.median(np.concatenate([g[rng.integers(0, len(g), len(g))] for g in drawn])))
+  return [float(np.percentile(medians, 5)), float(np.percentile(medians, 95))]
+
+
+def pool_processes(runs: Sequence[Times]) -> Tuple[Times, List[int]]:
+  """The rounds of runs made in separate processes as one ``Times`` (each round's arms stay
+  paired) and the index of the run each round came from."""
+  pooled: Times = {name: [] for name in runs[0]}
+  clusters: List[int] = []
+  for index, run in enumerate(runs):
+    if set(run) != set(pooled):
+      raise ValueError(f"run {index} has arms {sorted(run)}, run 0 has {sorted(pooled)}")
+    for name in pooled:
+      pooled[name].extend(run[name])
+    clusters.extend([index] * len(run[next(iter(pooled))]))
+  return pooled, clusters
+
+
 def throughput_ratio(times: Times, arm: str, baseline: str,
-                     statistic: Callable[[Sequence[float]], float] = statistics.median
-                     ) -> Dict[str, object]:
+                     statistic: Callable[[Sequence[float]], float] = statistics.median,
+                     clusters: Optional[Sequence[int]] = None) -> Dict[str, object]:
   """Steps/s of ``arm`` over ``baseline``'s, per round (the inverse ratio of their median, or
   ``statistic``, step times in that round): the median over rounds, its 90% interval, and every
-  round's value."""
+  round's value. With ``clusters`` (the process of each round, ``pool_processes``) the interval
+  resamples processes first, and each process's own median is reported too."""
   per_round = [float(statistic(b) / statistic(a)) for a, b in zip(times[arm], times[baseline])]
-  return {"median": float(statistics.median(per_round)), "interval90": bootstrap_median(per_round),
-          "rounds": per_round}
+  result = {"median": float(statistics.median(per_round)), "rounds": per_round}
+  if clusters is None:
+    result["interval90"] = bootstrap_median(per_round)
+    return result
+  result["interval90"] = cluster_bootstrap_median(per_round, clusters)
+  result["process_medians"] = [
+      float(statistics.median([v for v, c in zip(per_round, clusters) if c == key]))
+      for key in sorted(set(clusters))]
+  return result
 
 
 def describe(times: Times) -> Dict[str, Dict[str, float]]:

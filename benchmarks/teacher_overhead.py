@@ -4,11 +4,13 @@ a mixed_bfloat16 one (float32 variables, bfloat16 compute) and an int8 one (teac
 'int8': weight-only int8 embeddings and dense kernels, quantization.py), all clones of the
 student; and the CTR model's own teacher form (``models.ctr_teacher``: its 26 tables stacked into
 one, looked up with one gather) in float32 and bfloat16. The goals read the stacked form for
-float32 and bfloat16 (the form to use for this model) and the int8 clone.
+float32 and bfloat16 and the int8 clone, as declared before the first run that had both forms.
 
 Per-step times with the arms alternating step by step, each step a call of the arm's own train
-function (``step_times.alternate_steps``); ratios are formed within each round and reported as
-their median over rounds with a 90% bootstrap interval. Each teacher's forward pass is also
+function (``step_times.alternate_steps``), in several fresh processes one after another (each
+builds every arm anew: two runs in one process each can disagree by more than either's interval);
+ratios are formed within each round and reported as their median over the pooled rounds, with a
+90% interval that resamples processes, then rounds, and each process's own median. Each teacher's forward pass is also
 timed alone (an in-graph loop on one batch, whose rows stay in cache: a lower bound), where
 noise is small, so what a precision saves in compute can be told from what the step shows. A
 second, identical no-teacher model is timed as an arm of its own: its ratio to the first
@@ -23,10 +25,11 @@ sees when a refreshed teacher is swapped in, against assigning its values in pla
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 import tf_keras as keras
@@ -44,7 +47,9 @@ flags.DEFINE_integer("batch_size", 512, "Examples per step.")
 flags.DEFINE_integer("num_buckets", 20_000, "Hash buckets per categorical feature.")
 flags.DEFINE_integer("embedding_dim", 16, "Embedding width.")
 flags.DEFINE_integer("steps", 80, "Timed steps per arm per round (arms alternate step by step).")
-flags.DEFINE_integer("rounds", 15, "Rounds (arm order drawn anew each round).")
+flags.DEFINE_integer("rounds", 5, "Rounds per process (arm order drawn anew each round).")
+flags.DEFINE_integer("processes", 3, "Fresh processes run one after another, each with every arm "
+                     "built anew; their rounds are pooled, with intervals over processes.")
 flags.DEFINE_enum("optimizer", "adam", ["adam", "adagrad"],
                   "adam updates whole embedding tables every step (dense slots); adagrad only the "
                   "looked-up rows, so the forward passes weigh more in its step time.")
@@ -113,61 +118,105 @@ def _teacher_copy(student: keras.Model, precision: Optional[str]) -> keras.Model
 
 
 def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
-               optimizer: str = "adam") -> Dict[str, keras.Model]:
-  """The compiled, built models of every arm; the teachers hold the student's weights."""
+               optimizer: str = "adam", only: Optional[Sequence[str]] = None
+               ) -> Dict[str, keras.Model]:
+  """The compiled, built models of every arm (or of the arms ``only`` names); the teachers hold
+  the student's weights."""
   make = lambda: ctr.ctr_model(num_buckets=num_buckets, embedding_dim=embedding_dim)
   sample = next(iter(_dataset(batch_size, num_buckets)))[0]
+  wanted = lambda name: only is None or name in only
   arms = {"plain_keras": _compile(make(), optimizer),
           "codistill_no_teacher": _compile(CodistillModel(make(), 0), optimizer),
           # An identical second instance: its ratio to the first is the harness's noise floor.
           "codistill_no_teacher_again": _compile(CodistillModel(make(), 0), optimizer)}
-  for name, policy in TEACHER_ARMS.items():
+  arms = {name: model for name, model in arms.items() if wanted(name)}
+  for name, policy in filter(lambda item: wanted(item[0]), TEACHER_ARMS.items()):
     student = make()
     arms[name] = _compile(CodistillModel(
         student, 1, alpha=1.0, teacher_factory=lambda s=student, p=policy: _teacher_copy(s, p)),
         optimizer)
-  for name, factory in PART_ARMS.items():
+  for name, factory in filter(lambda item: wanted(item[0]), PART_ARMS.items()):
     arms[name] = _compile(CodistillModel(
         make(), 1, alpha=1.0, teacher_factory=lambda f=factory: f(num_buckets, embedding_dim)),
         optimizer)
   for model in arms.values():
     model(sample)
-  for name in TEACHER_ARMS:
+  for name in filter(wanted, TEACHER_ARMS):
     arms[name].set_teacher_weights(0, arms[name].student.get_weights(), step=0)
-  for name in PART_ARMS:
+  for name in filter(wanted, PART_ARMS):
     arms[name].activate_teacher(0, step=0)  # its own initial weights: finite, that is enough
   return arms
 
 
-def measure(arms: Dict[str, keras.Model], data: tf.data.Dataset, steps: int, rounds: int) -> dict:
-  """Interleaved per-step times of every arm, and the ratios the goals are about."""
-  times = step_times.alternate_steps(arms, data, steps, rounds)
-  ratios = {
-      "no_teacher_vs_plain": step_times.throughput_ratio(times, "codistill_no_teacher", "plain_keras"),
-      "no_teacher_again_vs_no_teacher": step_times.throughput_ratio(
-          times, "codistill_no_teacher_again", "codistill_no_teacher"),
-      "one_teacher_vs_no_teacher": step_times.throughput_ratio(times, "codistill_one_teacher",
-                                                               "codistill_no_teacher"),
-      "bfloat16_teacher_vs_no_teacher": step_times.throughput_ratio(
-          times, "codistill_bfloat16_teacher", "codistill_no_teacher"),
-      "mixed_bfloat16_teacher_vs_no_teacher": step_times.throughput_ratio(
-          times, "codistill_mixed_bfloat16_teacher", "codistill_no_teacher"),
-      "int8_teacher_vs_no_teacher": step_times.throughput_ratio(
-          times, "codistill_int8_teacher", "codistill_no_teacher"),
-      "stacked_teacher_vs_no_teacher": step_times.throughput_ratio(
-          times, "codistill_stacked_teacher", "codistill_no_teacher"),
-      "stacked_bfloat16_teacher_vs_no_teacher": step_times.throughput_ratio(
-          times, "codistill_stacked_bfloat16_teacher", "codistill_no_teacher"),
-      "lookups_only_teacher_vs_no_teacher": step_times.throughput_ratio(
-          times, "codistill_lookups_only_teacher", "codistill_no_teacher"),
-      "cached_tables_teacher_vs_no_teacher": step_times.throughput_ratio(
-          times, "codistill_cached_tables_teacher", "codistill_no_teacher"),
-      "bfloat16_teacher_vs_float32_teacher": step_times.throughput_ratio(
-          times, "codistill_bfloat16_teacher", "codistill_one_teacher"),
-      "int8_teacher_vs_float32_teacher": step_times.throughput_ratio(
-          times, "codistill_int8_teacher", "codistill_one_teacher"),
-  }
-  return {"step_times": step_times.describe(times), "ratios": ratios}
+# Ratio name -> (arm, baseline): steps/s of the arm over the baseline's.
+RATIOS = {
+    "no_teacher_vs_plain": ("codistill_no_teacher", "plain_keras"),
+    "no_teacher_again_vs_no_teacher": ("codistill_no_teacher_again", "codistill_no_teacher"),
+    "one_teacher_vs_no_teacher": ("codistill_one_teacher", "codistill_no_teacher"),
+    "bfloat16_teacher_vs_no_teacher": ("codistill_bfloat16_teacher", "codistill_no_teacher"),
+    "mixed_bfloat16_teacher_vs_no_teacher": ("codistill_mixed_bfloat16_teacher",
+                                             "codistill_no_teacher"),
+    "int8_teacher_vs_no_teacher": ("codistill_int8_teacher", "codistill_no_teacher"),
+    "stacked_teacher_vs_no_teacher": ("codistill_stacked_teacher", "codistill_no_teacher"),
+    "stacked_bfloat16_teacher_vs_no_teacher": ("codistill_stacked_bfloat16_teacher",
+                                               "codistill_no_teacher"),
+    "lookups_only_teacher_vs_no_teacher": ("codistill_lookups_only_teacher",
+                                           "codistill_no_teacher"),
+    "cached_tables_teacher_vs_no_teacher": ("codistill_cached_tables_teacher",
+                                            "codistill_no_teacher"),
+    "bfloat16_teacher_vs_float32_teacher": ("codistill_bfloat16_teacher", "codistill_one_teacher"),
+    "int8_teacher_vs_float32_teacher": ("codistill_int8_teacher", "codistill_one_teacher"),
+}
+
+
+def summarize(times: step_times.Times, clusters: Optional[List[int]] = None) -> dict:
+  """Step-time statistics of every arm and the ratios the goals are about (those whose arms
+  were run; with ``clusters``, the process of each round: intervals that cover the spread
+  between processes)."""
+  return {"step_times": step_times.describe(times),
+          "ratios": {name: step_times.throughput_ratio(times, arm, baseline, clusters=clusters)
+                     for name, (arm, baseline) in RATIOS.items()
+                     if arm in times and baseline in times}}
+
+
+def measure(arms: Dict[str, keras.Model], data: tf.data.Dataset, steps: int, rounds: int,
+            seed: int = 0) -> dict:
+  """Interleaved per-step times of every arm (in this process), and the ratios."""
+  return summarize(step_times.alternate_steps(arms, data, steps, rounds, seed=seed))
+
+
+def one_process(settings: dict, seed: int) -> dict:
+  """One process's share of a run: every arm (or ``settings['arms']``) built anew,
+  ``settings['rounds']`` rounds of alternated steps (arm order drawn with ``seed``), the
+  teachers' forward passes alone and a refresh's pause. Run in a process of its own
+  (``run_processes``)."""
+  arms = build_arms(settings["batch_size"], settings["num_buckets"], settings["embedding_dim"],
+                    settings["optimizer"], only=settings.get("arms"))
+  data = _dataset(settings["batch_size"], settings["num_buckets"])
+  times = step_times.alternate_steps(arms, data, settings["steps"], settings["rounds"], seed=seed)
+  return {"times": times, "teacher_forward_ms": forward_times(arms, data),
+          **swap_pause(arms["codistill_one_teacher"])}
+
+
+def run_processes(settings: dict, processes: int) -> dict:
+  """``one_process`` in ``processes`` fresh processes, one after another, pooled: the rounds'
+  ratios with intervals that resample processes (``step_times.pool_processes``), each
+  process's median, and the medians over processes of the forward times and pauses."""
+  context = multiprocessing.get_context("spawn")  # a fresh TF runtime and heap per process
+  runs = []
+  for seed in range(processes):
+    pool = context.Pool(1)
+    runs.append(pool.apply(one_process, (settings, seed)))
+    pool.close()
+    pool.join()  # waited for: its CPU time counts as the benchmark's own (machine.Session)
+  times, clusters = step_times.pool_processes([run["times"] for run in runs])
+  summary = summarize(times, clusters)
+  summary["teacher_forward_ms"] = {
+      name: statistics.median(run["teacher_forward_ms"][name] for run in runs)
+      for name in runs[0]["teacher_forward_ms"]}
+  for key in ("swap_flip_ms_median", "in_place_assign_ms_median"):
+    summary[key] = statistics.median(run[key] for run in runs)
+  return summary
 
 
 def _forward_loop(teacher: keras.Model, x) -> Callable[[tf.Tensor], tf.Tensor]:
@@ -187,7 +236,7 @@ def forward_times(arms: Dict[str, keras.Model], data: tf.data.Dataset, calls: in
   precision saves in compute, free of the step's noise (repeats interleaved across arms)."""
   x = next(iter(data))[0]
   loops = {}
-  for name in TEACHER_ARMS:
+  for name in filter(lambda name: name in arms, TEACHER_ARMS):
     loops[name] = _forward_loop(arms[name].active_teacher(0), x)
     loops[name](tf.constant(2))
   times = {name: [] for name in loops}
@@ -218,27 +267,28 @@ def swap_pause(model: CodistillModel, repeats: int = 10) -> Dict[str, float]:
 
 def main(argv):
   del argv
-  arms = build_arms(FLAGS.batch_size, FLAGS.num_buckets, FLAGS.embedding_dim, FLAGS.optimizer)
-  summary = measure(arms, _dataset(FLAGS.batch_size, FLAGS.num_buckets), FLAGS.steps, FLAGS.rounds)
-  summary.update(swap_pause(arms["codistill_one_teacher"]))
-  summary["teacher_forward_ms"] = forward_times(arms, _dataset(FLAGS.batch_size, FLAGS.num_buckets))
-  summary["config"] = {"optimizer": FLAGS.optimizer, "batch_size": FLAGS.batch_size,
-                       "num_buckets": FLAGS.num_buckets, "embedding_dim": FLAGS.embedding_dim,
-                       "steps": FLAGS.steps, "rounds": FLAGS.rounds, "cpus": os.cpu_count(),
-                       "harness": "arms alternating step by step (step_times.alternate_steps)"}
+  settings = {"optimizer": FLAGS.optimizer, "batch_size": FLAGS.batch_size,
+              "num_buckets": FLAGS.num_buckets, "embedding_dim": FLAGS.embedding_dim,
+              "steps": FLAGS.steps, "rounds": FLAGS.rounds}
+  summary = run_processes(settings, FLAGS.processes)
+  summary["config"] = {**settings, "processes": FLAGS.processes, "cpus": os.cpu_count(),
+                       "harness": "arms alternating step by step (step_times.alternate_steps) "
+                                  "in fresh processes, rounds pooled (step_times.pool_processes)"}
   values = {goal: summary["ratios"][ratio] for goal, ratio in GOAL_RATIOS.items()}
   summary["goals"] = {name: v["median"] for name, v in values.items()}
   summary["goal_ratios"] = GOAL_RATIOS
   summary["goal_verdicts"] = {
       name: {"threshold": list(GOALS[name]), "interval90": v["interval90"],
-             "met": bool(v["median"] >= GOALS[name][1])}
+             "process_medians": v["process_medians"], "met": bool(v["median"] >= GOALS[name][1])}
       for name, v in values.items()}
   print(f"{'arm':<28} {'median ms':>10} {'p90 ms':>8} {'steps/s':>8}")
   for name, row in summary["step_times"].items():
     print(f"{name:<28} {row['median_ms']:>10.2f} {row['p90_ms']:>8.2f} {row['steps_per_sec']:>8.1f}")
   for name, ratio in summary["ratios"].items():
     low, high = ratio["interval90"]
-    print(f"throughput ratio {name}: {ratio['median']:.3f} [{low:.3f}, {high:.3f}]"
+    by_process = ", ".join(f"{m:.3f}" for m in ratio["process_medians"])
+    print(f"throughput ratio {name}: {ratio['median']:.3f} [{low:.3f}, {high:.3f}] "
+          f"(processes: {by_process})"
           + ("  (two identical models: the noise floor)" if name.startswith("no_teacher_again")
              else ""))
   forward = summary["teacher_forward_ms"]

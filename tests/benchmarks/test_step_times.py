@@ -82,6 +82,41 @@ def test_ratios_are_formed_within_rounds_and_come_with_an_interval():
   assert described["b"]["median_ms"] == pytest.approx(100.0) and described["b"]["steps"] == 6
 
 
+def test_rounds_of_several_processes_pool_with_an_interval_over_processes():
+  # Process 0 has b at 2x a in every round, process 1 at 1x: rounds agree within each process,
+  # so only an interval that resamples processes shows how far apart they are.
+  runs = [{"a": [[0.2]] * 4, "b": [[0.1]] * 4}, {"a": [[0.2]] * 4, "b": [[0.2]] * 4}]
+  times, clusters = step_times.pool_processes(runs)
+  assert times == {"a": [[0.2]] * 8, "b": [[0.1]] * 4 + [[0.2]] * 4}
+  assert clusters == [0] * 4 + [1] * 4
+  pooled = step_times.throughput_ratio(times, "b", "a", clusters=clusters)
+  assert pooled["process_medians"] == pytest.approx([2.0, 1.0])
+  low, high = pooled["interval90"]
+  assert low == pytest.approx(1.0) and high == pytest.approx(2.0)
+  # Without the processes, the rounds alone give a narrower interval around the median.
+  naive_low, naive_high = step_times.throughput_ratio(times, "b", "a")["interval90"]
+  assert naive_high - naive_low <= high - low
+  with pytest.raises(ValueError, match="run 1 has arms"):
+    step_times.pool_processes([{"a": [[1.0]]}, {"b": [[1.0]]}])
+
+
+def test_teacher_overhead_runs_its_arms_in_fresh_processes_and_pools_them():
+  # Three arms (every arm is built and timed in the in-process test above).
+  arms = ["codistill_no_teacher", "codistill_one_teacher", "codistill_stacked_teacher"]
+  settings = {"optimizer": "adam", "batch_size": 8, "num_buckets": 50, "embedding_dim": 2,
+              "steps": 2, "rounds": 2, "arms": arms}
+  summary = teacher_overhead.run_processes(settings, processes=2)
+  assert set(summary["step_times"]) == set(arms)
+  assert {row["steps"] for row in summary["step_times"].values()} == {2 * 2 * 2}
+  assert set(summary["ratios"]) == {"one_teacher_vs_no_teacher", "stacked_teacher_vs_no_teacher"}
+  for ratio in summary["ratios"].values():
+    assert len(ratio["rounds"]) == 4 and len(ratio["process_medians"]) == 2
+    low, high = ratio["interval90"]
+    assert 0 < low <= ratio["median"] <= high
+  assert set(summary["teacher_forward_ms"]) == set(arms[1:])
+  assert summary["swap_flip_ms_median"] >= 0 and summary["in_place_assign_ms_median"] > 0
+
+
 def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
   arms = teacher_overhead.build_arms(batch_size=8, num_buckets=50, embedding_dim=2)
   assert set(arms) == {"plain_keras", "codistill_no_teacher", "codistill_no_teacher_again",

@@ -127,7 +127,9 @@ def cluster_bootstrap_median(values: Sequence[float], clusters: Sequence[int],
                              resamples: int = 2000, seed: int = 0) -> List[float]:
   """90% bootstrap interval of the median of ``values`` taken in clusters (``clusters[i]`` is
   the cluster of ``values[i]``, e.g. the process it was measured in): each resample draws
-  clusters with replacement, then values within each drawn cluster."""
+  clusters with replacement, then values within each drawn cluster. With few clusters it leans
+  wide (with 3, one resample in 9 draws a single cluster three times): read it with the
+  clusters' own medians."""
   rng = np.random.default_rng(seed)
   groups = [np.asarray([v for v, c in zip(values, clusters) if c == key], np.float64)
             for key in sorted(set(clusters))]
@@ -146,9 +148,12 @@ def pool_processes(runs: Sequence[Times]) -> Tuple[Times, List[int]]:
   for index, run in enumerate(runs):
     if set(run) != set(pooled):
       raise ValueError(f"run {index} has arms {sorted(run)}, run 0 has {sorted(pooled)}")
+    counts = {len(run[name]) for name in pooled}
+    if len(counts) != 1:
+      raise ValueError(f"run {index} has arms with different numbers of rounds: {sorted(counts)}")
     for name in pooled:
       pooled[name].extend(run[name])
-    clusters.extend([index] * len(run[next(iter(pooled))]))
+    clusters.extend([index] * counts.pop())
   return pooled, clusters
 
 
@@ -164,6 +169,8 @@ def throughput_ratio(times: Times, arm: str, baseline: str,
   if clusters is None:
     result["interval90"] = bootstrap_median(per_round)
     return result
+  if len(clusters) != len(per_round):
+    raise ValueError(f"{len(clusters)} clusters for {len(per_round)} rounds")
   result["interval90"] = cluster_bootstrap_median(per_round, clusters)
   result["process_medians"] = [
       float(statistics.median([v for v, c in zip(per_round, clusters) if c == key]))

@@ -26,6 +26,7 @@ sees when a refreshed teacher is swapped in, against assigning its values in pla
 from __future__ import annotations
 
 import multiprocessing
+from concurrent import futures
 import os
 import statistics
 import time
@@ -124,18 +125,26 @@ def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
   the student's weights."""
   make = lambda: ctr.ctr_model(num_buckets=num_buckets, embedding_dim=embedding_dim)
   sample = next(iter(_dataset(batch_size, num_buckets)))[0]
+  known = {"plain_keras", "codistill_no_teacher", "codistill_no_teacher_again", *TEACHER_ARMS,
+           *PART_ARMS}
+  if only is not None and set(only) - known:
+    raise ValueError(f"unknown arms {sorted(set(only) - known)}; known: {sorted(known)}")
   wanted = lambda name: only is None or name in only
   arms = {"plain_keras": _compile(make(), optimizer),
           "codistill_no_teacher": _compile(CodistillModel(make(), 0), optimizer),
           # An identical second instance: its ratio to the first is the harness's noise floor.
           "codistill_no_teacher_again": _compile(CodistillModel(make(), 0), optimizer)}
   arms = {name: model for name, model in arms.items() if wanted(name)}
-  for name, policy in filter(lambda item: wanted(item[0]), TEACHER_ARMS.items()):
+  for name, policy in TEACHER_ARMS.items():
+    if not wanted(name):
+      continue
     student = make()
     arms[name] = _compile(CodistillModel(
         student, 1, alpha=1.0, teacher_factory=lambda s=student, p=policy: _teacher_copy(s, p)),
         optimizer)
-  for name, factory in filter(lambda item: wanted(item[0]), PART_ARMS.items()):
+  for name, factory in PART_ARMS.items():
+    if not wanted(name):
+      continue
     arms[name] = _compile(CodistillModel(
         make(), 1, alpha=1.0, teacher_factory=lambda f=factory: f(num_buckets, embedding_dim)),
         optimizer)
@@ -194,8 +203,10 @@ def one_process(settings: dict, seed: int) -> dict:
                     settings["optimizer"], only=settings.get("arms"))
   data = _dataset(settings["batch_size"], settings["num_buckets"])
   times = step_times.alternate_steps(arms, data, settings["steps"], settings["rounds"], seed=seed)
-  return {"times": times, "teacher_forward_ms": forward_times(arms, data),
-          **swap_pause(arms["codistill_one_teacher"])}
+  run = {"times": times, "teacher_forward_ms": forward_times(arms, data), "pid": os.getpid()}
+  if "codistill_one_teacher" in arms:
+    run.update(swap_pause(arms["codistill_one_teacher"]))
+  return run
 
 
 def run_processes(settings: dict, processes: int) -> dict:
@@ -205,17 +216,19 @@ def run_processes(settings: dict, processes: int) -> dict:
   context = multiprocessing.get_context("spawn")  # a fresh TF runtime and heap per process
   runs = []
   for seed in range(processes):
-    pool = context.Pool(1)
-    runs.append(pool.apply(one_process, (settings, seed)))
-    pool.close()
-    pool.join()  # waited for: its CPU time counts as the benchmark's own (machine.Session)
+    # A worker that dies raises BrokenProcessPool; leaving the block joins the worker, so its
+    # CPU time counts as the benchmark's own (machine.Session).
+    with futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+      runs.append(pool.submit(one_process, settings, seed).result())
   times, clusters = step_times.pool_processes([run["times"] for run in runs])
   summary = summarize(times, clusters)
   summary["teacher_forward_ms"] = {
       name: statistics.median(run["teacher_forward_ms"][name] for run in runs)
       for name in runs[0]["teacher_forward_ms"]}
   for key in ("swap_flip_ms_median", "in_place_assign_ms_median"):
-    summary[key] = statistics.median(run[key] for run in runs)
+    if key in runs[0]:
+      summary[key] = statistics.median(run[key] for run in runs)
+  summary["process_ids"] = [run["pid"] for run in runs]
   return summary
 
 
@@ -236,7 +249,7 @@ def forward_times(arms: Dict[str, keras.Model], data: tf.data.Dataset, calls: in
   precision saves in compute, free of the step's noise (repeats interleaved across arms)."""
   x = next(iter(data))[0]
   loops = {}
-  for name in filter(lambda name: name in arms, TEACHER_ARMS):
+  for name in [name for name in TEACHER_ARMS if name in arms]:
     loops[name] = _forward_loop(arms[name].active_teacher(0), x)
     loops[name](tf.constant(2))
   times = {name: [] for name in loops}

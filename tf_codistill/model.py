@@ -115,7 +115,7 @@ def _layer_forms(model: keras.Model) -> List[str]:
   return forms
 
 
-def teacher_state_key(teacher: keras.Model, student: keras.Model) -> str:
+def teacher_form_suffix(teacher: keras.Model, student: keras.Model) -> str:
   """The suffix of the teachers' checkpoint keys: empty for teachers whose layers are the
   student's own (a clone: the keys of every checkpoint so far), else a digest of their layers'
   classes and dtype policies (stacked tables, bfloat16, int8), so that the teachers of one form
@@ -213,7 +213,7 @@ class CodistillModel(keras.Model):
     self._teacher_factory = teacher_factory
     make = _teacher_maker(student, teacher_factory, exchange)
     self.teacher_slots = [[make(), make()] for _ in range(num_teachers)]
-    self.teacher_state_key = (teacher_state_key(self.teacher_slots[0][0], student)
+    self.teacher_state_key = (teacher_form_suffix(self.teacher_slots[0][0], student)
                               if num_teachers else "")
     self._set_features_spec(None)
     for teacher in self.all_teachers():
@@ -319,13 +319,14 @@ class CodistillModel(keras.Model):
     return codistillation.exchange_hooks(self, self.exchange, codistillation.batched_spec(spec),
                                          codistillation.probe_batch(x))
 
-  def _trackable_children(self, save_type="checkpoint", **kwargs):
-    """Keras' children, with the teachers' state under keys that name its form."""
+  def _trackable_children(self, save_type: str = "checkpoint", **kwargs) -> dict:
+    """Keras' children, in checkpoints with the teachers' state under keys that name its form."""
     children = super()._trackable_children(save_type, **kwargs)
-    if self.teacher_state_key:
+    suffix = getattr(self, "teacher_state_key", "")  # set in __init__ after the slots
+    if suffix and save_type == "checkpoint":
       for name in _TEACHER_STATE:
         if name in children:
-          children[name + self.teacher_state_key] = children.pop(name)
+          children[name + suffix] = children.pop(name)
     return children
 
   @property

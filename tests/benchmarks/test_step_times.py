@@ -1,6 +1,8 @@
 """The step-time harness (benchmarks/step_times.py) and the teacher-overhead benchmark on it, at
 toy sizes: what is measured, not how fast (tests do not time)."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -93,11 +95,18 @@ def test_rounds_of_several_processes_pool_with_an_interval_over_processes():
   assert pooled["process_medians"] == pytest.approx([2.0, 1.0])
   low, high = pooled["interval90"]
   assert low == pytest.approx(1.0) and high == pytest.approx(2.0)
-  # Without the processes, the rounds alone give a narrower interval around the median.
+  # Rounds that vary within processes as well: the rounds alone (as if from one process) give
+  # a narrower interval than one that resamples the processes they came from.
+  spread = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
+  runs = [{"a": [[1.0]] * 6, "b": [[1.0 / (v + d)] for v in spread]} for d in (0.0, 0.6)]
+  times, clusters = step_times.pool_processes(runs)
+  low, high = step_times.throughput_ratio(times, "b", "a", clusters=clusters)["interval90"]
   naive_low, naive_high = step_times.throughput_ratio(times, "b", "a")["interval90"]
-  assert naive_high - naive_low <= high - low
+  assert naive_high - naive_low < high - low
   with pytest.raises(ValueError, match="run 1 has arms"):
     step_times.pool_processes([{"a": [[1.0]]}, {"b": [[1.0]]}])
+  with pytest.raises(ValueError, match="different numbers of rounds"):
+    step_times.pool_processes([{"a": [[1.0]], "b": [[1.0], [1.0]]}])
 
 
 def test_teacher_overhead_runs_its_arms_in_fresh_processes_and_pools_them():
@@ -114,6 +123,10 @@ def test_teacher_overhead_runs_its_arms_in_fresh_processes_and_pools_them():
     low, high = ratio["interval90"]
     assert 0 < low <= ratio["median"] <= high
   assert set(summary["teacher_forward_ms"]) == set(arms[1:])
+  pids = summary["process_ids"]
+  assert len(set(pids)) == 2 and os.getpid() not in pids
+  with pytest.raises(ValueError, match="unknown arms"):
+    teacher_overhead.build_arms(8, 50, 2, only=["codistill_no_such_teacher"])
   assert summary["swap_flip_ms_median"] >= 0 and summary["in_place_assign_ms_median"] > 0
 
 

@@ -6,6 +6,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tf_codistill import model as model_lib
+from tf_codistill import quantization
 from tf_codistill.model import CodistillModel, clone_architecture
 
 
@@ -284,7 +285,8 @@ def _with_loaded_teacher(teacher_factory=None, seed=1):
 @pytest.mark.parametrize("saved, resumed", [
     (None, lambda s: clone_architecture(s, "bfloat16")),
     (lambda s: clone_architecture(s, "bfloat16"), None),
-    (lambda s: clone_architecture(s, "mixed_bfloat16"), lambda s: clone_architecture(s, "bfloat16"))])
+    (lambda s: clone_architecture(s, "mixed_bfloat16"), lambda s: clone_architecture(s, "bfloat16")),
+    (None, quantization.int8_copy)])
 def test_a_checkpoint_restores_no_teacher_into_teachers_of_another_form(tmp_path, saved, resumed):
   # Keyed by form: a resumed run with another teacher precision restores its student and no
   # teacher (teacher_steps -1: the exchange reloads the peers), instead of failing on dtypes.
@@ -307,8 +309,9 @@ def test_a_checkpoint_restores_teachers_of_the_same_form(tmp_path, form):
   path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
   keys = [name for name, _ in tf.train.list_variables(path)]
   # Clones keep the keys of every checkpoint before the form key existed.
-  prefix = "model/teacher_slots" + model.teacher_state_key + "/"
-  assert any(k.startswith(prefix) for k in keys), keys
+  for name in ("teacher_slots", "teacher_steps", "active_slot"):
+    prefix = f"model/{name}{model.teacher_state_key}/"
+    assert any(k.startswith(prefix) for k in keys), (prefix, keys)
   assert (model.teacher_state_key == "") == (form is None)
   fresh = _with_loaded_teacher(form, seed=3)
   tf.train.Checkpoint(model=fresh).read(path).assert_existing_objects_matched()

@@ -100,21 +100,24 @@ def test_a_run_resumed_with_the_other_teacher_form_restores_no_teacher(tmp_path,
   # teacher_steps said it was loaded.
   from tf_codistill.model import CodistillModel
 
-  def codistill(stacked):
-    student = ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16, 8), seed=0)
+  def codistill(stacked, seed):
+    student = ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16, 8), seed=seed)
     model = CodistillModel(student, 1, teacher_factory=(lambda: ctr.ctr_teacher(student))
                            if stacked else None)
     model(_batch())
     return model
 
-  model = codistill(saved_stacked)
-  model.set_teacher_weights(0, model.student.get_weights(), step=7)
+  peer = ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16, 8), seed=2)
+  model = codistill(saved_stacked, seed=0)
+  model.set_teacher_weights(0, peer.get_weights(), step=7)
   path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
-  fresh = codistill(not saved_stacked)
+  fresh = codistill(not saved_stacked, seed=1)
+  assert not np.array_equal(fresh.student(_batch()), model.student(_batch()))
   tf.train.Checkpoint(model=fresh).read(path).expect_partial()
   np.testing.assert_array_equal(fresh.student(_batch()), model.student(_batch()))
   assert fresh.teacher_steps.numpy().tolist() == [-1]
-  again = codistill(saved_stacked)
+  again = codistill(saved_stacked, seed=1)
   tf.train.Checkpoint(model=again).read(path).assert_existing_objects_matched()
   assert again.teacher_steps.numpy().tolist() == [7]
-  np.testing.assert_array_equal(again.active_teacher(0)(_batch()), model.student(_batch()))
+  assert again.active_slot.numpy().tolist() == [1]
+  np.testing.assert_array_equal(again.active_teacher(0)(_batch()), peer(_batch()))

@@ -123,6 +123,11 @@ def bootstrap_median(values: Sequence[float], resamples: int = 2000, seed: int =
   return [float(np.percentile(medians, 5)), float(np.percentile(medians, 95))]
 
 
+def _by_cluster(values: Sequence[float], clusters: Sequence[int]) -> List[List[float]]:
+  """``values`` grouped by their cluster, in the clusters' sorted order."""
+  return [[v for v, c in zip(values, clusters) if c == key] for key in sorted(set(clusters))]
+
+
 def cluster_bootstrap_median(values: Sequence[float], clusters: Sequence[int],
                              resamples: int = 2000, seed: int = 0) -> List[float]:
   """90% bootstrap interval of the median of ``values`` taken in clusters (``clusters[i]`` is
@@ -131,8 +136,7 @@ def cluster_bootstrap_median(values: Sequence[float], clusters: Sequence[int],
   wide (with 3, one resample in 9 draws a single cluster three times): read it with the
   clusters' own medians."""
   rng = np.random.default_rng(seed)
-  groups = [np.asarray([v for v, c in zip(values, clusters) if c == key], np.float64)
-            for key in sorted(set(clusters))]
+  groups = [np.asarray(group, np.float64) for group in _by_cluster(values, clusters)]
   medians = []
   for _ in range(resamples):
     drawn = [groups[i] for i in rng.integers(0, len(groups), len(groups))]
@@ -172,9 +176,8 @@ def throughput_ratio(times: Times, arm: str, baseline: str,
   if len(clusters) != len(per_round):
     raise ValueError(f"{len(clusters)} clusters for {len(per_round)} rounds")
   result["interval90"] = cluster_bootstrap_median(per_round, clusters)
-  result["process_medians"] = [
-      float(statistics.median([v for v, c in zip(per_round, clusters) if c == key]))
-      for key in sorted(set(clusters))]
+  result["process_medians"] = [float(statistics.median(group))
+                               for group in _by_cluster(per_round, clusters)]
   return result
 
 

@@ -10,9 +10,10 @@ Per-step times with the arms alternating step by step, each step a call of the a
 function (``step_times.alternate_steps``), in several fresh processes one after another (each
 builds every arm anew: two runs in one process each can disagree by more than either's interval);
 ratios are formed within each round and reported as their median over the pooled rounds, with a
-90% interval that resamples processes, then rounds, and each process's own median. Each teacher's forward pass is also
-timed alone (an in-graph loop on one batch, whose rows stay in cache: a lower bound), where
-noise is small, so what a precision saves in compute can be told from what the step shows. A
+90% interval that resamples processes, then rounds, and each process's own median. Each
+teacher's forward pass is also timed alone (an in-graph loop on one batch, whose rows stay in
+cache: a lower bound), where noise is small, so what a precision saves in compute can be told
+from what the step shows. A
 second, identical no-teacher model is timed as an arm of its own: its ratio to the first
 (``no_teacher_again_vs_no_teacher``) is the noise floor the other ratios must clear. Two arms
 take the float32 teacher apart: its embedding lookups alone (``lookups_only``), and the whole
@@ -125,16 +126,15 @@ def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
   the student's weights."""
   make = lambda: ctr.ctr_model(num_buckets=num_buckets, embedding_dim=embedding_dim)
   sample = next(iter(_dataset(batch_size, num_buckets)))[0]
-  known = {"plain_keras", "codistill_no_teacher", "codistill_no_teacher_again", *TEACHER_ARMS,
-           *PART_ARMS}
+  baselines = {"plain_keras": make,
+               "codistill_no_teacher": lambda: CodistillModel(make(), 0),
+               # An identical second instance: its ratio to the first is the noise floor.
+               "codistill_no_teacher_again": lambda: CodistillModel(make(), 0)}
+  known = {*baselines, *TEACHER_ARMS, *PART_ARMS}
   if only is not None and set(only) - known:
     raise ValueError(f"unknown arms {sorted(set(only) - known)}; known: {sorted(known)}")
   wanted = lambda name: only is None or name in only
-  arms = {"plain_keras": _compile(make(), optimizer),
-          "codistill_no_teacher": _compile(CodistillModel(make(), 0), optimizer),
-          # An identical second instance: its ratio to the first is the harness's noise floor.
-          "codistill_no_teacher_again": _compile(CodistillModel(make(), 0), optimizer)}
-  arms = {name: model for name, model in arms.items() if wanted(name)}
+  arms = {name: _compile(build(), optimizer) for name, build in baselines.items() if wanted(name)}
   for name, policy in TEACHER_ARMS.items():
     if not wanted(name):
       continue

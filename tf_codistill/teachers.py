@@ -215,6 +215,7 @@ class TeacherRefresh(step_hooks.StepHook):
     self.summary_writer = summary_writer
     self.swaps = 0
     self.swap_seconds: List[float] = []
+    self.load_seconds: List[float] = []  # each swapped version's load, off the training thread
     self.windows: List[Tuple[float, float]] = []  # (load began, swap ended), time.monotonic()
 
   def on_begin(self, model, step):
@@ -230,6 +231,7 @@ class TeacherRefresh(step_hooks.StepHook):
       swap = time.monotonic() - start
       self.swaps += 1
       self.swap_seconds.append(swap)
+      self.load_seconds.append(update.load_seconds)
       self.windows.append((update.started_at, start + swap))
       logging.info("teacher: loaded peer group %d step %d from %s at step %d "
                    "(load %.3fs off-thread, swap %.4fs)", update.peer, update.step, update.path,

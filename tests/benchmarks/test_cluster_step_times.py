@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from benchmarks import cluster_step_times
+from benchmarks import standalone
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,6 +25,46 @@ def test_goals_take_the_parameter_server_ratio_and_the_worst_refresh_loss():
   loss = verdicts["refresh_throughput_loss"]
   assert loss["value"] == pytest.approx(0.04) and not loss["met"]
   assert loss["interval90"] == pytest.approx([0.03, 0.05])
+  assert loss["launch_values"] is None  # no launches recorded in these ratios
+
+
+def _launch(no_teacher_s, teacher_s, refresh_s, loads):
+  """A launch's raw record: 2 rounds of 3 steps per arm, each arm at a constant step time."""
+  times = {"no_teacher": [[no_teacher_s] * 3] * 2, "teacher": [[teacher_s] * 3] * 2,
+           "teacher_refresh": [[refresh_s] * 3] * 2}
+  return {"times": times, "refreshes_per_round": [len(loads), 0], "load_seconds": loads,
+          "load_to_swap_seconds": [2 * x for x in loads]}
+
+
+def test_launches_are_pooled_with_each_launch_median_and_an_interval_over_launches():
+  launches = [_launch(0.040, 0.042, 0.043, [0.5]), _launch(0.040, 0.050, 0.050, [0.1, 0.3])]
+  group = cluster_step_times.summarize(launches)
+  teacher = group["ratios"]["teacher_vs_no_teacher"]
+  assert teacher["process_medians"] == pytest.approx([40 / 42, 40 / 50])
+  assert len(teacher["rounds"]) == 4 and group["launches"] == 2
+  # Resampling launches: with one launch at 0.95 and one at 0.80, the interval spans both.
+  assert teacher["interval90"] == pytest.approx([40 / 50, 40 / 42])
+  assert group["refreshes_per_round"] == [1, 0, 2, 0]
+  assert group["load_seconds"] == pytest.approx({"median": 0.3, "max": 0.5})
+  assert group["load_to_swap_seconds"]["max"] == pytest.approx(1.0)
+  assert group["step_times"]["teacher"]["steps"] == 12
+  verdicts = cluster_step_times.goals({"parameter_server": group})
+  assert verdicts["teacher_throughput_ratio_parameter_server"]["launch_values"] == pytest.approx(
+      [40 / 42, 40 / 50])
+  assert verdicts["refresh_throughput_loss"]["launch_values"] == pytest.approx(
+      [1 - 42 / 43, 0.0])
+
+
+def test_a_finished_launch_is_reused_only_under_the_same_settings(tmp_path):
+  settings = {"steps": 300, "rounds": 4, "teacher_form": "stacked"}
+  assert cluster_step_times.finished_launch(str(tmp_path), settings) is None
+  part = _launch(0.04, 0.042, 0.043, [0.2])
+  standalone.write_json(str(tmp_path / "launch.json"), {"config": settings, "part": part})
+  assert cluster_step_times.finished_launch(str(tmp_path), dict(settings)) == part
+  assert cluster_step_times.run_group("parameter_server", str(tmp_path), settings) == part
+  assert cluster_step_times.finished_launch(str(tmp_path), {**settings, "steps": 200}) is None
+  (tmp_path / "launch.json").write_text('{"config": ')  # cut short: not a finished launch
+  assert cluster_step_times.finished_launch(str(tmp_path), settings) is None
 
 
 @pytest.mark.cluster
@@ -33,7 +74,7 @@ def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
   done = subprocess.run(
       [sys.executable, "-m", "benchmarks.cluster_step_times", "--rounds=1", "--steps=100",
        "--refresh_every_steps=10", "--poll_interval_s=0.2", "--num_buckets=500",
-       "--batch_size=32", "--allow_load", "--settle_s=0",
+       "--batch_size=32", "--launches=1", "--allow_load", "--settle_s=0",
        f"--out={out}", f"--work_dir={tmp_path / 'work'}"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
@@ -47,8 +88,14 @@ def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
       assert 75 <= row["steps"] <= 100 and row["mean_ms"] > 0, (name, arm, row)
     assert group["refreshes_per_round"][0] >= 1, (name, group["refreshes_per_round"])
     assert 0 < group["load_to_swap_seconds"]["median"] <= group["load_to_swap_seconds"]["max"]
+    assert 0 < group["load_seconds"]["median"] <= group["load_to_swap_seconds"]["max"]
     for ratio in group["ratios"].values():
       assert ratio["median"] > 0 and len(ratio["rounds"]) == 1
+      assert ratio["process_medians"] == [ratio["median"]]
   assert set(summary["goal_verdicts"]) == set(cluster_step_times.GOALS)
+  assert summary["config"]["launches"] == 1
+  launch = json.loads((tmp_path / "work" / "parameter_server_0" / "launch.json").read_text())
+  assert launch["config"]["steps"] == 100 and set(launch["part"]["times"]) == set(
+      cluster_step_times.ARMS)
   assert summary["config"]["teacher_form"] == "stacked"  # the CTR model's teachers, on ps too
   assert summary["machine"]["allow_load"] is True and "foreign_cpu_share" in summary["machine"]

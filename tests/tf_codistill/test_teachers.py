@@ -115,6 +115,10 @@ def test_refresh_picks_up_newer_version_while_training_continues(tmp_path):
   model.fit(data, epochs=1, verbose=0, callbacks=[step_hooks.BatchDriver([refresh]), player])
   assert model.teacher_steps.numpy().tolist() == [200]
   assert refresh.swaps == 2
+  # Each swap records its version's off-thread load, which ends before the swap does.
+  assert len(refresh.load_seconds) == 2 and all(x > 0 for x in refresh.load_seconds)
+  assert all(load <= end - start
+             for load, (start, end) in zip(refresh.load_seconds, refresh.windows))
   seen = [teacher_step for _, teacher_step, _ in player.steps_after_publish]
   swap_index = seen.index(200)
   assert swap_index >= 1, "training must go on while the new version is loaded"

@@ -15,8 +15,11 @@ of the group (as a peer as fast as it, publishing every K steps, would).
 Step times: per-step times inside one ``fit`` (MultiWorkerMirrored: the chief's batch ends;
 parameter servers: the gaps between finished step functions on either worker, whose mean is the
 group's step time). Ratios are formed within each round (their mean step times) and summarized
-over rounds (``step_times``). A launch's raw times are kept in ``--work_dir``: a run
-given the same ``--work_dir`` and configuration again reuses the launches already finished.
+over rounds (``step_times``). A launch's raw times are kept in ``--work_dir`` with its
+settings, the digest of the sources it ran and the load around it: a run given the same
+``--work_dir`` again reuses the launches finished there under the same settings and sources
+(those still missing then run in the same order, maybe sessions after the others: the summary
+lists each launch's record, with its time and load).
 
   .venv/bin/python -m benchmarks.cluster_step_times [--launches=3 --rounds=4 --steps=300]
 """
@@ -31,7 +34,8 @@ import statistics
 import subprocess
 import sys
 import threading
-from typing import Callable, Dict, List, Optional
+import time
+from typing import Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 import tf_keras as keras
@@ -59,7 +63,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("num_buckets", 20_000, "Hash buckets per categorical feature.")
   flags.DEFINE_integer("steps", 300, "Timed steps per arm per round (each in one fit).")
   flags.DEFINE_integer("rounds", 4, "Interleaved rounds per launch.")
-  flags.DEFINE_integer("launches", 3, "Fresh launches of each group, their rounds pooled.")
+  flags.DEFINE_integer("launches", 3, "Fresh launches of each group, their rounds pooled.",
+                       lower_bound=1)
   flags.DEFINE_integer("refresh_every_steps", 100,
                        "A new peer version appears every this many steps of the group measured (a "
                        "peer as fast as it publishing every K steps).")
@@ -81,6 +86,8 @@ ARMS = ("no_teacher", "teacher", "teacher_refresh")
 GOALS = {"teacher_throughput_ratio_parameter_server": (">=", 0.93),
          "refresh_throughput_loss": ("<=", 0.03)}
 PEER = 1
+# What the summary keeps of each launch's record (beside its pooled measurement).
+LAUNCH_RECORD = ("reused", "sources", "finished_at", "load_avg_1m_before", "load_avg_1m_after")
 SPEC = {"dense": tf.TensorSpec([None, 13], tf.float32),
         "categorical": tf.TensorSpec([None, 26], tf.int64)}
 
@@ -180,7 +187,7 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
   # Seconds from each refresh's load beginning to its swap: a version loaded as a round's fit
   # ends is swapped in at the arm's next round, so these can span other arms' rounds (the load
   # itself is ``refresh.load_seconds``).
-  loads: List[float] = []
+  load_to_swap: List[float] = []
 
   def run_refreshing() -> List[float]:
     before = refresh.swaps
@@ -192,14 +199,14 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
       if peer is not None:
         peer.stop()
     swaps.append(refresh.swaps - before)
-    loads.extend(end - start for start, end in refresh.windows[before:])
+    load_to_swap.extend(end - start for start, end in refresh.windows[before:])
     return times
 
   calls = {name: (lambda m=arms[name]: step_times.fit_step_times(m, data, FLAGS.steps))
            for name in ARMS[:2]}
   calls["teacher_refresh"] = run_refreshing
   return {"times": step_times.interleave(calls, FLAGS.rounds), "refreshes_per_round": swaps,
-          "load_seconds": refresh.load_seconds, "load_to_swap_seconds": loads}
+          "load_seconds": refresh.load_seconds, "load_to_swap_seconds": load_to_swap}
 
 
 def _coordinate(work: str) -> None:
@@ -225,14 +232,18 @@ def config() -> dict:
            "poll_interval_s", "teacher_form")}
 
 
-def finished_launch(work: str, settings: dict) -> Optional[dict]:
-  """The measurement a launch left in ``work`` under ``settings`` (``config()``), or None."""
+def finished_launch(work: str, settings: dict, sources: str) -> Optional[dict]:
+  """The record a launch left in ``work`` under ``settings`` (``config()``) and ``sources``
+  (``standalone.source_digest()``), or None."""
   try:
     with open(os.path.join(work, "launch.json")) as f:
       launch = json.load(f)
   except (OSError, ValueError):
     return None
-  return launch["part"] if launch.get("config") == settings else None
+  if (not isinstance(launch, dict) or "part" not in launch
+      or launch.get("config") != settings or launch.get("sources") != sources):
+    return None
+  return launch
 
 
 def _child(role: str, part: str, cluster: dict, settings: dict, index: int = 0,
@@ -243,14 +254,17 @@ def _child(role: str, part: str, cluster: dict, settings: dict, index: int = 0,
   return local_cluster.start(args, env={**os.environ, **(env or {})}, cwd=os.getcwd())
 
 
-def run_group(group: str, work: str, settings: dict) -> dict:
+def run_group(group: str, work: str, settings: dict, sources: str) -> dict:
   """Starts one group's tasks on 127.0.0.1 under ``settings`` (``config()``) and returns its
-  measurement (kept in ``work``; a launch finished there before under the same settings is
-  returned instead)."""
-  done = finished_launch(work, settings)
+  launch record (``part``: the measurement; kept in ``work``). A launch finished there before
+  under the same settings and ``sources`` is returned instead, marked ``reused``."""
+  done = finished_launch(work, settings, sources)
   if done is not None:
     logging.info("%s: reusing the launch finished in %s", group, work)
-    return done
+    return {**done, "reused": True}
+  if os.path.exists(work):
+    logging.warning("%s: %s holds no launch finished under these settings and sources; "
+                    "measuring it again", group, work)
   shutil.rmtree(work, ignore_errors=True)
   os.makedirs(work)
   part = os.path.join(work, "part.json")
@@ -263,6 +277,7 @@ def run_group(group: str, work: str, settings: dict) -> dict:
     serving = contextlib.nullcontext()
     measuring = lambda: [_child("mirrored", part, cluster, settings, i, {"TF_CONFIG": json.dumps(
         {"cluster": cluster, "task": {"type": "worker", "index": i}})}) for i in range(2)]
+  load_before = os.getloadavg()[0]
   with serving:
     tasks = measuring()
     try:
@@ -274,9 +289,23 @@ def run_group(group: str, work: str, settings: dict) -> dict:
   if any(codes):
     raise RuntimeError(f"{group}: a measuring task exited with {codes}")
   with open(part) as f:
-    measured = json.load(f)
-  standalone.write_json(os.path.join(work, "launch.json"), {"config": settings, "part": measured})
-  return measured
+    launch = {"config": settings, "sources": sources, "part": json.load(f),
+              "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
+              "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+  standalone.write_json(os.path.join(work, "launch.json"), launch)
+  return {**launch, "reused": False}
+
+
+def run_launches(groups: Sequence[str], launches: int, work: str, settings: dict,
+                 sources: str, run: Callable[..., dict] = run_group) -> Dict[str, List[dict]]:
+  """``launches`` launches of every group, the groups alternating (``run``: ``run_group``),
+  each in ``work/<group>_<index>``; every group's launch records in order."""
+  records: Dict[str, List[dict]] = {group: [] for group in groups}
+  for index in range(launches):
+    for group in groups:
+      records[group].append(run(group, os.path.join(work, f"{group}_{index}"), settings, sources))
+      print(f"{group}: launch {index + 1} of {launches} done", flush=True)
+  return records
 
 
 def _median_max(values: List[float]) -> Dict[str, Optional[float]]:
@@ -285,8 +314,9 @@ def _median_max(values: List[float]) -> Dict[str, Optional[float]]:
 
 
 def summarize(launches: List[dict]) -> dict:
-  """One group's launches pooled: step-time statistics, the paired ratios (mean step times per
-  round; intervals that resample launches, each launch's median) and the refreshes' records."""
+  """One group's launches (their measurements, ``part``) pooled: step-time statistics, the paired
+  ratios (mean step times per round; intervals that resample launches, each launch's median) and
+  the refreshes' records."""
   times, clusters = step_times.pool_processes([launch["times"] for launch in launches])
   ratio = lambda arm, baseline: step_times.throughput_ratio(times, arm, baseline,
                                                             statistics.fmean, clusters)
@@ -312,14 +342,15 @@ def goals(groups: Dict[str, dict]) -> Dict[str, dict]:
   worst = max(losses, key=losses.get)
   refresh = groups[worst]["ratios"]["refresh_vs_teacher"]
   low, high = refresh["interval90"]
-  by_launch = [1.0 - m for m in refresh["process_medians"]] if "process_medians" in refresh else None
-  out["refresh_throughput_loss"] = (losses[worst], [1.0 - high, 1.0 - low], by_launch)
+  medians = refresh.get("process_medians")
+  out["refresh_throughput_loss"] = (losses[worst], [1.0 - high, 1.0 - low],
+                                    None if medians is None else [1.0 - m for m in medians])
   verdicts = {}
-  for name, (value, interval, by_launch) in out.items():
+  for name, (value, interval, launch_values) in out.items():
     op, threshold = GOALS[name]
     met = value >= threshold if op == ">=" else value <= threshold
     verdicts[name] = {"value": value, "threshold": [op, threshold], "interval90": interval,
-                      "launch_values": by_launch, "met": bool(met)}
+                      "launch_values": launch_values, "met": bool(met)}
   return verdicts
 
 
@@ -331,12 +362,10 @@ def main(argv):
     return _mirrored_worker(os.path.dirname(FLAGS.part_out))
   work = standalone.work_dir("cluster_step_times")
   settings = config()
-  launches: Dict[str, List[dict]] = {group: [] for group in FLAGS.groups}
-  for index in range(FLAGS.launches):
-    for group in FLAGS.groups:
-      launches[group].append(run_group(group, os.path.join(work, f"{group}_{index}"), settings))
-      print(f"{group}: launch {index + 1} of {FLAGS.launches} done", flush=True)
-  groups = {group: summarize(runs) for group, runs in launches.items()}
+  records = run_launches(FLAGS.groups, FLAGS.launches, work, settings, standalone.source_digest())
+  groups = {group: {**summarize([r["part"] for r in runs]),
+                    "launch_records": [{key: r.get(key) for key in LAUNCH_RECORD} for r in runs]}
+            for group, runs in records.items()}
   for group, result in groups.items():
     for name, ratio in result["ratios"].items():
       low, high = ratio["interval90"]

@@ -9,6 +9,7 @@ only where used, so the tests' helpers can use ``Launch`` without them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -171,6 +172,21 @@ def update_results_index(path: str) -> None:
   now): ``machine.run_script``'s ``on_recorded`` for scripts whose summaries hold goals."""
   from benchmarks import report  # pylint: disable=g-import-not-at-top
   report.update_index_for(path)
+
+
+def source_digest(packages: Sequence[str] = ("tf_codistill", "benchmarks")) -> str:
+  """A digest of the Python sources of ``packages`` (paths and contents): what a measurement
+  kept for a later run to reuse must have been made with."""
+  digest = hashlib.sha256()
+  for package in packages:
+    for root, dirs, files in os.walk(os.path.join(REPO, package)):
+      dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+      for name in sorted(f for f in files if f.endswith(".py")):
+        path = os.path.join(root, name)
+        digest.update(os.path.relpath(path, REPO).encode() + b"\0")
+        with open(path, "rb") as f:
+          digest.update(f.read() + b"\0")
+  return digest.hexdigest()[:16]
 
 
 def write_json(path: str, value: object, indent: int = 2) -> None:

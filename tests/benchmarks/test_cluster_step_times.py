@@ -25,7 +25,9 @@ def test_goals_take_the_parameter_server_ratio_and_the_worst_refresh_loss():
   loss = verdicts["refresh_throughput_loss"]
   assert loss["value"] == pytest.approx(0.04) and not loss["met"]
   assert loss["interval90"] == pytest.approx([0.03, 0.05])
-  assert loss["launch_values"] is None  # no launches recorded in these ratios
+  # No launches recorded in these ratios:
+  assert loss["launch_values"] is None
+  assert verdicts["teacher_throughput_ratio_parameter_server"]["launch_values"] is None
 
 
 def _launch(no_teacher_s, teacher_s, refresh_s, loads):
@@ -55,16 +57,43 @@ def test_launches_are_pooled_with_each_launch_median_and_an_interval_over_launch
       [1 - 42 / 43, 0.0])
 
 
-def test_a_finished_launch_is_reused_only_under_the_same_settings(tmp_path):
+def test_a_finished_launch_is_reused_only_under_the_same_settings_and_sources(
+    tmp_path, monkeypatch):
+  def no_cluster(jobs):
+    raise AssertionError("a finished launch was measured again")
+  monkeypatch.setattr(cluster_step_times.local_cluster, "free_cluster", no_cluster)
   settings = {"steps": 300, "rounds": 4, "teacher_form": "stacked"}
-  assert cluster_step_times.finished_launch(str(tmp_path), settings) is None
+  work = str(tmp_path)
+  assert cluster_step_times.finished_launch(work, settings, "abc") is None
   part = _launch(0.04, 0.042, 0.043, [0.2])
-  standalone.write_json(str(tmp_path / "launch.json"), {"config": settings, "part": part})
-  assert cluster_step_times.finished_launch(str(tmp_path), dict(settings)) == part
-  assert cluster_step_times.run_group("parameter_server", str(tmp_path), settings) == part
-  assert cluster_step_times.finished_launch(str(tmp_path), {**settings, "steps": 200}) is None
-  (tmp_path / "launch.json").write_text('{"config": ')  # cut short: not a finished launch
-  assert cluster_step_times.finished_launch(str(tmp_path), settings) is None
+  standalone.write_json(str(tmp_path / "launch.json"),
+                        {"config": settings, "sources": "abc", "part": part})
+  assert cluster_step_times.finished_launch(work, dict(settings), "abc")["part"] == part
+  reused = cluster_step_times.run_group("parameter_server", work, settings, "abc")
+  assert reused["part"] == part and reused["reused"] is True
+  assert cluster_step_times.finished_launch(work, {**settings, "steps": 200}, "abc") is None
+  assert cluster_step_times.finished_launch(work, settings, "other sources") is None
+  with pytest.raises(AssertionError, match="measured again"):  # other settings: a new launch
+    cluster_step_times.run_group("parameter_server", work, {**settings, "steps": 200}, "abc")
+  for broken in ('{"config": ', "[1, 2]", '{"config": {}, "sources": "abc"}'):
+    (tmp_path / "launch.json").write_text(broken)  # cut short, not a record, no measurement
+    assert cluster_step_times.finished_launch(work, settings, "abc") is None
+
+
+def test_launches_alternate_the_groups_each_in_its_own_directory(tmp_path):
+  calls = []
+
+  def run(group, work, settings, sources):
+    calls.append((group, os.path.basename(work)))
+    return {"part": group, "reused": False}
+
+  records = cluster_step_times.run_launches(["parameter_server", "multi_worker_mirrored"], 2,
+                                            str(tmp_path), {"steps": 1}, "abc", run=run)
+  assert calls == [("parameter_server", "parameter_server_0"),
+                   ("multi_worker_mirrored", "multi_worker_mirrored_0"),
+                   ("parameter_server", "parameter_server_1"),
+                   ("multi_worker_mirrored", "multi_worker_mirrored_1")]
+  assert [r["part"] for r in records["parameter_server"]] == ["parameter_server"] * 2
 
 
 @pytest.mark.cluster
@@ -97,5 +126,9 @@ def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
   launch = json.loads((tmp_path / "work" / "parameter_server_0" / "launch.json").read_text())
   assert launch["config"]["steps"] == 100 and set(launch["part"]["times"]) == set(
       cluster_step_times.ARMS)
+  assert launch["sources"] == standalone.source_digest() and launch["load_avg_1m_before"] >= 0
+  for group in summary["groups"].values():
+    (record,) = group["launch_records"]
+    assert record["reused"] is False and record["sources"] == launch["sources"]
   assert summary["config"]["teacher_form"] == "stacked"  # the CTR model's teachers, on ps too
   assert summary["machine"]["allow_load"] is True and "foreign_cpu_share" in summary["machine"]

@@ -50,3 +50,15 @@ def test_generated_ctr_data_is_made_once_and_reused(tmp_path):
   assert standalone.ctr_data_bindings(data) == [
       f"trainer.train.train_files = ['{data}/train-*']",
       f"trainer.train.eval_files = ['{data}/eval-*']"]
+
+
+def test_source_digest_follows_the_python_sources_only(tmp_path, monkeypatch):
+  monkeypatch.setattr(standalone, "REPO", str(tmp_path))
+  (tmp_path / "pkg" / "__pycache__").mkdir(parents=True)
+  (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+  first = standalone.source_digest(["pkg"])
+  (tmp_path / "pkg" / "notes.md").write_text("not code")
+  (tmp_path / "pkg" / "__pycache__" / "a.py").write_text("cached")
+  assert standalone.source_digest(["pkg"]) == first
+  (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
+  assert standalone.source_digest(["pkg"]) != first

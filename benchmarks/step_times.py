@@ -7,7 +7,8 @@ time between two consecutive step ends inside one ``fit``; each ``fit`` first ru
 that are not counted. Arms run in rounds, in a rotated order each round, so that drifting machine
 load hits them alike; ``alternate_steps`` interleaves finer, one step of each arm in turn, calling
 the train function ``fit`` would call. A ratio of two arms is formed within each round (the ratio
-of their median, or other statistic's, step times) and summarized over rounds by its median and a 90% bootstrap interval.
+of their median, or other statistic's, step times) and summarized over rounds by its median and a
+90% bootstrap interval.
 
 Rounds run in one process share what that process was dealt: where each arm's tables lie in
 memory, which arm follows which. Two runs of the same benchmark, each with tight intervals, can

@@ -13,9 +13,9 @@ ratios are formed within each round and reported as their median over the pooled
 90% interval that resamples processes, then rounds, and each process's own median. Each
 teacher's forward pass is also timed alone (an in-graph loop on one batch, whose rows stay in
 cache: a lower bound), where noise is small, so what a precision saves in compute can be told
-from what the step shows. A
-second, identical no-teacher model is timed as an arm of its own: its ratio to the first
-(``no_teacher_again_vs_no_teacher``) is the noise floor the other ratios must clear. Two arms
+from what the step shows. A second, identical no-teacher model is timed as an arm of its own: its
+ratio to the first (``no_teacher_again_vs_no_teacher``) is the noise floor the other ratios must
+clear. Two arms
 take the float32 teacher apart: its embedding lookups alone (``lookups_only``), and the whole
 teacher with 8-row tables whose rows are always in cache (``cached_tables``: the teacher's cost
 when no looked-up row has to come from memory). Also measured: the pause the training thread

@@ -8,10 +8,11 @@ teacher ratio 0.934 then 0.902, refresh loss 2.2% then 10.3%), so the rounds of 
 pooled and their intervals resample launches first (``step_times.pool_processes``).
 
 Every task is a real ``tf.distribute.Server`` or worker process on 127.0.0.1. The refreshing arm
-runs the real ``TeacherPool`` (polling at the library's default interval) and ``TeacherRefresh``
-(loads off the training thread, flips between steps); a peer's versions, real SavedModels
-written before the arm, appear in the exchange directory every ``--refresh_every_steps`` steps
-of the group (as a peer as fast as it, publishing every K steps, would).
+runs the real ``TeacherPool`` (the library's default polling interval and loader priority) and
+``TeacherRefresh`` (loads off the training thread, flips between steps); a peer's versions, real
+SavedModels written before the arm, appear in the exchange directory every
+``--refresh_every_steps`` steps of the group (as a peer as fast as it, publishing every K steps,
+would).
 Step times: per-step times inside one ``fit`` (MultiWorkerMirrored: the chief's batch ends;
 parameter servers: the gaps between finished step functions on either worker, whose mean is the
 group's step time). Ratios are formed within each round (their mean step times) and summarized
@@ -71,6 +72,10 @@ def define_flags() -> None:
   flags.DEFINE_float("poll_interval_s", codistillation.Exchange.poll_interval_s,
                      "How often the refreshing arm's teacher pool looks for new versions (the "
                      "library's default); the harness's peer checks the step 4 times as often.")
+  flags.DEFINE_integer("loader_nice", codistillation.Exchange.loader_nice,
+                       "The refreshing arm's loading thread's nice increment (the library's "
+                       "default; 0: loads at the training's priority, as before 2026-11-27).",
+                       lower_bound=0, upper_bound=19)
   flags.DEFINE_enum("teacher_form", "stacked", ["stacked", "clone"],
                     "The teachers' form: the CTR model's own (models.ctr_teacher, one stacked "
                     "table) or a clone of the student (the form measured before 2026-11-27).")
@@ -180,7 +185,7 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
                        FLAGS.poll_interval_s / 4) if chief else None)
   exchange_dir = os.path.join(work, "exchange")
   pool = teachers.TeacherPool(exchange_dir, [PEER], model, SPEC, [None, 1],
-                              poll_interval_s=FLAGS.poll_interval_s)
+                              poll_interval_s=FLAGS.poll_interval_s, loader_nice=FLAGS.loader_nice)
   refresh = teachers.TeacherRefresh(pool)
   driver = (step_hooks.ThreadDriver if ps else step_hooks.BatchDriver)([refresh])
   swaps: List[int] = []
@@ -229,7 +234,7 @@ def config() -> dict:
   """The settings a launch's times depend on (a finished launch is reused only under these)."""
   return {name: getattr(FLAGS, name) for name in
           ("batch_size", "num_buckets", "steps", "rounds", "refresh_every_steps",
-           "poll_interval_s", "teacher_form")}
+           "poll_interval_s", "loader_nice", "teacher_form")}
 
 
 def finished_launch(work: str, settings: dict, sources: str) -> Optional[dict]:

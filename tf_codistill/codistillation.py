@@ -48,6 +48,8 @@ class Exchange:
     publish_every_steps: the chief publishes the student every this many optimizer steps (K).
     keep_last: published versions of this group kept in the directory (older ones are removed).
     poll_interval_s: how often the background thread looks for newer peer versions.
+    loader_nice: how much lower than training that thread runs (a Linux nice increment, 0 to
+      19): a load on a busy machine takes its CPU from idle time, at the cost of arriving later.
     teacher_precision: ``float32``; ``bfloat16`` (teacher variables and compute in bfloat16:
       half the memory, restored from peers' float32 versions through a float32 copy);
       ``mixed_bfloat16`` (float32 variables, bfloat16 compute); ``int8`` (Embedding and Dense
@@ -75,6 +77,7 @@ class Exchange:
   publish_every_steps: int = 100
   keep_last: int = 2
   poll_interval_s: float = 2.0
+  loader_nice: int = 10
   teacher_precision: str = "float32"
   publish_format: lean_versions.PublishFormat = lean_versions.PublishFormat()
   wait_for_first_teachers_s: float = 0.0
@@ -91,6 +94,8 @@ class Exchange:
         raise ConfigurationError(f"Exchange.{name}={getattr(self, name)} must be >= 1")
     if self.poll_interval_s <= 0:
       raise ConfigurationError(f"Exchange.poll_interval_s={self.poll_interval_s} must be > 0")
+    if not 0 <= self.loader_nice <= 19:
+      raise ConfigurationError(f"Exchange.loader_nice={self.loader_nice} must be in [0, 19]")
     if not 0 <= self.wait_for_first_teachers_s <= threading.TIMEOUT_MAX:
       raise ConfigurationError(f"Exchange.wait_for_first_teachers_s="
                                f"{self.wait_for_first_teachers_s} must be >= 0 and finite")
@@ -198,7 +203,7 @@ def exchange_hooks(model, exchange: Exchange, input_spec, probe=None,
     output_shape = [None] + model(sample).shape.as_list()[1:]
   pool = teachers_lib.TeacherPool(exchange.directory, exchange.peer_groups(), model, input_spec,
                                   output_shape, poll_interval_s=exchange.poll_interval_s,
-                                  probe=probe)
+                                  probe=probe, loader_nice=exchange.loader_nice)
   refresh = teachers_lib.TeacherRefresh(pool, summary_writer)
   publisher = None
   if is_chief(model.distribute_strategy):

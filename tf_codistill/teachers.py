@@ -18,6 +18,8 @@ its path and the previous teacher (or none) stays in use.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -46,12 +48,18 @@ class TeacherUpdate:
 
 class TeacherPool:
   """Loads the newest complete version of each peer group in a background thread, into the
-  inactive teacher copies of ``model`` (a model.CodistillModel)."""
+  inactive teacher copies of ``model`` (a model.CodistillModel). The thread runs at
+  ``loader_nice`` (Linux: a per-thread nice value), so a load on a busy machine takes its CPU
+  from idle time rather than from the training threads and processes beside it."""
 
   def __init__(self, exchange_dir: str, peers: Sequence[int], model: keras.Model,
-               input_spec, output_shape, *, poll_interval_s: float = 2.0, probe=None):
+               input_spec, output_shape, *, poll_interval_s: float = 2.0, probe=None,
+               loader_nice: int = 10):
     if len(peers) != model.num_teachers:
       raise ValueError(f"{len(peers)} peers for a model with {model.num_teachers} teachers")
+    if not 0 <= loader_nice <= 19:
+      raise ValueError(f"loader_nice={loader_nice} must be in [0, 19]")
+    self.loader_nice = int(loader_nice)
     self.exchange_dir = exchange_dir
     self.peers = list(peers)
     self.poll_interval_s = float(poll_interval_s)
@@ -119,6 +127,7 @@ class TeacherPool:
         self._loaded.wait(remaining)
 
   def _run(self) -> None:
+    lower_thread_priority(self.loader_nice)
     while not self._stop.is_set():
       try:
         self.poll_once()
@@ -192,6 +201,18 @@ class TeacherPool:
       quantization.assign_float_weights(target, self._staging.get_weights())
     except ValueError as e:
       raise ValueError(f"{prefix}: {e}") from None
+
+
+def lower_thread_priority(nice: int) -> None:
+  """Raises the calling thread's nice value by ``nice`` (Linux keeps one per thread; elsewhere,
+  where it would apply to the whole process, nothing is done). Threads it starts inherit it."""
+  if nice <= 0 or not sys.platform.startswith("linux"):
+    return
+  tid = threading.get_native_id()
+  try:
+    os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+  except OSError as e:  # e.g. a sandbox that forbids it: loads then compete at normal priority
+    logging.warning("teacher pool: cannot lower the loading thread's priority: %s", e)
 
 
 def all_finite(var: tf.Variable) -> bool:

@@ -46,6 +46,8 @@ def test_exchange_peers_follow_the_teacher_graph_or_are_given(tmp_path):
     (dict(publish_every_steps=0), "Exchange.publish_every_steps=0"),
     (dict(keep_last=0), "Exchange.keep_last=0"),
     (dict(poll_interval_s=0), "Exchange.poll_interval_s=0"),
+    (dict(loader_nice=-1), "Exchange.loader_nice=-1"),
+    (dict(loader_nice=20), "Exchange.loader_nice=20"),
     (dict(wait_for_first_teachers_s=-1), "Exchange.wait_for_first_teachers_s=-1"),
     (dict(wait_for_first_teachers_s=float("inf")), "wait_for_first_teachers_s=inf must be"),
     (dict(teacher_precision="int4"), "Exchange.teacher_precision='int4'"),
@@ -80,8 +82,10 @@ def test_fit_publishes_and_distills_from_a_published_peer(tmp_path, kind):
   with STRATEGIES[kind]().scope():
     model = _compiled(tfc.CodistillModel(
         small_net(), alpha=1.0, burn_in_steps=5,
-        exchange=tfc.Exchange(exchange_dir, 0, publish_every_steps=10, poll_interval_s=0.05)))
+        exchange=tfc.Exchange(exchange_dir, 0, publish_every_steps=10, poll_interval_s=0.05,
+                              loader_nice=5)))
   history = model.fit(_data(), epochs=3, steps_per_epoch=20, verbose=0)
+  assert model.exchange_hooks.refresh.pool.loader_nice == 5
   # The peer's version was loaded and used; this group published on its cadence and at the end.
   assert model.teacher_steps.numpy().tolist() == [500]
   assert history.history["distill_loss"][-1] > 0 and history.history["alpha"][-1] == 1.0

@@ -3,6 +3,7 @@ ones (signature, NaN, links: tests/reliability/test_teacher_trust.py)."""
 
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -143,6 +144,40 @@ def test_a_stopped_pool_polls_again_when_started_again(tmp_path):
     pool.stop()
     activate_all(model, pool)
     assert model.teacher_steps.numpy().tolist() == [step]
+
+
+def _nice() -> int:
+  return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+@pytest.mark.parametrize("loader_nice", [0, 10, 19])
+def test_the_loading_thread_runs_at_loader_nice_and_the_caller_keeps_its_priority(
+    tmp_path, loader_nice):
+  model = CodistillModel(small_net(), 1)
+  model(tf.zeros([1, 4]))
+  pool = teachers.TeacherPool(str(tmp_path), [1], model, SPEC, [None, 1], poll_interval_s=0.05,
+                              loader_nice=loader_nice)
+  exchange.publish(small_net(seed=3), str(tmp_path), 1, 10, SPEC)
+  seen = []
+  load = pool._load
+  pool._load = lambda *args: seen.append(_nice()) or load(*args)
+  mine = _nice()
+  pool.start()
+  try:
+    assert pool.wait_until_loaded(60) == []
+  finally:
+    pool.stop()
+  assert seen == [min(19, mine + loader_nice)] and _nice() == mine
+  activate_all(model, pool)
+  assert model.teacher_steps.numpy().tolist() == [10]
+
+
+def test_pool_refuses_a_loader_nice_out_of_range(tmp_path):
+  model = CodistillModel(small_net(), 1)
+  for bad in (-1, 20):
+    with pytest.raises(ValueError, match=f"loader_nice={bad} must be in"):
+      teachers.TeacherPool(str(tmp_path), [1], model, SPEC, [None, 1], loader_nice=bad)
 
 
 def test_a_wait_for_loaded_teachers_ends_when_the_pool_thread_loads_them_or_times_out(tmp_path):

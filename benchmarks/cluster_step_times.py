@@ -74,7 +74,7 @@ def define_flags() -> None:
                      "library's default); the harness's peer checks the step 4 times as often.")
   flags.DEFINE_integer("loader_nice", codistillation.Exchange.loader_nice,
                        "The refreshing arm's loading thread's nice increment (the library's "
-                       "default; 0: loads at the training's priority, as before 2026-11-27).",
+                       "default; 10 in summary.json's run of 2026-11-27).",
                        lower_bound=0, upper_bound=19)
   flags.DEFINE_enum("teacher_form", "stacked", ["stacked", "clone"],
                     "The teachers' form: the CTR model's own (models.ctr_teacher, one stacked "

@@ -48,13 +48,15 @@ class TeacherUpdate:
 
 class TeacherPool:
   """Loads the newest complete version of each peer group in a background thread, into the
-  inactive teacher copies of ``model`` (a model.CodistillModel). The thread runs at
-  ``loader_nice`` (Linux: a per-thread nice value), so a load on a busy machine takes its CPU
-  from idle time rather than from the training threads and processes beside it."""
+  inactive teacher copies of ``model`` (a model.CodistillModel). ``loader_nice`` > 0 lowers that
+  thread's priority (Linux: a per-thread nice increment). It is 0 by default: at 10 a 2-core
+  parameter-server group lost as much throughput to refreshes as at 0 and its loads took longer
+  (benchmarks/results/cluster_step_times), likely because the thread shares the GIL with the
+  training loop, which then waits while a deprioritized holder is not scheduled."""
 
   def __init__(self, exchange_dir: str, peers: Sequence[int], model: keras.Model,
                input_spec, output_shape, *, poll_interval_s: float = 2.0, probe=None,
-               loader_nice: int = 10):
+               loader_nice: int = 0):
     if len(peers) != model.num_teachers:
       raise ValueError(f"{len(peers)} peers for a model with {model.num_teachers} teachers")
     if not 0 <= loader_nice <= 19:

@@ -129,7 +129,7 @@ class TeacherPool:
         self._loaded.wait(remaining)
 
   def _run(self) -> None:
-    lower_thread_priority(self.loader_nice)
+    _lower_thread_priority(self.loader_nice)
     while not self._stop.is_set():
       try:
         self.poll_once()
@@ -205,10 +205,13 @@ class TeacherPool:
       raise ValueError(f"{prefix}: {e}") from None
 
 
-def lower_thread_priority(nice: int) -> None:
+def _lower_thread_priority(nice: int) -> None:
   """Raises the calling thread's nice value by ``nice`` (Linux keeps one per thread; elsewhere,
   where it would apply to the whole process, nothing is done). Threads it starts inherit it."""
-  if nice <= 0 or not sys.platform.startswith("linux"):
+  if nice <= 0:
+    return
+  if not sys.platform.startswith("linux"):
+    logging.info("teacher pool: loader_nice=%d ignored: per-thread priorities are Linux's", nice)
     return
   tid = threading.get_native_id()
   try:

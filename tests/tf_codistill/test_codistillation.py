@@ -68,6 +68,14 @@ def test_model_with_an_exchange_has_one_teacher_per_peer(tmp_path):
         str(tmp_path), 0, teacher_precision="bfloat16"))
 
 
+def test_the_exchange_gives_its_pool_the_loader_priority(tmp_path):
+  model = tfc.CodistillModel(small_net(), 1)
+  hooks = codistillation.exchange_hooks(
+      model, tfc.Exchange(str(tmp_path), 0, loader_nice=5), tf.TensorSpec([None, 4], tf.float32))
+  assert hooks.refresh.pool.loader_nice == 5
+  assert tfc.Exchange(str(tmp_path), 0).loader_nice == 0  # the training's priority by default
+
+
 STRATEGIES = {"default": tf.distribute.get_strategy,
               "one_device": lambda: tf.distribute.OneDeviceStrategy("/cpu:0"),
               "mirrored": lambda: tf.distribute.MirroredStrategy(["/cpu:0"])}
@@ -82,10 +90,8 @@ def test_fit_publishes_and_distills_from_a_published_peer(tmp_path, kind):
   with STRATEGIES[kind]().scope():
     model = _compiled(tfc.CodistillModel(
         small_net(), alpha=1.0, burn_in_steps=5,
-        exchange=tfc.Exchange(exchange_dir, 0, publish_every_steps=10, poll_interval_s=0.05,
-                              loader_nice=5)))
+        exchange=tfc.Exchange(exchange_dir, 0, publish_every_steps=10, poll_interval_s=0.05)))
   history = model.fit(_data(), epochs=3, steps_per_epoch=20, verbose=0)
-  assert model.exchange_hooks.refresh.pool.loader_nice == 5
   # The peer's version was loaded and used; this group published on its cadence and at the end.
   assert model.teacher_steps.numpy().tolist() == [500]
   assert history.history["distill_loss"][-1] > 0 and history.history["alpha"][-1] == 1.0

@@ -75,7 +75,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("loader_nice", codistillation.Exchange.loader_nice,
                        "The refreshing arm's loading thread's nice increment (the library's "
                        "default; 10 in summary.json's run of 2026-11-27).",
-                       lower_bound=0, upper_bound=19)
+                       lower_bound=teachers.LOADER_NICE_RANGE[0],
+                       upper_bound=teachers.LOADER_NICE_RANGE[1])
   flags.DEFINE_enum("teacher_form", "stacked", ["stacked", "clone"],
                     "The teachers' form: the CTR model's own (models.ctr_teacher, one stacked "
                     "table) or a clone of the student (the form measured before 2026-11-27).")

@@ -15,11 +15,11 @@ teacher's forward pass is also timed alone (an in-graph loop on one batch, whose
 cache: a lower bound), where noise is small, so what a precision saves in compute can be told
 from what the step shows. A second, identical no-teacher model is timed as an arm of its own: its
 ratio to the first (``no_teacher_again_vs_no_teacher``) is the noise floor the other ratios must
-clear. Two arms
-take the float32 teacher apart: its embedding lookups alone (``lookups_only``), and the whole
-teacher with 8-row tables whose rows are always in cache (``cached_tables``: the teacher's cost
-when no looked-up row has to come from memory). Also measured: the pause the training thread
-sees when a refreshed teacher is swapped in, against assigning its values in place.
+clear. Two arms take the float32 teacher apart: its embedding lookups alone (``lookups_only``),
+and the whole teacher with 8-row tables whose rows are always in cache (``cached_tables``: the
+teacher's cost when no looked-up row has to come from memory). Also measured: the pause the
+training thread sees when a refreshed teacher is swapped in, against assigning its values in
+place.
 
   .venv/bin/python -m benchmarks.teacher_overhead [--optimizer=adagrad]
 """

@@ -95,8 +95,10 @@ class Exchange:
         raise ConfigurationError(f"Exchange.{name}={getattr(self, name)} must be >= 1")
     if self.poll_interval_s <= 0:
       raise ConfigurationError(f"Exchange.poll_interval_s={self.poll_interval_s} must be > 0")
-    if not 0 <= self.loader_nice <= 19:
-      raise ConfigurationError(f"Exchange.loader_nice={self.loader_nice} must be in [0, 19]")
+    low, high = teachers_lib.LOADER_NICE_RANGE
+    if not low <= self.loader_nice <= high:
+      raise ConfigurationError(f"Exchange.loader_nice={self.loader_nice} must be in "
+                               f"[{low}, {high}]")
     if not 0 <= self.wait_for_first_teachers_s <= threading.TIMEOUT_MAX:
       raise ConfigurationError(f"Exchange.wait_for_first_teachers_s="
                                f"{self.wait_for_first_teachers_s} must be >= 0 and finite")

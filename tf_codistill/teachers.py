@@ -33,6 +33,8 @@ from tf_codistill import exchange
 from tf_codistill import lean_versions
 from tf_codistill import quantization
 
+# The nice increments a loading thread may take (Linux's range of nice values above 0).
+LOADER_NICE_RANGE = (0, 19)
 
 
 @dataclasses.dataclass
@@ -59,8 +61,9 @@ class TeacherPool:
                loader_nice: int = 0):
     if len(peers) != model.num_teachers:
       raise ValueError(f"{len(peers)} peers for a model with {model.num_teachers} teachers")
-    if not 0 <= loader_nice <= 19:
-      raise ValueError(f"loader_nice={loader_nice} must be in [0, 19]")
+    low, high = LOADER_NICE_RANGE
+    if not low <= loader_nice <= high:
+      raise ValueError(f"loader_nice={loader_nice} must be in [{low}, {high}]")
     self.loader_nice = int(loader_nice)
     self.exchange_dir = exchange_dir
     self.peers = list(peers)

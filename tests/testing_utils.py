@@ -142,12 +142,16 @@ def project_model(name):
       "categorical": tf.random.stateless_uniform([8, 26], [1, 2], 0, 100, tf.int64)}
 
 
-def student_and_pool(exchange_dir, peers=(1,), poll_interval_s=0.05, probe=None):
-  """A CodistillModel over ``small_net()`` with ``len(peers)`` teachers and its TeacherPool."""
+def student_and_pool(exchange_dir, peers=(1,), poll_interval_s=0.05, probe=None,
+                     teacher_policy=None):
+  """A CodistillModel over ``small_net()`` with ``len(peers)`` teachers (clones in the tf_keras
+  dtype policy ``teacher_policy``, e.g. 'bfloat16', if given) and its TeacherPool."""
   import tensorflow as tf
   from tf_codistill import teachers
-  from tf_codistill.model import CodistillModel
-  model = CodistillModel(small_net(), len(peers))
+  from tf_codistill.model import CodistillModel, clone_architecture
+  student = small_net()
+  factory = teacher_policy and (lambda: clone_architecture(student, teacher_policy))
+  model = CodistillModel(student, len(peers), teacher_factory=factory)
   model(tf.zeros([1, 4]))
   pool = teachers.TeacherPool(str(exchange_dir), list(peers), model,
                               tf.TensorSpec([None, 4], tf.float32), [None, 1],

@@ -52,7 +52,7 @@ class Exchange:
       19). 0 by default: 10 saved no throughput in a 2-core parameter-server group and made
       loads slower (the thread shares the Python GIL with the training loop).
     teacher_precision: ``float32``; ``bfloat16`` (teacher variables and compute in bfloat16:
-      half the memory, restored from peers' float32 versions through a float32 copy);
+      half the memory, read by key from peers' float32 versions and cast: restoring.py);
       ``mixed_bfloat16`` (float32 variables, bfloat16 compute); ``int8`` (Embedding and Dense
       weights as int8 codes with per-row scales, under a third of the memory: quantization.py).
     publish_format: how versions are published: whole SavedModels (the default), or lean

@@ -39,7 +39,7 @@ class ConvertedLayer(keras.layers.Layer):
     raise NotImplementedError
 
   def assign_float(self, values: Sequence[np.ndarray]) -> None:
-    """Converts the student's float weights ``values`` into this layer."""
+    """Converts the student's float weights ``values`` (arrays or tensors) into this layer."""
     raise NotImplementedError
 
 
@@ -161,8 +161,8 @@ def is_converted(model: keras.Model) -> bool:
 
 def restores_from_float32(model: keras.Model) -> bool:
   """Whether a float32 checkpoint of the student restores into ``model`` as it is: no converted
-  layers and every floating variable float32 (else it goes through a float32 copy and
-  ``assign_float_weights``)."""
+  layers and every floating variable float32 (else its float32 values are read by key,
+  ``restoring.py``, and assigned by ``assign_float_weights``)."""
   return not is_converted(model) and all(
       v.dtype == tf.float32 for v in model.weights if v.dtype.is_floating)
 
@@ -186,8 +186,9 @@ def float_weights(model: keras.Model) -> List[np.ndarray]:
 
 
 def assign_float_weights(model: keras.Model, values: Sequence[np.ndarray]) -> None:
-  """Assigns float weights (in the float model's ``weights`` order) to ``model``: cast into float
-  and bfloat16 variables, converted into converted layers (quantized, stacked).
+  """Assigns float weights (arrays or tensors, in the float model's ``weights`` order) to
+  ``model``: cast into float and bfloat16 variables, converted into converted layers (quantized,
+  stacked); the casts and stacking run on the current device.
 
   Raises:
     ValueError: the values do not match the model's weights in number or shape.
@@ -196,8 +197,9 @@ def assign_float_weights(model: keras.Model, values: Sequence[np.ndarray]) -> No
   if len(values) != len(shapes):
     raise ValueError(f"{len(values)} arrays for a model with {len(shapes)} weights")
   for value, shape in zip(values, shapes):
-    if tuple(np.shape(value)) != tuple(shape):
-      raise ValueError(f"an array of shape {np.shape(value)} where the teacher has {shape}")
+    value_shape = tuple(value.shape) if tf.is_tensor(value) else np.shape(value)  # no copy
+    if value_shape != tuple(shape):
+      raise ValueError(f"an array of shape {value_shape} where the teacher has {shape}")
   if not is_converted(model):
     for var, value in zip(model.weights, values):
       var.assign(tf.cast(value, var.dtype))

@@ -4,15 +4,16 @@ A background thread polls the exchange directory. For each peer with a version n
 in use it refuses links (``exchange.check_contained``), verifies the completeness marker and file
 sizes, checks the serving signature against the student's, restores the SavedModel's variables
 into the *inactive* copy of that peer's double-buffered teacher (``load_weights`` +
-``assert_existing_objects_matched``, so a half-restored model is an error; a bfloat16 teacher
-through a float32 copy, then cast) or rebuilds a lean version's arrays whole (bfloat16/int8
-weights, row deltas: ``lean_versions.LeanReader``) and assigns them (an int8 teacher quantizes
-them: ``quantization.py``), and rejects
-non-finite values and a teacher whose predictions on a probe batch of real inputs are NaN/Inf.
-The peer's graph (``saved_model.pb``) is parsed for its signature but never run. The training thread then only
-flips the peer's ``active_slot`` between two steps (``TeacherRefresh``, a step_hooks.StepHook):
-no I/O, no copy, no retrace on the training thread. Anything wrong with a version is logged with
-its path and the previous teacher (or none) stays in use.
+``assert_existing_objects_matched``, so a half-restored model is an error; a teacher in another
+precision or form reads the float32 values by key on the task that holds it, then casts or
+converts them: ``restoring``) or rebuilds a lean version's arrays whole (bfloat16/int8 weights,
+row deltas: ``lean_versions.LeanReader``) and assigns them (an int8 teacher quantizes them:
+``quantization.py``), and rejects non-finite values and a teacher whose predictions on a probe
+batch of real inputs are NaN/Inf. The peer's graph (``saved_model.pb``) is parsed for its
+signature but never run. The training thread then only flips the peer's ``active_slot`` between
+two steps (``TeacherRefresh``, a step_hooks.StepHook): no I/O, no copy, no retrace on the
+training thread. Anything wrong with a version is logged with its path and the previous teacher
+(or none) stays in use.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tf_codistill import step_hooks
 from tf_codistill import exchange
 from tf_codistill import lean_versions
 from tf_codistill import quantization
+from tf_codistill import restoring
 
 # The nice increments a loading thread may take (Linux's range of nice values above 0).
 LOADER_NICE_RANGE = (0, 19)
@@ -78,7 +80,7 @@ class TeacherPool:
     self._rejected: set = set()
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
-    self._staging: Optional[keras.Model] = None  # float32 restore target (see _restore)
+    self._float_copy: Optional[keras.Model] = None  # its structure gives checkpoint keys
     self._lean: Dict[int, lean_versions.LeanReader] = {}  # per teacher: the lean version held
     self.loads = 0
     self.rejections = 0
@@ -192,18 +194,19 @@ class TeacherPool:
 
   def _restore(self, target: keras.Model, prefix: str) -> None:
     """Restores the checkpoint at ``prefix`` into ``target``. A checkpoint restores only into
-    variables of its saved dtype (float32): a teacher kept in another precision (bfloat16, int8)
-    is restored into a float32 copy of its architecture, made once, then cast or quantized into
-    it (``quantization.assign_float_weights``), all off the training thread; so is a teacher in
-    another form of the student (stacked tables, ``quantization.ConvertedLayer``)."""
+    variables of its saved dtype (float32) and form: a teacher kept in another precision
+    (bfloat16, int8) or form (stacked tables, ``quantization.ConvertedLayer``) gets the float32
+    values read by key (``restoring``, the keys found through a float32 copy of its
+    architecture, made once) and cast or converted into it, on the task that holds it."""
     if quantization.restores_from_float32(target):
       target.load_weights(prefix).assert_existing_objects_matched()
       return
-    if self._staging is None:
-      self._staging = self._model.float32_copy()
-    self._staging.load_weights(prefix).assert_existing_objects_matched()
+    if self._float_copy is None:
+      self._float_copy = self._model.float32_copy()
     try:
-      quantization.assign_float_weights(target, self._staging.get_weights())
+      with tf.device(restoring.host_cpu(target)):
+        quantization.assign_float_weights(
+            target, restoring.read_float_weights(prefix, self._float_copy))
     except ValueError as e:
       raise ValueError(f"{prefix}: {e}") from None
 

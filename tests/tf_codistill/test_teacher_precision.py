@@ -52,8 +52,8 @@ def test_codistill_model_with_bfloat16_teachers_trains_in_float32():
 
 
 def test_pure_bfloat16_teacher_is_restored_from_a_float32_peer_version(tmp_path):
-  # A peer publishes its float32 model as usual; the pool restores it into a float32 copy and
-  # casts it into the bfloat16 teacher (a checkpoint restores only into its saved dtype).
+  # A peer publishes its float32 model as usual; the pool reads its float32 values by key and
+  # casts them into the bfloat16 teacher (a checkpoint restores only into its saved dtype).
   peer, output, x = project_model("lm")
   spec = {"tokens": tf.TensorSpec([None, 20], tf.int32)}
   exchange.publish(peer, str(tmp_path), 1, 40, spec)

@@ -34,8 +34,17 @@ def test_peer_without_versions_gives_no_teacher_then_its_publish_is_loaded(tmp_p
   assert pool.poll_once() == 0  # nothing newer
 
 
-def test_newest_corrupt_version_is_skipped_with_a_warning_naming_it(tmp_path, caplog):
-  model, pool = student_and_pool(tmp_path)
+def _assert_teacher_holds(model, net):
+  """The active teacher holds ``net``'s weights (as its variables' dtype keeps them)."""
+  for held, value in zip(model.active_teacher(0).weights, net.get_weights()):
+    np.testing.assert_array_equal(held.numpy(), tf.cast(value, held.dtype).numpy())
+
+
+# bfloat16 teachers are restored by key on the task that holds them (restoring.py), float32 ones
+# by load_weights: a bad version is refused by both.
+@pytest.mark.parametrize("policy", [None, "bfloat16"])
+def test_newest_corrupt_version_is_skipped_with_a_warning_naming_it(tmp_path, caplog, policy):
+  model, pool = student_and_pool(tmp_path, teacher_policy=policy)
   good = small_net(seed=3)
   exchange.publish(good, str(tmp_path), 1, 10, SPEC, keep_last=5)
   bad = exchange.publish(small_net(seed=4), str(tmp_path), 1, 20, SPEC, keep_last=5)
@@ -47,16 +56,18 @@ def test_newest_corrupt_version_is_skipped_with_a_warning_naming_it(tmp_path, ca
   assert bad in caplog.text and "keeping the previous teacher" in caplog.text
   activate_all(model, pool)
   assert model.teacher_steps.numpy().tolist() == [10]
-  np.testing.assert_array_equal(model.active_teacher(0).get_weights()[0], good.get_weights()[0])
+  _assert_teacher_holds(model, good)
   assert pool.rejections == 1
 
 
-def test_same_size_garbage_in_variables_is_refused_and_previous_teacher_kept(tmp_path, caplog):
-  model, pool = student_and_pool(tmp_path)
-  exchange.publish(small_net(seed=3), str(tmp_path), 1, 10, SPEC, keep_last=5)
+@pytest.mark.parametrize("policy", [None, "bfloat16"])
+def test_same_size_garbage_in_variables_is_refused_and_previous_teacher_kept(tmp_path, caplog,
+                                                                              policy):
+  model, pool = student_and_pool(tmp_path, teacher_policy=policy)
+  good = small_net(seed=3)
+  exchange.publish(good, str(tmp_path), 1, 10, SPEC, keep_last=5)
   pool.poll_once()
   activate_all(model, pool)
-  kept = [w.copy() for w in model.active_teacher(0).get_weights()]
   bad = exchange.publish(small_net(seed=4), str(tmp_path), 1, 20, SPEC, keep_last=5)
   index = os.path.join(bad, "variables", "variables.index")
   size = os.path.getsize(index)
@@ -67,8 +78,21 @@ def test_same_size_garbage_in_variables_is_refused_and_previous_teacher_kept(tmp
   assert bad in caplog.text
   activate_all(model, pool)
   assert model.teacher_steps.numpy().tolist() == [10]
-  for a, b in zip(model.active_teacher(0).get_weights(), kept):
-    np.testing.assert_array_equal(a, b)
+  _assert_teacher_holds(model, good)
+
+
+@pytest.mark.parametrize("policy", [None, "bfloat16"])
+def test_a_version_of_another_width_with_the_same_signature_is_refused(tmp_path, caplog, policy):
+  model, pool = student_and_pool(tmp_path, teacher_policy=policy)
+  good = small_net(seed=3)
+  exchange.publish(good, str(tmp_path), 1, 10, SPEC, keep_last=5)
+  wider = exchange.publish(small_net(seed=4, hidden=16), str(tmp_path), 1, 20, SPEC, keep_last=5)
+  with caplog.at_level(logging.WARNING):
+    assert pool.poll_once() == 1
+  assert f"{wider}: cannot restore variables" in caplog.text
+  activate_all(model, pool)
+  assert model.teacher_steps.numpy().tolist() == [10]
+  _assert_teacher_holds(model, good)
 
 
 def test_three_groups_average_over_both_peers(tmp_path):
@@ -223,12 +247,13 @@ def test_pool_refuses_wrong_number_of_peers(tmp_path):
 # the process's eager context for good) loads three teacher versions and reports the functions
 # each load added to its context, and whether the teacher holds the last version.
 _PS_COORDINATOR = r"""
+import os
 import numpy as np
 from tensorflow.python.eager import context
 from testing_utils import activate_all, small_net
-from tf_codistill import codistillation, exchange, teachers
+from tf_codistill import codistillation, exchange, restoring, teachers
 from tf_codistill.errors import ConfigurationError
-from tf_codistill.model import CodistillModel
+from tf_codistill.model import CodistillModel, clone_architecture
 
 exchange_dir = args[0]
 with strategy.scope():
@@ -260,6 +285,31 @@ except ConfigurationError as e:
   wait_refused = str(e)
 same = all(np.array_equal(a, b) for a, b in zip(teacher.get_weights(), peer.get_weights()))
 devices = sorted({v.device for v in teacher.weights})
+# A bfloat16 teacher is restored by key on the ps that holds it (restoring.py): the newest good
+# version (the NaN one refused), then a newer one with no new function.
+with strategy.scope():
+  student16 = small_net()
+  model16 = CodistillModel(student16, 1,
+                           teacher_factory=lambda: clone_architecture(student16, "bfloat16"))
+  model16(tf.zeros([1, 4]))
+pool16 = teachers.TeacherPool(exchange_dir, [1], model16, spec, [None, 1])
+loaded16 = [pool16.poll_once(), pool16.rejections]
+activate_all(model16, pool16)
+newest = small_net(seed=50)
+exchange.publish(newest, exchange_dir, 1, 50, spec, keep_last=5)
+before = set(context.context().list_function_names())
+loaded16 += [pool16.poll_once(), pool16.rejections]
+added16 = sorted(set(context.context().list_function_names()) - before)
+activate_all(model16, pool16)
+teacher16 = model16.active_teacher(0)
+same16 = all(np.array_equal(v.numpy(), tf.cast(w, tf.bfloat16).numpy())
+             for v, w in zip(teacher16.weights, newest.get_weights()))
+io_device = restoring.host_cpu(teacher16)
+with tf.device(io_device):
+  read = restoring.read_float_weights(
+      os.path.join(exchange.version_dir(exchange_dir, 1, 50), "variables", "variables"),
+      model16.float32_copy())
+read_devices = sorted({t.device for t in read})
 # Remote teacher variables: the copy choice stays one Case op (lowered, the unused copy's dead
 # ops would pass between the worker and the ps every step).
 graph = tf.function(model.teacher_target).get_concrete_function(spec).graph
@@ -267,16 +317,19 @@ lowering = [op.get_attr("_lower_using_switch_merge") for op in graph.get_operati
             if op.type in ("Case", "StatelessCase")]
 print(json.dumps({"added": added, "same": same, "devices": devices, "refused": refused,
                   "remote": model.teachers_are_remote(), "case_lowering": lowering,
-                  "wait_refused": wait_refused}))
+                  "wait_refused": wait_refused, "loaded16": loaded16, "added16": added16,
+                  "same16": same16, "devices16": sorted({v.device for v in teacher16.weights}),
+                  "io_device": io_device, "read_devices": read_devices}))
 """
 
 
 @pytest.mark.cluster
 def test_teacher_loads_on_parameter_servers_trace_no_new_functions(tmp_path):
   """Under ParameterServerStrategy the teachers live on the ps; loading a version restores into
-  them from the coordinator, with no function traced per load (a parameter server keeps every
-  function it is sent, for good), a version with a NaN weight is refused, and the step keeps the
-  copy choice as one Case op; a wait for the first teachers is refused there."""
+  them (a bfloat16 teacher: read by key and cast on the ps), with no function traced per load (a
+  parameter server keeps every function it is sent, for good), a version with a NaN weight is
+  refused, and the step keeps the copy choice as one Case op; a wait for the first teachers is
+  refused there."""
   report = run_ps_coordinator(_PS_COORDINATOR, tmp_path)
   assert report["devices"] == ["/job:ps/replica:0/task:0/device:CPU:0"]
   assert report["same"]
@@ -284,6 +337,11 @@ def test_teacher_loads_on_parameter_servers_trace_no_new_functions(tmp_path):
   assert report["refused"]
   assert report["remote"] and report["case_lowering"] == [False], report
   assert "wait_for_first_teachers_s cannot hold a ParameterServerStrategy" in report["wait_refused"]
+  ps_cpu = "/job:ps/replica:0/task:0/device:CPU:0"
+  assert report["loaded16"] == [1, 1, 1, 1], report["loaded16"]  # step 30 (40 refused), then 50
+  assert report["added16"] == [] and report["same16"]
+  assert report["devices16"] == [ps_cpu] and report["io_device"] == ps_cpu
+  assert report["read_devices"] == [ps_cpu]
 
 
 def test_all_finite_checks_every_value_and_every_shard():

@@ -75,7 +75,7 @@ class StackedEmbeddings(quantization.ConvertedLayer):
     return np.split(np.asarray(tf.convert_to_tensor(self.table), np.float32), self.num_tables)
 
   def assign_float(self, values: Sequence[np.ndarray]) -> None:
-    self.table.assign(tf.cast(np.concatenate(values, axis=0), self.table.dtype))
+    self.table.assign(tf.cast(tf.concat(values, axis=0), self.table.dtype))
 
   def get_config(self):
     return {**super().get_config(), "num_tables": self.num_tables, "input_dim": self.input_dim,

@@ -74,7 +74,7 @@ def define_flags() -> None:
                      "library's default); the harness's peer checks the step 4 times as often.")
   flags.DEFINE_integer("loader_nice", codistillation.Exchange.loader_nice,
                        "The refreshing arm's loading thread's nice increment (the library's "
-                       "default; 10 in summary.json's run of 2026-11-27).",
+                       "default; 10 in the summary.json of commit 0f18597).",
                        lower_bound=teachers.LOADER_NICE_RANGE[0],
                        upper_bound=teachers.LOADER_NICE_RANGE[1])
   flags.DEFINE_enum("teacher_form", "stacked", ["stacked", "clone"],

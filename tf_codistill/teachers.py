@@ -55,7 +55,7 @@ class TeacherPool:
   inactive teacher copies of ``model`` (a model.CodistillModel). ``loader_nice`` > 0 lowers that
   thread's priority (Linux: a per-thread nice increment). It is 0 by default: at 10 a 2-core
   parameter-server group lost as much throughput to refreshes as at 0 and its loads took longer
-  (benchmarks/results/cluster_step_times), likely because the thread shares the GIL with the
+  (benchmarks/results/cluster_step_times as of commit 0f18597), likely because the thread shares the GIL with the
   training loop, which then waits while a deprioritized holder is not scheduled."""
 
   def __init__(self, exchange_dir: str, peers: Sequence[int], model: keras.Model,

@@ -18,13 +18,15 @@ into one in ``models.ctr.StackedEmbeddings``). ``float_shapes``, ``float_weights
 
 from __future__ import annotations
 
-from typing import Iterator, List, Sequence
+from typing import Iterator, List, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
 from tf_codistill import weight_codecs
+
+ArrayOrTensor = Union[np.ndarray, tf.Tensor]  # float values to assign: numpy, or read by TF
 
 
 class ConvertedLayer(keras.layers.Layer):
@@ -38,7 +40,7 @@ class ConvertedLayer(keras.layers.Layer):
     """The float values this layer stands for, in the student's order."""
     raise NotImplementedError
 
-  def assign_float(self, values: Sequence[np.ndarray]) -> None:
+  def assign_float(self, values: Sequence[ArrayOrTensor]) -> None:
     """Converts the student's float weights ``values`` (arrays or tensors) into this layer."""
     raise NotImplementedError
 
@@ -60,7 +62,7 @@ class _Int8Layer(ConvertedLayer):
     kernel = self.codes.numpy().astype(np.float32) * self.scales.numpy()[:, None]
     return [kernel] + [w.numpy() for w in self.weights[2:]]
 
-  def assign_float(self, values: Sequence[np.ndarray]) -> None:
+  def assign_float(self, values: Sequence[ArrayOrTensor]) -> None:
     """Quantizes the float layer's weights ``values`` into this layer."""
     encoded = weight_codecs.encode(np.asarray(values[0], np.float32), "int8")
     self.codes.assign(encoded.values.reshape(self.codes.shape))
@@ -185,7 +187,7 @@ def float_weights(model: keras.Model) -> List[np.ndarray]:
                     else layer.get_weights())]
 
 
-def assign_float_weights(model: keras.Model, values: Sequence[np.ndarray]) -> None:
+def assign_float_weights(model: keras.Model, values: Sequence[ArrayOrTensor]) -> None:
   """Assigns float weights (arrays or tensors, in the float model's ``weights`` order) to
   ``model``: cast into float and bfloat16 variables, converted into converted layers (quantized,
   stacked); the casts and stacking run on the current device.

@@ -18,6 +18,7 @@ training thread. Anything wrong with a version is logged with its path and the p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -55,8 +56,9 @@ class TeacherPool:
   inactive teacher copies of ``model`` (a model.CodistillModel). ``loader_nice`` > 0 lowers that
   thread's priority (Linux: a per-thread nice increment). It is 0 by default: at 10 a 2-core
   parameter-server group lost as much throughput to refreshes as at 0 and its loads took longer
-  (benchmarks/results/cluster_step_times as of commit 0f18597), likely because the thread shares the GIL with the
-  training loop, which then waits while a deprioritized holder is not scheduled."""
+  (benchmarks/results/cluster_step_times as of commit 0f18597), likely because the thread
+  shares the GIL with the training loop, which then waits while a deprioritized holder is not
+  scheduled."""
 
   def __init__(self, exchange_dir: str, peers: Sequence[int], model: keras.Model,
                input_spec, output_shape, *, poll_interval_s: float = 2.0, probe=None,
@@ -197,18 +199,21 @@ class TeacherPool:
     variables of its saved dtype (float32) and form: a teacher kept in another precision
     (bfloat16, int8) or form (stacked tables, ``quantization.ConvertedLayer``) gets the float32
     values read by key (``restoring``, the keys found through a float32 copy of its
-    architecture, made once) and cast or converted into it, on the task that holds it."""
+    architecture, made once) and cast or converted into it, on the task that holds it; int8
+    codes are computed here (numpy, ``weight_codecs``), so an int8 teacher's values are read
+    here too."""
     if quantization.restores_from_float32(target):
       target.load_weights(prefix).assert_existing_objects_matched()
       return
     if self._float_copy is None:
       self._float_copy = self._model.float32_copy()
-    try:
-      with tf.device(restoring.host_cpu(target)):
-        quantization.assign_float_weights(
-            target, restoring.read_float_weights(prefix, self._float_copy))
-    except ValueError as e:
-      raise ValueError(f"{prefix}: {e}") from None
+    here = quantization.is_quantized(target)
+    with contextlib.nullcontext() if here else tf.device(restoring.host_cpu(target)):
+      values = restoring.read_weights(prefix, self._float_copy)  # its errors name prefix
+      try:
+        quantization.assign_float_weights(target, values)
+      except ValueError as e:
+        raise ValueError(f"{prefix}: {e}") from None
 
 
 def _lower_thread_priority(nice: int) -> None:

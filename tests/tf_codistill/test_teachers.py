@@ -16,7 +16,7 @@ from testing_utils import activate_all, run_ps_coordinator, small_net, student_a
 from tf_codistill import step_hooks
 from tf_codistill import exchange
 from tf_codistill import teachers
-from tf_codistill.model import CodistillModel
+from tf_codistill.model import CodistillModel, clone_architecture
 
 SPEC = tf.TensorSpec([None, 4], tf.float32)
 
@@ -93,6 +93,26 @@ def test_a_version_of_another_width_with_the_same_signature_is_refused(tmp_path,
   activate_all(model, pool)
   assert model.teacher_steps.numpy().tolist() == [10]
   _assert_teacher_holds(model, good)
+
+
+def test_a_bfloat16_teacher_of_a_student_with_an_integer_weight_is_loaded(tmp_path):
+  # Normalization keeps an int64 count beside its float statistics: read in its own dtype.
+  def normalized(data):
+    x = keras.Input((4,))
+    norm = keras.layers.Normalization()
+    norm.adapt(data)
+    return keras.Model(x, keras.layers.Dense(1)(norm(x)))
+  peer = normalized(np.arange(12, dtype=np.float32).reshape(3, 4))
+  exchange.publish(peer, str(tmp_path), 1, 10, SPEC)
+  student = normalized(np.ones([2, 4], np.float32))
+  model = CodistillModel(student, 1,
+                         teacher_factory=lambda: clone_architecture(student, "bfloat16"))
+  model(tf.zeros([1, 4]))
+  pool = teachers.TeacherPool(str(tmp_path), [1], model, SPEC, [None, 1])
+  assert pool.poll_once() == 1 and pool.rejections == 0
+  activate_all(model, pool)
+  assert tf.int64 in [w.dtype for w in model.active_teacher(0).weights]
+  _assert_teacher_holds(model, peer)
 
 
 def test_three_groups_average_over_both_peers(tmp_path):
@@ -247,11 +267,10 @@ def test_pool_refuses_wrong_number_of_peers(tmp_path):
 # the process's eager context for good) loads three teacher versions and reports the functions
 # each load added to its context, and whether the teacher holds the last version.
 _PS_COORDINATOR = r"""
-import os
 import numpy as np
 from tensorflow.python.eager import context
 from testing_utils import activate_all, small_net
-from tf_codistill import codistillation, exchange, restoring, teachers
+from tf_codistill import codistillation, exchange, quantization, restoring, teachers
 from tf_codistill.errors import ConfigurationError
 from tf_codistill.model import CodistillModel, clone_architecture
 
@@ -286,7 +305,15 @@ except ConfigurationError as e:
 same = all(np.array_equal(a, b) for a, b in zip(teacher.get_weights(), peer.get_weights()))
 devices = sorted({v.device for v in teacher.weights})
 # A bfloat16 teacher is restored by key on the ps that holds it (restoring.py): the newest good
-# version (the NaN one refused), then a newer one with no new function.
+# version (the NaN one refused), then a newer one with no new function. Where the pool's reads
+# ran is recorded.
+reads = []
+read_weights = restoring.read_weights
+def recorded_read(prefix, model):
+  values = read_weights(prefix, model)
+  reads.append(sorted({t.device for t in values}))
+  return values
+restoring.read_weights = recorded_read
 with strategy.scope():
   student16 = small_net()
   model16 = CodistillModel(student16, 1,
@@ -304,12 +331,18 @@ activate_all(model16, pool16)
 teacher16 = model16.active_teacher(0)
 same16 = all(np.array_equal(v.numpy(), tf.cast(w, tf.bfloat16).numpy())
              for v, w in zip(teacher16.weights, newest.get_weights()))
-io_device = restoring.host_cpu(teacher16)
-with tf.device(io_device):
-  read = restoring.read_float_weights(
-      os.path.join(exchange.version_dir(exchange_dir, 1, 50), "variables", "variables"),
-      model16.float32_copy())
-read_devices = sorted({t.device for t in read})
+reads16 = list(reads)
+# An int8 teacher's codes are computed by numpy in the coordinator: its values are read there.
+with strategy.scope():
+  student8 = small_net()
+  model8 = CodistillModel(student8, 1, teacher_factory=lambda: quantization.int8_copy(student8))
+  model8(tf.zeros([1, 4]))
+pool8 = teachers.TeacherPool(exchange_dir, [1], model8, spec, [None, 1])
+loaded8 = pool8.poll_once()
+activate_all(model8, pool8)
+reads8 = reads[len(reads16):]
+close8 = all(np.allclose(a, b, atol=0.02) for a, b in
+             zip(quantization.float_weights(model8.active_teacher(0)), newest.get_weights()))
 # Remote teacher variables: the copy choice stays one Case op (lowered, the unused copy's dead
 # ops would pass between the worker and the ps every step).
 graph = tf.function(model.teacher_target).get_concrete_function(spec).graph
@@ -319,7 +352,8 @@ print(json.dumps({"added": added, "same": same, "devices": devices, "refused": r
                   "remote": model.teachers_are_remote(), "case_lowering": lowering,
                   "wait_refused": wait_refused, "loaded16": loaded16, "added16": added16,
                   "same16": same16, "devices16": sorted({v.device for v in teacher16.weights}),
-                  "io_device": io_device, "read_devices": read_devices}))
+                  "io_device": restoring.host_cpu(teacher16), "reads16": reads16,
+                  "loaded8": loaded8, "reads8": reads8, "close8": close8}))
 """
 
 
@@ -341,7 +375,10 @@ def test_teacher_loads_on_parameter_servers_trace_no_new_functions(tmp_path):
   assert report["loaded16"] == [1, 1, 1, 1], report["loaded16"]  # step 30 (40 refused), then 50
   assert report["added16"] == [] and report["same16"]
   assert report["devices16"] == [ps_cpu] and report["io_device"] == ps_cpu
-  assert report["read_devices"] == [ps_cpu]
+  # Versions 40 (read, then refused for its NaN), 30 and 50.
+  assert report["reads16"] == [[ps_cpu]] * 3, report["reads16"]
+  assert report["loaded8"] == 1 and report["close8"]
+  assert report["reads8"] == [["/job:chief/replica:0/task:0/device:CPU:0"]], report["reads8"]
 
 
 def test_all_finite_checks_every_value_and_every_shard():

@@ -74,7 +74,7 @@ class StackedEmbeddings(quantization.ConvertedLayer):
   def float_weights(self) -> List[np.ndarray]:
     return np.split(np.asarray(tf.convert_to_tensor(self.table), np.float32), self.num_tables)
 
-  def assign_float(self, values: Sequence[np.ndarray]) -> None:
+  def assign_float(self, values: Sequence[quantization.ArrayOrTensor]) -> None:
     self.table.assign(tf.cast(tf.concat(values, axis=0), self.table.dtype))
 
   def get_config(self):

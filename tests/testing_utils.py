@@ -127,6 +127,16 @@ def small_net(seed=0, outputs=1, inputs=4, hidden=8, input_dtype="float32", outp
   return keras.Model(x, out)
 
 
+def normalized_net(data):
+  """A Normalization layer adapted to ``data`` ([B, 4]; it keeps an int64 ``count`` beside its
+  float statistics), then a Dense logit."""
+  import tf_keras as keras
+  x = keras.Input((4,))
+  norm = keras.layers.Normalization()
+  norm.adapt(data)
+  return keras.Model(x, keras.layers.Dense(1)(norm(x)))
+
+
 def project_model(name):
   """(model, output, a batch of 8 inputs) of a small project model: 'lm', 'resnet' or 'ctr'."""
   import tensorflow as tf

@@ -280,7 +280,7 @@ class CodistillModel(keras.Model):
   def float32_copy(self) -> keras.Model:
     """A float32 model of the teachers' architecture with its variables created (from the
     inputs the model was first called on): whose object graph finds a peer checkpoint's keys
-    for a teacher in another precision or form (``restoring.read_float_weights``)."""
+    for a teacher in another precision or form (``restoring.read_weights``)."""
     copy = self.copy_student()
     if not copy.weights:
       if self._features_spec is None:

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from testing_utils import small_net
+from testing_utils import normalized_net, small_net
 from tf_codistill import exchange
 from tf_codistill import restoring
 
@@ -33,19 +33,12 @@ def test_read_weights_gives_a_published_versions_values_in_weights_order(tmp_pat
   assert len(set(keys)) == 4 and all(k.endswith("/.ATTRIBUTES/VARIABLE_VALUE") for k in keys)
 
 
-def _normalized_net(data):
-  x = keras.Input((4,))
-  norm = keras.layers.Normalization()
-  norm.adapt(data)
-  return keras.Model(x, keras.layers.Dense(1)(norm(x)))
-
-
 def test_weights_that_are_not_float_are_read_in_their_own_dtype(tmp_path):
   data = np.arange(12, dtype=np.float32).reshape(3, 4)
-  peer = _normalized_net(data)
+  peer = normalized_net(data)
   assert tf.int64 in [w.dtype for w in peer.weights]  # Normalization's count
   path = exchange.publish(peer, str(tmp_path), 1, 10, SPEC)
-  values = restoring.read_weights(_prefix(path), _normalized_net(data[:2]))
+  values = restoring.read_weights(_prefix(path), normalized_net(data[:2]))
   assert [v.dtype for v in values] == [w.dtype for w in peer.weights]
   for value, expected in zip(values, peer.get_weights()):
     np.testing.assert_array_equal(value.numpy(), expected)

@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from testing_utils import activate_all, run_ps_coordinator, small_net, student_and_pool
+from testing_utils import (activate_all, normalized_net, run_ps_coordinator, small_net,
+                           student_and_pool)
 from tf_codistill import step_hooks
 from tf_codistill import exchange
 from tf_codistill import teachers
@@ -97,14 +98,9 @@ def test_a_version_of_another_width_with_the_same_signature_is_refused(tmp_path,
 
 def test_a_bfloat16_teacher_of_a_student_with_an_integer_weight_is_loaded(tmp_path):
   # Normalization keeps an int64 count beside its float statistics: read in its own dtype.
-  def normalized(data):
-    x = keras.Input((4,))
-    norm = keras.layers.Normalization()
-    norm.adapt(data)
-    return keras.Model(x, keras.layers.Dense(1)(norm(x)))
-  peer = normalized(np.arange(12, dtype=np.float32).reshape(3, 4))
+  peer = normalized_net(np.arange(12, dtype=np.float32).reshape(3, 4))
   exchange.publish(peer, str(tmp_path), 1, 10, SPEC)
-  student = normalized(np.ones([2, 4], np.float32))
+  student = normalized_net(np.ones([2, 4], np.float32))
   model = CodistillModel(student, 1,
                          teacher_factory=lambda: clone_architecture(student, "bfloat16"))
   model(tf.zeros([1, 4]))

@@ -45,7 +45,7 @@ class ConvertedLayer(keras.layers.Layer):
     raise NotImplementedError
 
 
-class _Int8Layer(ConvertedLayer):
+class Int8Layer(ConvertedLayer):
   """A layer with one int8-coded weight (``codes`` + per-row ``scales``) and maybe a bias."""
 
   def _add_codes(self, rows: int, width: int) -> None:
@@ -71,7 +71,7 @@ class _Int8Layer(ConvertedLayer):
       var.assign(tf.cast(value, var.dtype))
 
 
-class Int8Embedding(_Int8Layer):
+class Int8Embedding(Int8Layer):
   """``keras.layers.Embedding`` with int8 rows: gathers codes and scales, then dequantizes."""
 
   def __init__(self, input_dim: int, output_dim: int, mask_zero: bool = False, **kwargs):
@@ -91,7 +91,7 @@ class Int8Embedding(_Int8Layer):
     return tf.not_equal(inputs, 0) if self.mask_zero else None
 
 
-class Int8Dense(_Int8Layer):
+class Int8Dense(Int8Layer):
   """``keras.layers.Dense`` with an int8 kernel (one scale per input row)."""
 
   def __init__(self, units: int, activation=None, use_bias: bool = True, **kwargs):
@@ -152,7 +152,7 @@ def _leaves(model: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
 
 def is_quantized(model: keras.Model) -> bool:
   """Whether ``model`` has int8 layers."""
-  return any(isinstance(layer, _Int8Layer) for layer in _leaves(model))
+  return any(isinstance(layer, Int8Layer) for layer in _leaves(model))
 
 
 def is_converted(model: keras.Model) -> bool:

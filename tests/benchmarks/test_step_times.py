@@ -136,8 +136,8 @@ def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
                        "codistill_one_teacher",
                        "codistill_bfloat16_teacher", "codistill_mixed_bfloat16_teacher",
                        "codistill_int8_teacher", "codistill_stacked_teacher",
-                       "codistill_stacked_bfloat16_teacher", "codistill_lookups_only_teacher",
-                       "codistill_cached_tables_teacher"}
+                       "codistill_stacked_bfloat16_teacher", "codistill_stacked_int8_teacher",
+                       "codistill_lookups_only_teacher", "codistill_cached_tables_teacher"}
   for name, variables in (("codistill_bfloat16_teacher", "bfloat16"),
                           ("codistill_mixed_bfloat16_teacher", "float32")):
     teacher = arms[name].teacher_slots[0][0]
@@ -149,6 +149,8 @@ def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
                       ("codistill_stacked_bfloat16_teacher", "bfloat16")):
     stacked = arms[name].active_teacher(0).get_layer("stacked_embeddings")
     assert stacked.table.dtype == dtype and stacked.table.shape == (26 * 50, 2)
+  stacked = arms["codistill_stacked_int8_teacher"].active_teacher(0).get_layer("stacked_embeddings")
+  assert stacked.codes.dtype == tf.int8 and stacked.codes.shape == (26 * 50, 2)
   summary = teacher_overhead.measure(arms, teacher_overhead._dataset(8, 50), steps=3, rounds=2)
   assert {row["steps"] for row in summary["step_times"].values()} == {6}
   assert int(arms["codistill_int8_teacher"].optimizer.iterations.numpy()) == 2 * (3 + 3)
@@ -156,7 +158,9 @@ def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
     assert ratio["median"] > 0 and len(ratio["rounds"]) == 2
   assert {"no_teacher_again_vs_no_teacher", "lookups_only_teacher_vs_no_teacher",
           "cached_tables_teacher_vs_no_teacher", "stacked_teacher_vs_no_teacher",
-          "stacked_bfloat16_teacher_vs_no_teacher"} <= set(summary["ratios"])
+          "stacked_bfloat16_teacher_vs_no_teacher", "stacked_int8_teacher_vs_no_teacher"
+          } <= set(summary["ratios"])
+  assert set(teacher_overhead.GOAL_RATIOS.values()) <= set(summary["ratios"])
   for name in teacher_overhead.PART_ARMS:  # loaded, and really a part of the CTR teacher
     assert arms[name].teacher_steps.numpy().tolist() == [0]
   lookups = arms["codistill_lookups_only_teacher"].active_teacher(0)

@@ -244,8 +244,9 @@ def test_export_writes_the_student_with_the_serving_signature(tmp_path):
 
 @pytest.mark.parametrize("name", ["ctr", "lm"])
 def test_the_distill_term_is_the_loss_toward_the_teachers_target_and_zero_when_off(name):
-  # The teachers' forward passes and the loss are two conds (model._distill_term): the term must
-  # still be the distillation loss of the student's logits toward the averaged teacher target.
+  # The teachers' forward passes are a cond and the loss is gated by tf.where
+  # (model._distill_term): the term must still be the distillation loss of the student's logits
+  # toward the averaged teacher target, and exactly zero when off.
   from testing_utils import project_model
   from tf_codistill import losses
   student, output, x = project_model(name)

@@ -33,7 +33,7 @@ def test_an_int8_copy_predicts_like_its_float_model(name):
   teacher = quantization.int8_copy(model)
   teacher(x, training=False)
   quantization.assign_float_weights(teacher, model.get_weights())
-  quantized = [layer for layer in teacher.layers if isinstance(layer, quantization._Int8Layer)]
+  quantized = [layer for layer in teacher.layers if isinstance(layer, quantization.Int8Layer)]
   assert quantized and all(layer.codes.dtype == tf.int8 for layer in quantized)
   probs = losses.probabilities(teacher(x, training=False), output).numpy()
   diff = np.abs(probs - reference)

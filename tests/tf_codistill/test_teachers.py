@@ -111,6 +111,32 @@ def test_a_bfloat16_teacher_of_a_student_with_an_integer_weight_is_loaded(tmp_pa
   _assert_teacher_holds(model, peer)
 
 
+@pytest.mark.parametrize("policy, tolerance", [(None, 0.0), ("bfloat16", 0.02), ("int8", 0.02)])
+def test_the_ctr_models_stacked_teacher_is_loaded_in_each_precision(tmp_path, policy, tolerance):
+  from tf_codistill import quantization
+  from tf_codistill.models import ctr
+  make = lambda seed: ctr.ctr_model(num_buckets=30, embedding_dim=4, hidden_units=(8,), seed=seed)
+  spec = {"dense": tf.TensorSpec([None, 13], tf.float32),
+          "categorical": tf.TensorSpec([None, 26], tf.int64)}
+  x = {"dense": tf.random.stateless_normal([6, 13], [1, 2]),
+       "categorical": tf.random.stateless_uniform([6, 26], [3, 4], 0, 30, tf.int64)}
+  peer = make(seed=5)
+  exchange.publish(peer, str(tmp_path), 1, 20, spec)
+  student = make(seed=0)
+  model = CodistillModel(student, 1,
+                         teacher_factory=lambda: ctr.ctr_teacher(student, dtype_policy=policy))
+  model(x)
+  pool = teachers.TeacherPool(str(tmp_path), [1], model, spec, [None, 1])
+  assert pool.poll_once() == 1 and pool.rejections == 0
+  activate_all(model, pool)
+  teacher = model.active_teacher(0)
+  assert quantization.is_quantized(teacher) == (policy == "int8")
+  np.testing.assert_allclose(tf.cast(teacher(x), tf.float32), peer(x), atol=tolerance)
+  if policy is None:
+    for back, want in zip(quantization.float_weights(teacher), peer.get_weights()):
+      np.testing.assert_array_equal(back, want)
+
+
 def test_three_groups_average_over_both_peers(tmp_path):
   model, pool = student_and_pool(tmp_path, peers=(0, 2))
   peers = {0: small_net(seed=11), 2: small_net(seed=12)}

@@ -82,13 +82,37 @@ class StackedEmbeddings(quantization.ConvertedLayer):
             "output_dim": self.output_dim}
 
 
+class Int8StackedEmbeddings(StackedEmbeddings, quantization.Int8Layer):
+  """StackedEmbeddings with int8 rows (quantization's codec: codes and one scale per row, so
+  each table's codes are the ones it would have alone): one gather of codes and one of scales,
+  then one dequantize, instead of the five ops per table of ``quantization.Int8Embedding``."""
+
+  def build(self, input_shape):
+    self._add_codes(self.num_tables * self.input_dim, self.output_dim)
+    quantization.Int8Layer.build(self, input_shape)
+
+  def call(self, ids):
+    ids = ids + tf.range(self.num_tables, dtype=ids.dtype) * self.input_dim
+    rows = (tf.cast(tf.gather(self.codes, ids), tf.float32)
+            * tf.expand_dims(tf.gather(self.scales, ids), -1))
+    return tf.reshape(rows, [-1, self.num_tables * self.output_dim])
+
+  def float_weights(self) -> List[np.ndarray]:
+    return np.split(quantization.Int8Layer.float_weights(self)[0], self.num_tables)
+
+  def assign_float(self, values: Sequence[quantization.ArrayOrTensor]) -> None:
+    table = np.concatenate([np.asarray(value, np.float32) for value in values])
+    quantization.Int8Layer.assign_float(self, [table])
+
+
 @gin.configurable(module="models")
 def ctr_teacher(student: keras.Model, dtype_policy: Optional[str] = None) -> keras.Model:
   """A teacher copy of ``student`` (a ``ctr_model``) with its tables stacked into one
   (StackedEmbeddings): the same predictions from fewer, cheaper ops in the train step. Pass it as
   ``CodistillModel(teacher_factory=lambda: ctr_teacher(student))`` or bind
   ``trainer.train.teacher_fn = @models.ctr_teacher``. ``dtype_policy`` (e.g. ``'bfloat16'``)
-  builds it in that tf_keras dtype policy, as ``teacher_precision`` does for a clone.
+  builds it in that tf_keras dtype policy, as ``teacher_precision`` does for a clone; ``'int8'``
+  builds it with int8 tables and kernels (Int8StackedEmbeddings, ``quantization.Int8Dense``).
 
   Raises:
     ValueError: ``student`` is not a ctr_model.
@@ -106,10 +130,16 @@ def ctr_teacher(student: keras.Model, dtype_policy: Optional[str] = None) -> ker
   dense_in = keras.Input(inputs["dense"].shape[1:], dtype=inputs["dense"].dtype, name="dense")
   cat_in = keras.Input(inputs["categorical"].shape[1:], dtype=inputs["categorical"].dtype,
                        name="categorical")
-  x = StackedEmbeddings(len(tables), tables[0].input_dim, tables[0].output_dim,
-                        dtype=dtype_policy, name="stacked_embeddings")(cat_in)
-  x = keras.layers.Concatenate(dtype=dtype_policy, name="concat")([x, dense_in])
+  int8 = dtype_policy == "int8"
+  policy = None if int8 else dtype_policy
+  x = (Int8StackedEmbeddings if int8 else StackedEmbeddings)(
+      len(tables), tables[0].input_dim, tables[0].output_dim, dtype=policy,
+      name="stacked_embeddings")(cat_in)
+  x = keras.layers.Concatenate(dtype=policy, name="concat")([x, dense_in])
   for layer in dense_layers:
-    x = keras.layers.Dense(layer.units, activation=layer.activation, use_bias=layer.use_bias,
-                           kernel_initializer="zeros", dtype=dtype_policy, name=layer.name)(x)
+    if int8:
+      x = quantization.Int8Dense(layer.units, layer.activation, layer.use_bias, name=layer.name)(x)
+    else:
+      x = keras.layers.Dense(layer.units, activation=layer.activation, use_bias=layer.use_bias,
+                             kernel_initializer="zeros", dtype=policy, name=layer.name)(x)
   return keras.Model({"dense": dense_in, "categorical": cat_in}, x, name="ctr_teacher")

@@ -61,6 +61,31 @@ def test_a_stacked_teacher_predicts_like_its_student(policy, tolerance):
       np.testing.assert_array_equal(back, want)
 
 
+def test_an_int8_stacked_teacher_holds_each_tables_own_codes_and_predicts_like_its_student():
+  student = ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16, 8), seed=0)
+  x = _batch()
+  teacher = ctr.ctr_teacher(student, dtype_policy="int8")
+  teacher(x)
+  quantization.assign_float_weights(teacher, student.get_weights())
+  assert quantization.is_quantized(teacher)
+  stacked = teacher.get_layer("stacked_embeddings")
+  assert stacked.codes.dtype == tf.int8 and stacked.codes.shape == (26 * 100, 4)
+  # The same codes and scales as the clone's 26 Int8Embedding tables, in order.
+  clone = quantization.int8_copy(student)
+  clone(x)
+  quantization.assign_float_weights(clone, student.get_weights())
+  tables = [layer for layer in clone.layers if isinstance(layer, quantization.Int8Embedding)]
+  np.testing.assert_array_equal(stacked.codes.numpy(),
+                                np.concatenate([t.codes.numpy() for t in tables]))
+  np.testing.assert_array_equal(stacked.scales.numpy(),
+                                np.concatenate([t.scales.numpy() for t in tables]))
+  np.testing.assert_allclose(teacher(x).numpy(), clone(x).numpy(), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(teacher(x).numpy(), student(x).numpy(), atol=0.02)
+  for back, want in zip(quantization.float_weights(teacher), student.get_weights()):
+    assert back.shape == want.shape
+    np.testing.assert_allclose(back, want, atol=np.abs(want).max() / 127 + 1e-7)
+
+
 def test_a_stacked_lookup_reads_each_column_from_its_own_table():
   student = ctr.ctr_model(num_dense=2, num_categorical=3, num_buckets=5, embedding_dim=2,
                           hidden_units=(), seed=0)

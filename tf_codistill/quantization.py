@@ -52,6 +52,11 @@ class Int8Layer(ConvertedLayer):
     self.codes = self.add_weight("codes", [rows, width], tf.int8, "zeros", trainable=False)
     self.scales = self.add_weight("scales", [rows], tf.float32, "zeros", trainable=False)
 
+  def dequantized_rows(self, ids: tf.Tensor) -> tf.Tensor:
+    """The float32 rows ``ids`` of the coded weight: one gather of codes, one of scales."""
+    return (tf.cast(tf.gather(self.codes, ids), tf.float32)
+            * tf.expand_dims(tf.gather(self.scales, ids), -1))
+
   def float_shapes(self) -> List[tf.TensorShape]:
     """Shapes of the float layer's weights this layer holds, in that layer's order."""
     return [self.codes.shape] + ([self.bias.shape] if getattr(self, "bias", None) is not None
@@ -84,8 +89,7 @@ class Int8Embedding(Int8Layer):
 
   def call(self, inputs):
     ids = tf.cast(inputs, tf.int32) if inputs.dtype not in (tf.int32, tf.int64) else inputs
-    return (tf.cast(tf.gather(self.codes, ids), tf.float32)
-            * tf.expand_dims(tf.gather(self.scales, ids), -1))
+    return self.dequantized_rows(ids)
 
   def compute_mask(self, inputs, mask=None):
     return tf.not_equal(inputs, 0) if self.mask_zero else None

@@ -63,9 +63,12 @@ class StackedEmbeddings(quantization.ConvertedLayer):
                                  self.variable_dtype, "zeros", trainable=False)
     super().build(input_shape)
 
+  def stacked_ids(self, ids: tf.Tensor) -> tf.Tensor:
+    """Each column's ids as rows of the stacked table (column j's table starts at row j * N)."""
+    return ids + tf.range(self.num_tables, dtype=ids.dtype) * self.input_dim
+
   def call(self, ids):
-    offsets = tf.range(self.num_tables, dtype=ids.dtype) * self.input_dim
-    rows = tf.nn.embedding_lookup(self.table, ids + offsets)  # also a sharded (ps) table
+    rows = tf.nn.embedding_lookup(self.table, self.stacked_ids(ids))  # also a sharded (ps) table
     return tf.reshape(tf.cast(rows, self.compute_dtype), [-1, self.num_tables * self.output_dim])
 
   def float_shapes(self) -> List[tf.TensorShape]:
@@ -92,9 +95,7 @@ class Int8StackedEmbeddings(StackedEmbeddings, quantization.Int8Layer):
     quantization.Int8Layer.build(self, input_shape)
 
   def call(self, ids):
-    ids = ids + tf.range(self.num_tables, dtype=ids.dtype) * self.input_dim
-    rows = (tf.cast(tf.gather(self.codes, ids), tf.float32)
-            * tf.expand_dims(tf.gather(self.scales, ids), -1))
+    rows = self.dequantized_rows(self.stacked_ids(ids))
     return tf.reshape(rows, [-1, self.num_tables * self.output_dim])
 
   def float_weights(self) -> List[np.ndarray]:

@@ -1,7 +1,9 @@
 """Step times of one codistillation group on real local clusters, on the step-time harness: a
 parameter-server group (2 workers + 1 ps, this benchmark's coordinator) and a MultiWorkerMirrored
 group (2 worker processes), each with three arms interleaved round by round: no teacher, one
-loaded teacher, and one teacher refreshed from a peer's newer versions while it trains. Each
+loaded teacher, and one teacher refreshed from a peer's newer versions while it trains; and, on
+request (``--groups=one_process``), the same arms in one process with no cluster, where a
+refresh's cost is not lost in the noise of four processes sharing the machine. Each
 group is launched ``--launches`` times (fresh task processes each time, the groups alternating):
 two single launches of this benchmark disagreed by more than their own intervals (parameter-server
 teacher ratio 0.934 then 0.902, refresh loss 2.2% then 10.3%), so the rounds of every launch are
@@ -80,7 +82,10 @@ def define_flags() -> None:
   flags.DEFINE_enum("teacher_form", "stacked", ["stacked", "clone"],
                     "The teachers' form: the CTR model's own (models.ctr_teacher, one stacked "
                     "table) or a clone of the student (the form measured before 2026-11-27).")
-  flags.DEFINE_list("groups", ["parameter_server", "multi_worker_mirrored"], "Groups measured.")
+  flags.DEFINE_list("groups", ["parameter_server", "multi_worker_mirrored"],
+                    f"Groups measured, of {', '.join(GROUPS)}.")
+  flags.register_validator("groups", lambda groups: set(groups) <= set(GROUPS),
+                           f"--groups: each must be one of {', '.join(GROUPS)}")
   flags.DEFINE_string("role", "", "Internal: the task a child process runs.")
   flags.DEFINE_string("cluster", "", "Internal: the cluster spec (JSON).")
   flags.DEFINE_integer("task_index", 0, "Internal: the task's index.")
@@ -89,6 +94,7 @@ def define_flags() -> None:
 
 
 ARMS = ("no_teacher", "teacher", "teacher_refresh")
+GROUPS = ("parameter_server", "multi_worker_mirrored", "one_process")
 GOALS = {"teacher_throughput_ratio_parameter_server": (">=", 0.93),
          "refresh_throughput_loss": ("<=", 0.03)}
 PEER = 1
@@ -231,6 +237,13 @@ def _mirrored_worker(work: str) -> None:
     standalone.write_json(FLAGS.part_out, result)
 
 
+def _one_process(work: str) -> None:
+  """The arms in one process with no cluster (the default strategy): a refresh's cost where no
+  other task shares the machine. Writes ``--part_out``."""
+  standalone.write_json(FLAGS.part_out, _measure(tf.distribute.get_strategy(),
+                                                 _dataset(FLAGS.batch_size), work, chief=True))
+
+
 def config() -> dict:
   """The settings a launch's times depend on (a finished launch is reused only under these)."""
   return {name: getattr(FLAGS, name) for name in
@@ -278,6 +291,9 @@ def run_group(group: str, work: str, settings: dict, sources: str) -> dict:
     cluster = local_cluster.free_cluster({"chief": 1, "worker": 2, "ps": 1})
     serving = local_cluster.servers(cluster)
     measuring = lambda: [_child("coordinate", part, cluster, settings)]
+  elif group == "one_process":
+    serving = contextlib.nullcontext()
+    measuring = lambda: [_child("one_process", part, {}, settings)]
   else:
     cluster = local_cluster.free_cluster({"worker": 2})
     serving = contextlib.nullcontext()
@@ -366,6 +382,8 @@ def main(argv):
     return _coordinate(os.path.dirname(FLAGS.part_out))
   if FLAGS.role == "mirrored":
     return _mirrored_worker(os.path.dirname(FLAGS.part_out))
+  if FLAGS.role == "one_process":
+    return _one_process(os.path.dirname(FLAGS.part_out))
   work = standalone.work_dir("cluster_step_times")
   settings = config()
   records = run_launches(FLAGS.groups, FLAGS.launches, work, settings, standalone.source_digest())

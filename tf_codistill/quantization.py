@@ -4,10 +4,11 @@
 ``Dense`` layer replaced by an int8 one: codes ``round(w / scale)`` with one float32 scale per
 row of the weight seen as rows of its last axis (``weight_codecs``' int8 codec: an embedding row,
 a kernel's input row), dequantized where they are used. An embedding dequantizes only the rows it
-gathers; a dense layer scales its inputs by the row scales and multiplies them with the codes
-(``x @ (scale * codes) == (x * scale) @ codes``). Other layers (LSTM, convolutions, batch norm)
-keep float32 variables. A row of width w takes w + 4 bytes instead of 4w (0.31 of it for the
-CTR model's 16-wide embeddings). A teacher copy is never trained: its values come from a peer's float32
+gathers; a dense layer dequantizes its kernel each call and multiplies in bfloat16 (int8 codes
+times a float32 scale, rounded to bfloat16: the precision of a bfloat16 teacher's weights), its
+output in the layer's compute dtype. Other layers (LSTM, convolutions, batch norm) keep float32
+variables. A row of width w takes w + 4 bytes instead of 4w (0.31 of it for the CTR model's
+16-wide embeddings). A teacher copy is never trained: its values come from a peer's float32
 weights through ``assign_float_weights``, quantized off the training thread.
 
 Int8 layers are one kind of ``ConvertedLayer``: a teacher layer that holds the float weights of
@@ -110,17 +111,20 @@ class Int8Dense(Int8Layer):
     super().build(input_shape)
 
   def call(self, inputs):
-    # int8 codes are exact in bfloat16: the product runs in bfloat16 (oneDNN's bf16 kernels,
-    # about twice float32's speed on CPUs with AVX512_BF16/AMX), accumulated in float32.
-    kernel = tf.cast(self.codes, tf.bfloat16)
-    scaled = tf.cast(tf.cast(inputs, tf.float32) * self.scales, tf.bfloat16)
+    # The kernel is dequantized through float32 (TF's int8 -> bfloat16 cast is slower than
+    # int8 -> float32, a multiply and float32 -> bfloat16 together) and multiplied in bfloat16
+    # (oneDNN's bf16 kernels, about twice float32's speed on CPUs with AVX512_BF16/AMX),
+    # accumulated in float32; the output comes back in the layer's compute dtype.
+    kernel = tf.cast(tf.cast(self.codes, tf.float32) * tf.expand_dims(self.scales, -1),
+                     tf.bfloat16)
+    inputs = tf.cast(inputs, tf.bfloat16)
     if inputs.shape.rank == 2:
-      outputs = tf.matmul(scaled, kernel)
+      outputs = tf.matmul(inputs, kernel)
     else:
-      outputs = tf.tensordot(scaled, kernel, [[inputs.shape.rank - 1], [0]])
-    outputs = tf.cast(outputs, tf.float32)
+      outputs = tf.tensordot(inputs, kernel, [[inputs.shape.rank - 1], [0]])
+    outputs = tf.cast(outputs, self.compute_dtype)
     if self.bias is not None:
-      outputs = tf.nn.bias_add(outputs, self.bias)
+      outputs = tf.nn.bias_add(outputs, tf.cast(self.bias, self.compute_dtype))
     return self.activation(outputs)
 
 

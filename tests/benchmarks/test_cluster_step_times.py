@@ -132,3 +132,39 @@ def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
     assert record["reused"] is False and record["sources"] == launch["sources"]
   assert summary["config"]["teacher_form"] == "stacked"  # the CTR model's teachers, on ps too
   assert summary["machine"]["allow_load"] is True and "foreign_cpu_share" in summary["machine"]
+
+
+def test_one_process_times_every_arm_and_refreshes_its_teacher_without_a_cluster(tmp_path):
+  out = tmp_path / "summary.json"
+  env = {**os.environ, "TF_CODISTILL_BENCH_LOCK": str(tmp_path / "lock")}
+  done = subprocess.run(
+      [sys.executable, "-m", "benchmarks.cluster_step_times", "--groups=one_process",
+       "--rounds=2", "--steps=60", "--refresh_every_steps=10", "--poll_interval_s=0.2",
+       "--num_buckets=500", "--batch_size=32", "--launches=1", "--allow_load", "--settle_s=0",
+       f"--out={out}", f"--work_dir={tmp_path / 'work'}"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  summary = json.loads(out.read_text())
+  (group,) = summary["groups"].values()
+  assert list(summary["groups"]) == ["one_process"]
+  for arm, row in group["step_times"].items():
+    assert row["steps"] == 2 * 60 and row["mean_ms"] > 0, (arm, row)
+  assert set(group["step_times"]) == set(cluster_step_times.ARMS)
+  assert sum(group["refreshes_per_round"]) >= 1, group["refreshes_per_round"]
+  assert 0 < group["load_seconds"]["median"] <= group["load_seconds"]["max"]
+  assert len(group["ratios"]["refresh_vs_teacher"]["rounds"]) == 2
+  # No parameter-server group: only the refresh goal, from this group.
+  assert set(summary["goal_verdicts"]) == {"refresh_throughput_loss"}
+  assert summary["goals"]["refresh_throughput_loss"] == pytest.approx(
+      1 - group["ratios"]["refresh_vs_teacher"]["median"])
+
+
+def test_an_unknown_group_is_refused_naming_the_flag(tmp_path):
+  done = subprocess.run(
+      [sys.executable, "-m", "benchmarks.cluster_step_times", "--groups=one_process,mirrored",
+       f"--out={tmp_path / 'summary.json'}", f"--work_dir={tmp_path / 'work'}"],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert done.returncode != 0
+  assert "--groups: each must be one of parameter_server, multi_worker_mirrored, one_process" in (
+      done.stderr)
+  assert not (tmp_path / "work").exists()

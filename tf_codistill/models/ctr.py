@@ -95,7 +95,7 @@ class Int8StackedEmbeddings(StackedEmbeddings, quantization.Int8Layer):
     quantization.Int8Layer.build(self, input_shape)
 
   def call(self, ids):
-    rows = self.dequantized_rows(self.stacked_ids(ids))
+    rows = tf.cast(self.dequantized_rows(self.stacked_ids(ids)), self.compute_dtype)
     return tf.reshape(rows, [-1, self.num_tables * self.output_dim])
 
   def float_weights(self) -> List[np.ndarray]:
@@ -113,7 +113,8 @@ def ctr_teacher(student: keras.Model, dtype_policy: Optional[str] = None) -> ker
   ``CodistillModel(teacher_factory=lambda: ctr_teacher(student))`` or bind
   ``trainer.train.teacher_fn = @models.ctr_teacher``. ``dtype_policy`` (e.g. ``'bfloat16'``)
   builds it in that tf_keras dtype policy, as ``teacher_precision`` does for a clone; ``'int8'``
-  builds it with int8 tables and kernels (Int8StackedEmbeddings, ``quantization.Int8Dense``).
+  builds it with int8 tables and kernels (Int8StackedEmbeddings, ``quantization.Int8Dense``)
+  computing in bfloat16, as ``quantization.Int8Dense`` multiplies.
 
   Raises:
     ValueError: ``student`` is not a ctr_model.
@@ -132,14 +133,15 @@ def ctr_teacher(student: keras.Model, dtype_policy: Optional[str] = None) -> ker
   cat_in = keras.Input(inputs["categorical"].shape[1:], dtype=inputs["categorical"].dtype,
                        name="categorical")
   int8 = dtype_policy == "int8"
-  policy = None if int8 else dtype_policy
+  policy = "bfloat16" if int8 else dtype_policy
   x = (Int8StackedEmbeddings if int8 else StackedEmbeddings)(
       len(tables), tables[0].input_dim, tables[0].output_dim, dtype=policy,
       name="stacked_embeddings")(cat_in)
   x = keras.layers.Concatenate(dtype=policy, name="concat")([x, dense_in])
   for layer in dense_layers:
     if int8:
-      x = quantization.Int8Dense(layer.units, layer.activation, layer.use_bias, name=layer.name)(x)
+      x = quantization.Int8Dense(layer.units, layer.activation, layer.use_bias, dtype=policy,
+                                 name=layer.name)(x)
     else:
       x = keras.layers.Dense(layer.units, activation=layer.activation, use_bias=layer.use_bias,
                              kernel_initializer="zeros", dtype=policy, name=layer.name)(x)

@@ -70,6 +70,12 @@ def test_an_int8_stacked_teacher_holds_each_tables_own_codes_and_predicts_like_i
   assert quantization.is_quantized(teacher)
   stacked = teacher.get_layer("stacked_embeddings")
   assert stacked.codes.dtype == tf.int8 and stacked.codes.shape == (26 * 100, 4)
+  # int8 weights (float32 scales and biases), computing in bfloat16 from the lookup on.
+  computing = [stacked, teacher.get_layer("concat")] + [
+      teacher.get_layer(name) for name in ("hidden_0", "hidden_1", "logits")]
+  assert [layer.compute_dtype for layer in computing] == ["bfloat16"] * 5
+  assert {v.dtype for v in teacher.weights} == {tf.int8, tf.float32}
+  assert teacher(x).dtype == tf.bfloat16
   # The same codes and scales as the clone's 26 Int8Embedding tables, in order.
   clone = quantization.int8_copy(student)
   clone(x)

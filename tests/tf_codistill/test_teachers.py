@@ -403,13 +403,21 @@ def test_teacher_loads_on_parameter_servers_trace_no_new_functions(tmp_path):
   assert report["reads8"] == [["/job:chief/replica:0/task:0/device:CPU:0"]], report["reads8"]
 
 
-def test_all_finite_checks_every_value_and_every_shard():
-  assert teachers.all_finite(tf.Variable(np.ones([3, 2], np.float32)))
+def test_finiteness_check_names_every_variable_with_a_bad_value_in_any_shard():
+  good = tf.Variable(np.ones([3, 2], np.float32), name="good")
+  assert teachers.FinitenessCheck([good, tf.Variable([1, 2], name="ints")])() == []
   for bad in (np.nan, np.inf, -np.inf):
     values = np.ones([3, 2], np.float32)
     values[2, 1] = bad
-    assert not teachers.all_finite(tf.Variable(values))
+    var = tf.Variable(values, name="bad")
+    assert teachers.FinitenessCheck([good, var])() == [var.name]
   from tensorflow.python.distribute import sharded_variable  # what a partitioned ps variable is
   shards = [tf.Variable(np.ones([2, 2], np.float32)), tf.Variable([[1.0, np.nan]])]
-  assert not teachers.all_finite(sharded_variable.ShardedVariable(shards))
-  assert teachers.all_finite(sharded_variable.ShardedVariable(shards[:1]))
+  assert teachers.FinitenessCheck([sharded_variable.ShardedVariable(shards)])()
+  assert not teachers.FinitenessCheck([sharded_variable.ShardedVariable(shards[:1])])()
+  # Values assigned later are checked: the function reads the variables at each call.
+  check = teachers.FinitenessCheck([good])
+  good.assign(tf.fill([3, 2], np.nan))
+  assert check() == [good.name]
+
+

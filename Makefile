@@ -37,11 +37,13 @@ data:
 demo: $(STAMP)
 	$(VENV)/bin/tf-codistill-demo
 
+# Two pytest workers: the tests that start processes or clusters one at a time on one, the
+# in-process tests on both (tests/conftest.py); without -n the same tests run one by one.
 test: $(STAMP) data
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 test-fast: $(STAMP) data
-	$(PY) -m pytest -q tests -m "not e2e"
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests -m "not e2e"
 
 # Bazel (README "Bazel"): Debian's bazel-bootstrap 4.2.3, offline; runs the unit test targets.
 BAZEL ?= bazel

@@ -78,13 +78,13 @@ def test_parameter_server_groups_pinned_to_one_cpu_each_train(tmp_path, criteo_d
 def test_multi_worker_mirrored_groups_load_teachers_on_every_worker(tmp_path, criteo_dir):
   model_dir = str(tmp_path / "job")
   launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2",
-                              "--strategy=multi_worker_mirrored", "--workers_per_group=2",
+                              "--strategy=multi_worker_mirrored", "--workers_per_group=1",
                               bindings=["trainer.train.train_steps = 160"]))
   assert launch.wait(timeout=480) == 0, launch.stderr[-4000:]
   for group in (0, 1):
     group_dir = os.path.join(model_dir, f"group_{group}")
     digests = {}
-    for task in ("chief_0", "worker_0", "worker_1"):
+    for task in ("chief_0", "worker_0"):
       log = open(f"{group_dir}/{task}.log").read()
       assert re.search(rf"teacher: loaded peer group {1 - group} step \d+", log), task
       digests[task] = re.search(r"final student weights digest \(\w+:\d\): (\w+)", log).group(1)
@@ -92,8 +92,8 @@ def test_multi_worker_mirrored_groups_load_teachers_on_every_worker(tmp_path, cr
     assert len(set(digests.values())) == 1, digests
     results = _results(model_dir, group)
     assert results["weights_digest"] == digests["chief_0"]
-    assert results["num_workers"] == 3 and results["steps"] == 160
-    # Values every replica shares are reported once per group, not summed over its 3 replicas.
+    assert results["num_workers"] == 2 and results["steps"] == 160
+    # Values every replica shares are reported once per group, not summed over its 2 replicas.
     with open(f"{group_dir}/progress.jsonl") as f:
       records = [json.loads(line) for line in f]
     assert [r["step"] for r in records] == [80, 160]

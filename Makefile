@@ -37,13 +37,20 @@ data:
 demo: $(STAMP)
 	$(VENV)/bin/tf-codistill-demo
 
-# Two pytest workers: the tests that start processes or clusters one at a time on one, the
-# in-process tests on both (tests/conftest.py); without -n the same tests run one by one.
+# Two pytest runs side by side: the tests that start training processes or clusters (`e2e`,
+# `cluster`) one after the other, and beside them the in-process tests (their output follows).
+# `$(PY) -m pytest tests` runs the same tests in one run.
 test: $(STAMP) data
-	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+	@inprocess=$$(mktemp -d); \
+	$(PY) -m pytest -q -p no:cacheprovider --basetemp=$$inprocess/tmp -m "not e2e and not cluster" \
+	  tests > $$inprocess/log 2>&1 & pid=$$!; \
+	$(PY) -m pytest -q -m "e2e or cluster" tests; processes=$$?; \
+	wait $$pid; status=$$?; \
+	echo "== the in-process tests (run beside the tests above):"; cat $$inprocess/log; \
+	rm -rf $$inprocess; test $$processes -eq 0 && test $$status -eq 0
 
 test-fast: $(STAMP) data
-	$(PY) -m pytest -q -n 2 --dist loadgroup tests -m "not e2e"
+	$(PY) -m pytest -q tests -m "not e2e"
 
 # Bazel (README "Bazel"): Debian's bazel-bootstrap 4.2.3, offline; runs the unit test targets.
 BAZEL ?= bazel

@@ -46,15 +46,8 @@ def pytest_addoption(parser):
                    help="also run the long `soak` tests (20-minute soak, repeated kill trials)")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
-  """`soak` tests run only with --soak or a -m expression that names them. Under pytest-xdist
-  (`make test`: -n 2 --dist loadgroup) the tests that start training processes or clusters
-  (`e2e`, `cluster`, `soak`) run one after the other on one worker, never two at once, while
-  the other worker takes the in-process tests."""
-  for item in items:
-    if {"e2e", "cluster", "soak"} & set(item.keywords):
-      item.add_marker(pytest.mark.xdist_group("processes"))
+  """`soak` tests run only with --soak or a -m expression that names them."""
   expression = config.option.markexpr or ""
   if config.getoption("--soak") or ("soak" in expression and "not soak" not in expression):
     return

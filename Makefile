@@ -37,17 +37,26 @@ data:
 demo: $(STAMP)
 	$(VENV)/bin/tf-codistill-demo
 
-# Two pytest runs side by side: the tests that start training processes or clusters (`e2e`,
-# `cluster`) one after the other, and beside them the in-process tests (their output follows).
-# `$(PY) -m pytest tests` runs the same tests in one run.
+# Two streams side by side, then what must run alone (`$(PY) -m pytest tests` runs the same tests
+# in one run):
+#  1. the tests that start training processes or clusters (`e2e`, `cluster`), one at a time;
+#  2. beside them, the in-process tests and the benchmark harness tests (tests/benchmarks: their
+#     runs take --allow_load and pin their own CPUs); their output follows stream 1's;
+#  3. the `exclusive` tests (they measure the whole machine's load), alone.
 test: $(STAMP) data
-	@inprocess=$$(mktemp -d); \
-	$(PY) -m pytest -q -p no:cacheprovider --basetemp=$$inprocess/tmp -m "not e2e and not cluster" \
-	  tests > $$inprocess/log 2>&1 & pid=$$!; \
-	$(PY) -m pytest -q -m "e2e or cluster" tests; processes=$$?; \
-	wait $$pid; status=$$?; \
-	echo "== the in-process tests (run beside the tests above):"; cat $$inprocess/log; \
-	rm -rf $$inprocess; test $$processes -eq 0 && test $$status -eq 0
+	@side=$$(mktemp -d); \
+	( $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$side/benchmarks -m "not exclusive" \
+	    tests/benchmarks; harness=$$?; \
+	  $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$side/in_process --ignore=tests/benchmarks \
+	    -m "not e2e and not cluster and not exclusive" tests; exit $$(( harness | $$? )) \
+	) > $$side/log 2>&1 & pid=$$!; \
+	$(PY) -m pytest -q --ignore=tests/benchmarks -m "e2e or cluster" tests; processes=$$?; \
+	wait $$pid; beside=$$?; \
+	echo "== the benchmark harness and in-process tests (run beside the tests above):"; \
+	cat $$side/log; rm -rf $$side; \
+	echo "== the exclusive tests (alone):"; \
+	$(PY) -m pytest -q -p no:cacheprovider -m exclusive tests; alone=$$?; \
+	test $$processes -eq 0 && test $$beside -eq 0 && test $$alone -eq 0
 
 test-fast: $(STAMP) data
 	$(PY) -m pytest -q tests -m "not e2e"

@@ -77,6 +77,7 @@ def test_cpu_pool_pins_each_holder_to_cpus_nobody_else_holds():
       pass
 
 
+@pytest.mark.exclusive  # measures every process's CPU time: never beside another test
 def test_foreign_cpu_share_counts_work_of_other_processes_not_the_benchmarks_own():
   session = machine.Session("b", False, 0.0, machine.cores())
   deadline = time.monotonic() + 1.0

@@ -37,23 +37,18 @@ data:
 demo: $(STAMP)
 	$(VENV)/bin/tf-codistill-demo
 
-# Two streams side by side, then what must run alone (`$(PY) -m pytest tests` runs the same tests
-# in one run):
+# Two pytest runs side by side, then what must run alone (`$(PY) -m pytest tests` runs the same
+# tests in one run):
 #  1. the tests that start training processes or clusters (`e2e`, `cluster`), one at a time;
-#  2. beside them, the in-process tests and the benchmark harness tests (tests/benchmarks: their
-#     runs take --allow_load and pin their own CPUs); their output follows stream 1's;
+#  2. beside them, the in-process tests; their output follows the first run's;
 #  3. the `exclusive` tests (they measure the whole machine's load), alone.
 test: $(STAMP) data
 	@side=$$(mktemp -d); \
-	( $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$side/benchmarks -m "not exclusive" \
-	    tests/benchmarks; harness=$$?; \
-	  $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$side/in_process --ignore=tests/benchmarks \
-	    -m "not e2e and not cluster and not exclusive" tests; exit $$(( harness | $$? )) \
-	) > $$side/log 2>&1 & pid=$$!; \
-	$(PY) -m pytest -q --ignore=tests/benchmarks -m "e2e or cluster" tests; processes=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider --basetemp=$$side/tmp --durations=10 \
+	  -m "not e2e and not cluster and not exclusive" tests > $$side/log 2>&1 & pid=$$!; \
+	$(PY) -m pytest -q --durations=20 -m "e2e or cluster" tests; processes=$$?; \
 	wait $$pid; beside=$$?; \
-	echo "== the benchmark harness and in-process tests (run beside the tests above):"; \
-	cat $$side/log; rm -rf $$side; \
+	echo "== the in-process tests (run beside the tests above):"; cat $$side/log; rm -rf $$side; \
 	echo "== the exclusive tests (alone):"; \
 	$(PY) -m pytest -q -p no:cacheprovider -m exclusive tests; alone=$$?; \
 	test $$processes -eq 0 && test $$beside -eq 0 && test $$alone -eq 0

@@ -37,21 +37,25 @@ data:
 demo: $(STAMP)
 	$(VENV)/bin/tf-codistill-demo
 
-# Two pytest runs side by side, then what must run alone (`$(PY) -m pytest tests` runs the same
-# tests in one run):
+# Two pytest runs side by side, then what runs alone (`$(PY) -m pytest tests` runs the same tests
+# in one run):
 #  1. the tests that start training processes or clusters (`e2e`, `cluster`), one at a time;
 #  2. beside them, the in-process tests; their output follows the first run's;
-#  3. the `exclusive` tests (they measure the whole machine's load), alone.
+#  3. then alone: the benchmark harness runs (tests/benchmarks' `e2e`/`cluster` tests: their runs
+#     are pinned to one CPU each, so beside the first run they took 2.7 times as long) and the
+#     `exclusive` tests (they measure the whole machine's load).
 test: $(STAMP) data
 	@side=$$(mktemp -d); \
 	$(PY) -m pytest -q -p no:cacheprovider --basetemp=$$side/tmp --durations=10 \
 	  -m "not e2e and not cluster and not exclusive" tests > $$side/log 2>&1 & pid=$$!; \
-	$(PY) -m pytest -q --durations=20 -m "e2e or cluster" tests; processes=$$?; \
-	wait $$pid; beside=$$?; \
+	$(PY) -m pytest -q --durations=20 -m "e2e or cluster" --ignore=tests/benchmarks tests; \
+	processes=$$?; wait $$pid; beside=$$?; \
 	echo "== the in-process tests (run beside the tests above):"; cat $$side/log; rm -rf $$side; \
-	echo "== the exclusive tests (alone):"; \
+	echo "== the benchmark harness runs and the exclusive tests (alone):"; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m "(e2e or cluster) and not exclusive" \
+	  tests/benchmarks; harness=$$?; \
 	$(PY) -m pytest -q -p no:cacheprovider -m exclusive tests; alone=$$?; \
-	test $$processes -eq 0 && test $$beside -eq 0 && test $$alone -eq 0
+	test $$processes -eq 0 && test $$beside -eq 0 && test $$harness -eq 0 && test $$alone -eq 0
 
 test-fast: $(STAMP) data
 	$(PY) -m pytest -q tests -m "not e2e"

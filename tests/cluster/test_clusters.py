@@ -55,7 +55,8 @@ def test_parameter_server_groups_pinned_to_one_cpu_each_train(tmp_path, criteo_d
   launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2", "--pin_groups",
                               "--strategy=parameter_server",
                               "--workers_per_group=1", "--ps_per_group=1",
-                              bindings=["trainer.train.save_step_timeline = True"]),
+                              bindings=["trainer.train.save_step_timeline = True",
+                                        "trainer.train.train_steps = 160"]),
                   cpus=set(cpus))
   launch.wait_for(lambda: len(launch.pids) == 6, 60, "6 tasks to start")
   pinned = {key: os.sched_getaffinity(pid) for key, pid in launch.pids.items()}
@@ -65,14 +66,14 @@ def test_parameter_server_groups_pinned_to_one_cpu_each_train(tmp_path, criteo_d
   restarted = {e["group"] for e in launch.events() if e["event"] == "restarted"}
   for group in (0, 1):
     results = _results(model_dir, group)
-    assert results["steps"] == 240 and results["teacher_loads"] >= 1, results
+    assert results["steps"] == 160 and results["teacher_loads"] >= 1, results
     # Every step the chief scheduled on its one worker is timed from the previous step's finish
-    # to its own: 240 steps, the first 5 (tracing) not counted; 2 epoch ends among them.
+    # to its own: 160 steps, the first 5 (tracing) not counted; 1 epoch end among them.
     with open(layout.group_run(model_dir, group).step_timeline) as f:
       intervals = json.load(f)["intervals"]
     assert all(steps == 1 and end > start for start, end, steps, _ in intervals)
     if group not in restarted:
-      assert len(intervals) == 235 and sum(epoch_end for *_, epoch_end in intervals) == 2
+      assert len(intervals) == 155 and sum(epoch_end for *_, epoch_end in intervals) == 1
 
 
 def test_multi_worker_mirrored_groups_load_teachers_on_every_worker(tmp_path, criteo_dir):
@@ -125,10 +126,13 @@ def test_killed_parameter_server_worker_is_rescheduled_and_training_completes(tm
   assert open(f"{group_dir}/worker_0.log").read().count("serving worker:0 of") == 2
 
 
+# A synchronous group's chief takes the path its worker (below) and the other chiefs take: the
+# launcher restarts the whole group whichever task died. It runs with --soak (56 s on 2 cores).
 @pytest.mark.parametrize("strategy,extra,victim", [
     ("parameter_server", ["--workers_per_group=1", "--ps_per_group=1"], "chief"),
     ("one_device", [], "chief"),
-    ("multi_worker_mirrored", ["--workers_per_group=1"], "chief"),
+    pytest.param("multi_worker_mirrored", ["--workers_per_group=1"], "chief",
+                 marks=pytest.mark.soak),
     ("multi_worker_mirrored", ["--workers_per_group=1"], "worker"),
 ])
 def test_killed_task_restarts_its_group_from_its_last_checkpoint(tmp_path, criteo_dir, strategy,

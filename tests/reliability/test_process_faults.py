@@ -52,8 +52,8 @@ def _check(record):
 
 
 # In CI: the kinds tests/cluster/test_clusters.py does not already kill (it kills a
-# parameter-server worker, parameter-server, sync and one-device chiefs, and a sync worker); the
-# repeated trials below cover all six.
+# parameter-server worker, parameter-server and one-device chiefs, and a sync worker; a sync chief
+# with --soak); the repeated trials below cover all six.
 @pytest.mark.cluster
 @pytest.mark.parametrize("kind", ["ps", "group"])
 def test_kill_9_at_a_random_step_recovers(work, kind):

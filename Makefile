@@ -48,8 +48,9 @@ test: $(STAMP) data
 	@side=$$(mktemp -d); \
 	$(PY) -m pytest -q -p no:cacheprovider --basetemp=$$side/tmp --durations=10 \
 	  -m "not e2e and not cluster and not exclusive" tests > $$side/log 2>&1 & pid=$$!; \
-	$(PY) -m pytest -q --durations=20 -m "e2e or cluster" --ignore=tests/benchmarks tests; \
-	processes=$$?; wait $$pid; beside=$$?; \
+	$(PY) -m pytest -q --durations=20 --ignore=tests/benchmarks \
+	  -m "(e2e or cluster) and not exclusive" tests; processes=$$?; \
+	wait $$pid; beside=$$?; \
 	echo "== the in-process tests (run beside the tests above):"; cat $$side/log; rm -rf $$side; \
 	echo "== the benchmark harness runs and the exclusive tests (alone):"; \
 	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m "(e2e or cluster) and not exclusive" \

@@ -15,6 +15,19 @@ runs the real ``TeacherPool`` (the library's default polling interval and loader
 SavedModels written before the arm, appear in the exchange directory every
 ``--refresh_every_steps`` steps of the group (as a peer as fast as it, publishing every K steps,
 would).
+
+Each launch ends with the refresh-windows fit (``--window_pairs``): the refreshing arm in one
+``fit``, its time cut into windows as long as ``--refresh_every_steps`` steps took in its rounds,
+a quiet window (no new version) then a refreshing one (a version appears at its start), pair
+after pair. Each pair's ratio compares steps seconds apart in one fit, where the arms' rounds
+compare separate fits: fits of one arm on this group differed by up to 20% in their mean step
+time (12 fits of 300 steps, 36.2 to 44.2 ms, the ps's CPU per step moving with them), more than
+the 3% the refresh goal allows. A refreshing window holds one load, as a round of
+``--refresh_every_steps`` steps would, so the pairs' ratio is the throughput kept at that
+cadence; the refresh goal reads it. The arms' ``refresh_vs_teacher`` is reported beside it: it
+also counts what the refreshing machinery costs with no new version (the pool's polling, the
+step-hook driver's thread), which runs in both windows.
+
 Step times: per-step times inside one ``fit`` (MultiWorkerMirrored: the chief's batch ends;
 parameter servers: the gaps between finished step functions on either worker, whose mean is the
 group's step time). Ratios are formed within each round (their mean step times) and summarized
@@ -38,7 +51,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 import tf_keras as keras
@@ -71,6 +84,12 @@ def define_flags() -> None:
   flags.DEFINE_integer("refresh_every_steps", 100,
                        "A new peer version appears every this many steps of the group measured (a "
                        "peer as fast as it publishing every K steps).")
+  flags.DEFINE_integer("window_pairs", 15,
+                       "Pairs of windows in each launch's refresh-windows fit (0: none): the "
+                       "refreshing arm in one fit, a window with no new version, then one at whose "
+                       "start a version appears, each as long as --refresh_every_steps steps took "
+                       "in its rounds; the refresh goal reads their throughput ratio.",
+                       lower_bound=0)
   flags.DEFINE_float("poll_interval_s", codistillation.Exchange.poll_interval_s,
                      "How often the refreshing arm's teacher pool looks for new versions (the "
                      "library's default); the harness's peer checks the step 4 times as often.")
@@ -137,13 +156,12 @@ def _build_arms(strategy: tf.distribute.Strategy) -> Dict[str, CodistillModel]:
 class PeerVersions:
   """A peer's versions of one real SavedModel, written before the arms run: while the refreshing
   arm trains, a new version (hard links to its files, its own COMPLETE marker) appears in the
-  exchange directory whenever ``step()`` has passed another ``every_steps``."""
+  exchange directory whenever ``versions_due()`` has grown past the versions published
+  (``start``), checked every ``check_s``."""
 
-  def __init__(self, work: str, every_steps: int, step: Callable[[], int], check_s: float):
+  def __init__(self, work: str, check_s: float):
     self.exchange_dir = os.path.join(work, "exchange")
     self._saved = os.path.join(work, "peer_saved_model")
-    self.every_steps = every_steps
-    self._step = step
     self._check_s = check_s
     peer = _make_model()
     peer(next(iter(_dataset(8)))[0])
@@ -152,9 +170,10 @@ class PeerVersions:
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
 
-  def start(self) -> None:
+  def start(self, versions_due: Callable[[], int]) -> None:
+    """Publishes a version each time ``versions_due()`` passes the count published since now."""
     self._stop.clear()
-    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread = threading.Thread(target=self._run, args=(versions_due,), daemon=True)
     self._thread.start()
 
   def stop(self) -> None:
@@ -168,12 +187,10 @@ class PeerVersions:
       for name in filenames:
         os.link(os.path.join(dirpath, name), os.path.join(target, name))
 
-  def _run(self) -> None:
-    # The peer is the harness's, not the group's: its step reads (a remote read under parameter
-    # servers) stay few, at the cost of a version appearing up to ``check_s`` late.
-    last = self._step() // self.every_steps
+  def _run(self, versions_due: Callable[[], int]) -> None:
+    last = versions_due()
     while not self._stop.wait(self._check_s):
-      now = self._step() // self.every_steps
+      now = versions_due()
       if now > last:
         last = now
         self.published += 1
@@ -181,15 +198,73 @@ class PeerVersions:
                                keep_last=3)
 
 
+class RefreshWindows:
+  """The schedule of the refresh-windows fit: from its first timed step on, ``pairs`` pairs of
+  windows of ``window_s`` seconds each, a window with no new version then one at whose start a
+  peer version appears (``versions_due``). Windows are of time, so a step's window is known from
+  its own timestamps (``split``). With ``stop_fit`` it stops the fit after the last window
+  (not under MultiWorkerMirrored, whose other worker would wait for the chief's next step)."""
+
+  def __init__(self, model: keras.Model, clock, window_s: float, pairs: int, stop_fit: bool):
+    self.model, self.clock, self.window_s, self.pairs = model, clock, window_s, pairs
+    self.stop_fit = stop_fit
+    self.start: Optional[float] = None
+
+  def versions_due(self) -> int:
+    """The versions due by now: one at the start of every second window, none before the first
+    timed step."""
+    if self.start is None:
+      if not self.clock.intervals:
+        return 0
+      self.start = self.clock.intervals[0][1]
+    window = int((time.monotonic() - self.start) // self.window_s)
+    if window >= 2 * self.pairs and self.stop_fit:
+      self.model.stop_training = True
+    return (min(window, 2 * self.pairs - 1) + 1) // 2
+
+  def window_of(self, t: float) -> Optional[int]:
+    """The window ``t`` (time.monotonic()) falls in, or None outside them all."""
+    if self.start is None or t < self.start:
+      return None
+    window = int((t - self.start) // self.window_s)
+    return window if window < 2 * self.pairs else None
+
+  def split(self, loads: Sequence[Tuple[float, float]]) -> dict:
+    """The step times of each pair of windows the fit finished (a step's window is its end's) as
+    {"quiet": [[...], ...], "refreshing": [[...], ...]}, and where each of ``loads`` (load began,
+    swap ended) began: the count in each window of the pairs, and those begun outside them or
+    swapped in a later window than they began in."""
+    ends = [interval[1] for interval in self.clock.intervals]
+    finished = 0 if self.start is None or not ends else min(
+        self.pairs, int((ends[-1] - self.start) // (2 * self.window_s)))
+    windows: List[List[float]] = [[] for _ in range(2 * finished)]
+    for interval in self.clock.intervals:
+      window = self.window_of(interval[1])
+      if window is not None and window < 2 * finished:
+        windows[window].append(interval[1] - interval[0])
+    began = [0] * (2 * finished)
+    outside = spilled = 0
+    for load_start, swap_end in loads:
+      window = self.window_of(load_start)
+      if window is None or window >= 2 * finished:
+        outside += 1
+        continue
+      began[window] += 1
+      spilled += self.window_of(swap_end) != window
+    return {"times": {"quiet": windows[0::2], "refreshing": windows[1::2]},
+            "loads": {"quiet": began[0::2], "refreshing": began[1::2], "outside": outside,
+                      "swapped_in_a_later_window": spilled},
+            "window_s": self.window_s}
+
+
 def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> dict:
-  """Every arm once per round, the order rotated; the refreshing arm with a live teacher pool.
-  Returns the raw step times and refresh records of this launch (``summarize`` pools them)."""
+  """Every arm once per round, the order rotated; the refreshing arm with a live teacher pool;
+  then, unless ``--window_pairs=0``, the refreshing arm's refresh-windows fit. Returns the raw
+  step times and refresh records of this launch (``summarize`` pools them)."""
   arms = _build_arms(strategy)
   ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
   model = arms["teacher_refresh"]
-  peer = (PeerVersions(work, FLAGS.refresh_every_steps,
-                       lambda: int(model.optimizer.iterations.numpy()),
-                       FLAGS.poll_interval_s / 4) if chief else None)
+  peer = PeerVersions(work, FLAGS.poll_interval_s / 4) if chief else None
   exchange_dir = os.path.join(work, "exchange")
   pool = teachers.TeacherPool(exchange_dir, [PEER], model, SPEC, [None, 1],
                               poll_interval_s=FLAGS.poll_interval_s, loader_nice=FLAGS.loader_nice)
@@ -204,7 +279,9 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
   def run_refreshing() -> List[float]:
     before = refresh.swaps
     if peer is not None:
-      peer.start()
+      # The peer is the harness's, not the group's: its step reads (a remote read under
+      # parameter servers) stay few, at the cost of a version appearing up to its check late.
+      peer.start(lambda: int(model.optimizer.iterations.numpy()) // FLAGS.refresh_every_steps)
     try:
       times = step_times.fit_step_times(model, data, FLAGS.steps, callbacks=[driver])
     finally:
@@ -217,8 +294,39 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
   calls = {name: (lambda m=arms[name]: step_times.fit_step_times(m, data, FLAGS.steps))
            for name in ARMS[:2]}
   calls["teacher_refresh"] = run_refreshing
-  return {"times": step_times.interleave(calls, FLAGS.rounds), "refreshes_per_round": swaps,
-          "load_seconds": refresh.load_seconds, "load_to_swap_seconds": load_to_swap}
+  times = step_times.interleave(calls, FLAGS.rounds)
+  result = {"times": times, "refreshes_per_round": swaps,
+            "load_seconds": list(refresh.load_seconds), "load_to_swap_seconds": load_to_swap}
+  if FLAGS.window_pairs:
+    # A window as long as the refreshing arm's rounds took for --refresh_every_steps steps.
+    step_s = statistics.median(statistics.fmean(r) for r in times["teacher_refresh"])
+    mirrored = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    windows = _refresh_windows(model, data, driver, refresh, peer,
+                               FLAGS.refresh_every_steps * step_s, mirrored)
+    if chief:
+      result["windows"] = windows
+  return result
+
+
+def _refresh_windows(model: CodistillModel, data, driver, refresh: teachers.TeacherRefresh,
+                     peer: Optional[PeerVersions], window_s: float, mirrored: bool) -> Optional[dict]:
+  """The refresh-windows fit: the refreshing arm in one ``fit`` through ``--window_pairs`` pairs
+  of windows (``RefreshWindows``); its step times by window, with the loads begun in each. It
+  runs half again as many steps as the windows should take (under MultiWorkerMirrored all of
+  them, on every worker; elsewhere the schedule stops it after its last window). A worker that
+  does not measure (``peer`` None) only trains along."""
+  clock = step_times.step_clock(model)
+  schedule = RefreshWindows(model, clock, window_s, FLAGS.window_pairs, stop_fit=not mirrored)
+  before = len(refresh.windows)
+  if peer is not None:
+    peer.start(schedule.versions_due)
+  try:
+    model.fit(data, epochs=1, verbose=0, callbacks=[driver, clock],
+              steps_per_epoch=3 + 3 * FLAGS.window_pairs * FLAGS.refresh_every_steps)
+  finally:
+    if peer is not None:
+      peer.stop()
+  return schedule.split(refresh.windows[before:]) if peer is not None else None
 
 
 def _coordinate(work: str) -> None:
@@ -248,7 +356,7 @@ def config() -> dict:
   """The settings a launch's times depend on (a finished launch is reused only under these)."""
   return {name: getattr(FLAGS, name) for name in
           ("batch_size", "num_buckets", "steps", "rounds", "refresh_every_steps",
-           "poll_interval_s", "loader_nice", "teacher_form")}
+           "window_pairs", "poll_interval_s", "loader_nice", "teacher_form")}
 
 
 def finished_launch(work: str, settings: dict, sources: str) -> Optional[dict]:
@@ -337,34 +445,68 @@ def _median_max(values: List[float]) -> Dict[str, Optional[float]]:
 
 def summarize(launches: List[dict]) -> dict:
   """One group's launches (their measurements, ``part``) pooled: step-time statistics, the paired
-  ratios (mean step times per round; intervals that resample launches, each launch's median) and
-  the refreshes' records."""
+  ratios (mean step times per round; intervals that resample launches, each launch's median),
+  the refreshes' records and, where launches ran one, the refresh windows (``summarize_windows``)."""
   times, clusters = step_times.pool_processes([launch["times"] for launch in launches])
   ratio = lambda arm, baseline: step_times.throughput_ratio(times, arm, baseline,
                                                             statistics.fmean, clusters)
   every = lambda key: [value for launch in launches for value in launch[key]]
-  return {"step_times": step_times.describe(times), "launches": len(launches),
-          "refreshes_per_round": every("refreshes_per_round"),
-          "load_seconds": _median_max(every("load_seconds")),
-          "load_to_swap_seconds": _median_max(every("load_to_swap_seconds")),
-          "ratios": {"teacher_vs_no_teacher": ratio("teacher", "no_teacher"),
-                     "refresh_vs_teacher": ratio("teacher_refresh", "teacher")}}
+  summary = {"step_times": step_times.describe(times), "launches": len(launches),
+             "refreshes_per_round": every("refreshes_per_round"),
+             "load_seconds": _median_max(every("load_seconds")),
+             "load_to_swap_seconds": _median_max(every("load_to_swap_seconds")),
+             "ratios": {"teacher_vs_no_teacher": ratio("teacher", "no_teacher"),
+                        "refresh_vs_teacher": ratio("teacher_refresh", "teacher")}}
+  windows = [launch["windows"] for launch in launches if launch.get("windows")]
+  if windows:
+    summary["refresh_windows"] = summarize_windows(windows)
+  return summary
+
+
+def summarize_windows(launches: List[dict]) -> dict:
+  """The refresh windows of several launches pooled: per pair, the refreshing window's
+  throughput over the quiet window's before it (mean step times; the interval resamples
+  launches), the pairs counted (a pair with a window of no step is left out) and where the
+  loads began."""
+  runs = []
+  for launch in launches:
+    pairs = [(quiet, busy) for quiet, busy in zip(launch["times"]["quiet"],
+                                                  launch["times"]["refreshing"]) if quiet and busy]
+    runs.append({"quiet": [q for q, _ in pairs], "refreshing": [b for _, b in pairs]})
+  runs = [run for run in runs if run["quiet"]]
+  if not runs:
+    return {"pairs": 0}
+  times, clusters = step_times.pool_processes(runs)
+  total = lambda key: sum(launch["loads"][key] for launch in launches)
+  loads = {"in_quiet_windows": sum(sum(launch["loads"]["quiet"]) for launch in launches),
+           "in_refreshing_windows": sum(sum(launch["loads"]["refreshing"]) for launch in launches),
+           "outside": total("outside"),
+           "swapped_in_a_later_window": total("swapped_in_a_later_window")}
+  return {"pairs": len(clusters), "window_s": [launch["window_s"] for launch in launches],
+          "refreshing_vs_quiet": step_times.throughput_ratio(times, "refreshing", "quiet",
+                                                             statistics.fmean, clusters),
+          "step_times": step_times.describe(times), "loads": loads,
+          "refreshing_windows_with_one_load": sum(
+              count == 1 for launch in launches for count in launch["loads"]["refreshing"])}
 
 
 def goals(groups: Dict[str, dict]) -> Dict[str, dict]:
   """The issue's goals from the groups measured: the teacher's throughput ratio in the
-  parameter-server group, and the largest throughput share lost to refreshes in any group; each
-  with its interval and its value in every launch."""
+  parameter-server group, and the largest throughput share lost to refreshes in any group (its
+  refresh windows' ratio where it has them, else its arms' ``refresh_vs_teacher``); each with
+  its interval and its value in every launch."""
   out = {}
   if "parameter_server" in groups:
     ratio = groups["parameter_server"]["ratios"]["teacher_vs_no_teacher"]
     out["teacher_throughput_ratio_parameter_server"] = (
         ratio["median"], ratio["interval90"], ratio.get("process_medians"))
-  losses = {g: 1.0 - r["ratios"]["refresh_vs_teacher"]["median"] for g, r in groups.items()}
+  refresh = {g: (r["refresh_windows"]["refreshing_vs_quiet"]
+                 if "refreshing_vs_quiet" in r.get("refresh_windows", {})
+                 else r["ratios"]["refresh_vs_teacher"]) for g, r in groups.items()}
+  losses = {g: 1.0 - ratio["median"] for g, ratio in refresh.items()}
   worst = max(losses, key=losses.get)
-  refresh = groups[worst]["ratios"]["refresh_vs_teacher"]
-  low, high = refresh["interval90"]
-  medians = refresh.get("process_medians")
+  low, high = refresh[worst]["interval90"]
+  medians = refresh[worst].get("process_medians")
   out["refresh_throughput_loss"] = (losses[worst], [1.0 - high, 1.0 - low],
                                     None if medians is None else [1.0 - m for m in medians])
   verdicts = {}
@@ -373,6 +515,7 @@ def goals(groups: Dict[str, dict]) -> Dict[str, dict]:
     met = value >= threshold if op == ">=" else value <= threshold
     verdicts[name] = {"value": value, "threshold": [op, threshold], "interval90": interval,
                       "launch_values": launch_values, "met": bool(met)}
+  verdicts["refresh_throughput_loss"]["group"] = worst
   return verdicts
 
 
@@ -396,11 +539,18 @@ def main(argv):
       by_launch = ", ".join(f"{m:.3f}" for m in ratio["process_medians"])
       print(f"{group} {name}: {ratio['median']:.3f} [{low:.3f}, {high:.3f}] "
             f"(launches: {by_launch}; refreshes per round {result['refreshes_per_round']})")
+    windows = result.get("refresh_windows", {})
+    if windows.get("pairs"):
+      ratio = windows["refreshing_vs_quiet"]
+      low, high = ratio["interval90"]
+      print(f"{group} refresh windows, refreshing vs quiet: {ratio['median']:.3f} "
+            f"[{low:.3f}, {high:.3f}] over {windows['pairs']} pairs (loads: {windows['loads']})")
   verdicts = goals(groups)
   summary = {"groups": groups, "goals": {k: v["value"] for k, v in verdicts.items()},
              "goal_verdicts": verdicts, "config": {**settings, "launches": FLAGS.launches},
              "harness": "per-step times inside one fit, arms interleaved, mean step time ratios, "
-                        "launches pooled (intervals resample launches)"}
+                        "launches pooled (intervals resample launches); refresh windows "
+                        "alternating inside one fit of the refreshing arm"}
   for name, v in verdicts.items():
     print(f"goal {name}: {v['value']:.3f} {v['threshold'][0]} {v['threshold'][1]} "
           f"-> {'met' if v['met'] else 'MISSED'}")

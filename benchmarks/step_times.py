@@ -35,40 +35,47 @@ Times = Dict[str, List[List[float]]]
 
 
 class StepClock(keras.callbacks.Callback):
-  """The end time of every training step of a ``fit`` (``time.perf_counter``)."""
+  """The time of every training step of a ``fit`` after its first ``skip``: ``intervals`` holds
+  (start, end) on time.monotonic(), a step's start being the end of the step before it (the
+  first step has none), as ``step_timing.ClosureTimer`` keeps them under parameter servers."""
 
-  def __init__(self):
+  def __init__(self, skip: int = 3):
     super().__init__()
-    self.ends: List[float] = []
+    self.skip = skip
+    self.intervals: List[Tuple[float, float]] = []
+    self._ends = 0
+    self._last: Optional[float] = None
 
   def on_train_begin(self, logs=None):
-    self.ends = []
+    self.intervals, self._ends, self._last = [], 0, None
 
   def on_train_batch_end(self, batch, logs=None):
-    self.ends.append(time.perf_counter())
+    now = time.monotonic()
+    if self._ends >= self.skip and self._last is not None:
+      self.intervals.append((self._last, now))
+    self._ends += 1
+    self._last = now
 
-  def step_times(self, skip: int) -> List[float]:
-    """Times of the steps after the first ``skip`` (the first step has no start stamp)."""
-    return list(np.diff(self.ends)[max(0, skip - 1):])
+
+def step_clock(model: keras.Model, skip: int = 3) -> keras.callbacks.Callback:
+  """A callback that keeps ``model``'s step intervals after the first ``skip`` steps of a ``fit``
+  (``intervals``: (start, end, ...) on time.monotonic()). Under parameter servers they are the
+  gaps between finished step functions on any worker (``step_timing.ClosureTimer``): the group's
+  step time, whose mean, not median, is the inverse of its throughput when several workers
+  interleave."""
+  if isinstance(model.distribute_strategy, tf.distribute.experimental.ParameterServerStrategy):
+    return step_timing.ClosureTimer(skip_steps=skip)
+  return StepClock(skip)
 
 
 def fit_step_times(model: keras.Model, data, steps: int, skip: int = 3,
                    callbacks: Sequence[keras.callbacks.Callback] = ()) -> List[float]:
-  """Trains ``model`` for ``skip + steps`` steps in one ``fit``; the last ``steps`` step times.
-
-  Under parameter servers (``data`` a DatasetCreator) the times are the gaps between finished
-  step functions on any worker (``step_timing.ClosureTimer``): the group's step time, whose
-  mean, not median, is the inverse of its throughput when several workers interleave.
-  """
-  if isinstance(model.distribute_strategy, tf.distribute.experimental.ParameterServerStrategy):
-    timer = step_timing.ClosureTimer(skip_steps=skip)
-    model.fit(data, steps_per_epoch=skip + steps, epochs=1, verbose=0,
-              callbacks=[*callbacks, timer])
-    return [end - start for start, end, _, _ in timer.intervals]
-  clock = StepClock()
+  """Trains ``model`` for ``skip + steps`` steps in one ``fit``; the last ``steps`` step times
+  (``step_clock``'s)."""
+  clock = step_clock(model, skip)
   model.fit(data, steps_per_epoch=skip + steps, epochs=1, verbose=0,
             callbacks=[*callbacks, clock])
-  return clock.step_times(skip)
+  return [interval[1] - interval[0] for interval in clock.intervals]
 
 
 def alternate_steps(models: Mapping[str, keras.Model], data: tf.data.Dataset, steps: int,

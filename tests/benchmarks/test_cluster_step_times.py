@@ -5,6 +5,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import types
 
 import pytest
 
@@ -28,6 +30,88 @@ def test_goals_take_the_parameter_server_ratio_and_the_worst_refresh_loss():
   # No launches recorded in these ratios:
   assert loss["launch_values"] is None
   assert verdicts["teacher_throughput_ratio_parameter_server"]["launch_values"] is None
+
+
+def test_the_refresh_goal_reads_a_groups_refresh_windows_where_it_has_them():
+  ratio = lambda median: {"median": median, "interval90": [median - 0.01, median + 0.01]}
+  groups = {"parameter_server": {
+                "ratios": {"teacher_vs_no_teacher": ratio(0.95), "refresh_vs_teacher": ratio(0.90)},
+                "refresh_windows": {"pairs": 30, "refreshing_vs_quiet": ratio(0.98)}},
+            "one_process": {"ratios": {"refresh_vs_teacher": ratio(0.975)}}}
+  loss = cluster_step_times.goals(groups)["refresh_throughput_loss"]
+  # The parameter-server group's windows (2%) stand for it, not its arms' 10%: the worst of
+  # the groups is then the one process's arms (2.5%).
+  assert loss["value"] == pytest.approx(0.025) and loss["group"] == "one_process" and loss["met"]
+  groups["one_process"]["refresh_windows"] = {"pairs": 0}  # none finished: its arms count
+  assert cluster_step_times.goals(groups)["refresh_throughput_loss"]["group"] == "one_process"
+  groups["one_process"]["ratios"]["refresh_vs_teacher"] = ratio(0.99)
+  loss = cluster_step_times.goals(groups)["refresh_throughput_loss"]
+  assert loss["group"] == "parameter_server" and loss["value"] == pytest.approx(0.02)
+
+
+class _Clock:
+  def __init__(self, intervals):
+    self.intervals = intervals
+
+
+def test_refresh_windows_split_the_steps_and_loads_by_the_window_their_times_fall_in():
+  model = types.SimpleNamespace(stop_training=False)
+  # Steps of 0.1 s from t=100 on: the first timed step ends at 100.1, where the windows begin.
+  ends = [100.0 + 0.1 * i for i in range(1, 46)]
+  clock = _Clock([(end - 0.1, end) for end in ends])
+  windows = cluster_step_times.RefreshWindows(model, clock, window_s=1.0, pairs=3, stop_fit=True)
+  assert windows.window_of(50.0) is None  # nothing is due before the first timed step
+  windows.start = 100.1
+  assert [windows.window_of(t) for t in (100.1, 101.05, 102.2, 106.09, 106.2)] == [0, 0, 2, 5,
+                                                                                    None]
+  loads = [(101.2, 101.5), (103.3, 104.2), (100.5, 100.6), (107.0, 107.1)]
+  split = windows.split(loads)
+  # The steps end at 104.6 at the latest: 2 pairs of windows finished (4 s), the third did not.
+  assert len(split["times"]["quiet"]) == len(split["times"]["refreshing"]) == 2
+  assert all(len(w) in (9, 10, 11) for pair in split["times"].values() for w in pair)
+  assert split["loads"] == {"quiet": [1, 0], "refreshing": [1, 1], "outside": 1,
+                            "swapped_in_a_later_window": 1}
+  assert split["window_s"] == 1.0
+
+
+def test_refresh_windows_make_one_version_due_per_refreshing_window_and_stop_the_fit():
+  model = types.SimpleNamespace(stop_training=False)
+  clock = _Clock([])
+  windows = cluster_step_times.RefreshWindows(model, clock, window_s=10.0, pairs=2,
+                                              stop_fit=True)
+  assert windows.versions_due() == 0 and windows.start is None  # no timed step yet
+  now = time.monotonic()
+  clock.intervals.append((now - 25.1, now - 25.0))  # 25 s into the windows: the third (quiet)
+  assert windows.versions_due() == 1 and not model.stop_training
+  windows.start = now - 35.0  # the fourth, refreshing
+  assert windows.versions_due() == 2 and not model.stop_training
+  windows.start = now - 45.0  # past the last: no more versions, and the fit stops
+  assert windows.versions_due() == 2 and model.stop_training
+  other = types.SimpleNamespace(stop_training=False)
+  mirrored = cluster_step_times.RefreshWindows(other, _Clock([(0.0, now - 45.0)]), 10.0, 2,
+                                               stop_fit=False)
+  assert mirrored.versions_due() == 2 and not other.stop_training
+
+
+def test_refresh_windows_of_launches_are_pooled_pair_by_pair():
+  def launch(quiet_s, busy_s, pairs, empty=False):
+    quiet = [[quiet_s] * 5 for _ in range(pairs)]
+    busy = [[busy_s] * 5 for _ in range(pairs)]
+    if empty:
+      busy[-1] = []  # a refreshing window with no step in it: its pair is left out
+    return {"times": {"quiet": quiet, "refreshing": busy}, "window_s": 4.0,
+            "loads": {"quiet": [0] * pairs, "refreshing": [1] * (pairs - 1) + [2],
+                      "outside": 1, "swapped_in_a_later_window": 0}}
+  summary = cluster_step_times.summarize_windows([launch(0.040, 0.041, 3),
+                                                  launch(0.040, 0.050, 3, empty=True)])
+  assert summary["pairs"] == 5 and summary["window_s"] == [4.0, 4.0]
+  ratio = summary["refreshing_vs_quiet"]
+  assert ratio["process_medians"] == pytest.approx([40 / 41, 40 / 50])
+  assert ratio["interval90"] == pytest.approx([40 / 50, 40 / 41])
+  assert summary["loads"] == {"in_quiet_windows": 0, "in_refreshing_windows": 8, "outside": 2,
+                              "swapped_in_a_later_window": 0}
+  assert summary["refreshing_windows_with_one_load"] == 4
+  assert cluster_step_times.summarize_windows([launch(0.04, 0.04, 1, empty=True)]) == {"pairs": 0}
 
 
 def _launch(no_teacher_s, teacher_s, refresh_s, loads):
@@ -102,7 +186,7 @@ def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
   env = {**os.environ, "TF_CODISTILL_BENCH_LOCK": str(tmp_path / "lock")}
   done = subprocess.run(
       [sys.executable, "-m", "benchmarks.cluster_step_times", "--rounds=1", "--steps=100",
-       "--refresh_every_steps=10", "--poll_interval_s=0.2", "--num_buckets=500",
+       "--refresh_every_steps=10", "--window_pairs=2", "--poll_interval_s=0.2", "--num_buckets=500",
        "--batch_size=32", "--launches=1", "--allow_load", "--settle_s=0",
        f"--out={out}", f"--work_dir={tmp_path / 'work'}"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -121,8 +205,12 @@ def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
     for ratio in group["ratios"].values():
       assert ratio["median"] > 0 and len(ratio["rounds"]) == 1
       assert ratio["process_medians"] == [ratio["median"]]
+    # The refresh-windows fit: its pairs of windows, a version due in each refreshing one.
+    windows = group["refresh_windows"]
+    assert windows["pairs"] >= 1 and windows["refreshing_vs_quiet"]["median"] > 0, (name, windows)
+    assert sum(windows["loads"].values()) >= 1 and windows["window_s"][0] > 0, (name, windows)
   assert set(summary["goal_verdicts"]) == set(cluster_step_times.GOALS)
-  assert summary["config"]["launches"] == 1
+  assert summary["config"]["launches"] == 1 and summary["config"]["window_pairs"] == 2
   launch = json.loads((tmp_path / "work" / "parameter_server_0" / "launch.json").read_text())
   assert launch["config"]["steps"] == 100 and set(launch["part"]["times"]) == set(
       cluster_step_times.ARMS)
@@ -139,7 +227,8 @@ def test_one_process_times_every_arm_and_refreshes_its_teacher_without_a_cluster
   env = {**os.environ, "TF_CODISTILL_BENCH_LOCK": str(tmp_path / "lock")}
   done = subprocess.run(
       [sys.executable, "-m", "benchmarks.cluster_step_times", "--groups=one_process",
-       "--rounds=2", "--steps=60", "--refresh_every_steps=10", "--poll_interval_s=0.2",
+       "--rounds=2", "--steps=60", "--refresh_every_steps=10", "--window_pairs=2",
+       "--poll_interval_s=0.2",
        "--num_buckets=500", "--batch_size=32", "--launches=1", "--allow_load", "--settle_s=0",
        f"--out={out}", f"--work_dir={tmp_path / 'work'}"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -155,8 +244,10 @@ def test_one_process_times_every_arm_and_refreshes_its_teacher_without_a_cluster
   assert len(group["ratios"]["refresh_vs_teacher"]["rounds"]) == 2
   # No parameter-server group: only the refresh goal, from this group.
   assert set(summary["goal_verdicts"]) == {"refresh_throughput_loss"}
+  windows = group["refresh_windows"]
+  assert windows["pairs"] >= 1, windows
   assert summary["goals"]["refresh_throughput_loss"] == pytest.approx(
-      1 - group["ratios"]["refresh_vs_teacher"]["median"])
+      1 - windows["refreshing_vs_quiet"]["median"])
 
 
 def test_an_unknown_group_is_refused_naming_the_flag(tmp_path):

@@ -322,7 +322,7 @@ def _refresh_windows(model: CodistillModel, data, driver, refresh: teachers.Teac
     peer.start(schedule.versions_due)
   try:
     model.fit(data, epochs=1, verbose=0, callbacks=[driver, clock],
-              steps_per_epoch=3 + 3 * FLAGS.window_pairs * FLAGS.refresh_every_steps)
+              steps_per_epoch=step_times.SKIP + 3 * FLAGS.window_pairs * FLAGS.refresh_every_steps)
   finally:
     if peer is not None:
       peer.stop()

@@ -32,6 +32,8 @@ from tf_codistill import step_timing
 
 # arm -> rounds -> step times (seconds)
 Times = Dict[str, List[List[float]]]
+# Steps a fit (or a round of alternate_steps) runs before its timed ones: the first trace.
+SKIP = 3
 
 
 class StepClock(keras.callbacks.Callback):
@@ -39,7 +41,7 @@ class StepClock(keras.callbacks.Callback):
   (start, end) on time.monotonic(), a step's start being the end of the step before it (the
   first step has none), as ``step_timing.ClosureTimer`` keeps them under parameter servers."""
 
-  def __init__(self, skip: int = 3):
+  def __init__(self, skip: int = SKIP):
     super().__init__()
     self.skip = skip
     self.intervals: List[Tuple[float, float]] = []
@@ -57,7 +59,7 @@ class StepClock(keras.callbacks.Callback):
     self._last = now
 
 
-def step_clock(model: keras.Model, skip: int = 3) -> keras.callbacks.Callback:
+def step_clock(model: keras.Model, skip: int = SKIP) -> keras.callbacks.Callback:
   """A callback that keeps ``model``'s step intervals after the first ``skip`` steps of a ``fit``
   (``intervals``: (start, end, ...) on time.monotonic()). Under parameter servers they are the
   gaps between finished step functions on any worker (``step_timing.ClosureTimer``): the group's
@@ -68,7 +70,7 @@ def step_clock(model: keras.Model, skip: int = 3) -> keras.callbacks.Callback:
   return StepClock(skip)
 
 
-def fit_step_times(model: keras.Model, data, steps: int, skip: int = 3,
+def fit_step_times(model: keras.Model, data, steps: int, skip: int = SKIP,
                    callbacks: Sequence[keras.callbacks.Callback] = ()) -> List[float]:
   """Trains ``model`` for ``skip + steps`` steps in one ``fit``; the last ``steps`` step times
   (``step_clock``'s)."""
@@ -79,7 +81,7 @@ def fit_step_times(model: keras.Model, data, steps: int, skip: int = 3,
 
 
 def alternate_steps(models: Mapping[str, keras.Model], data: tf.data.Dataset, steps: int,
-                    rounds: int, skip: int = 3, seed: int = 0) -> Times:
+                    rounds: int, skip: int = SKIP, seed: int = 0) -> Times:
   """Per-step times of every arm with the arms alternating step by step.
 
   A step is one call of the arm's own tf_keras train function (the function ``fit`` runs for each

@@ -179,6 +179,8 @@ RATIOS = {
                                             "codistill_no_teacher"),
     "bfloat16_teacher_vs_float32_teacher": ("codistill_bfloat16_teacher", "codistill_one_teacher"),
     "int8_teacher_vs_float32_teacher": ("codistill_int8_teacher", "codistill_one_teacher"),
+    "stacked_int8_teacher_vs_stacked_bfloat16_teacher": ("codistill_stacked_int8_teacher",
+                                                         "codistill_stacked_bfloat16_teacher"),
 }
 
 

@@ -13,7 +13,8 @@ weights through ``assign_float_weights``, quantized off the training thread.
 
 Int8 layers are one kind of ``ConvertedLayer``: a teacher layer that holds the float weights of
 one or more of the student's layers in another form (int8 codes here, embedding tables stacked
-into one in ``models.ctr.StackedEmbeddings``). ``float_shapes``, ``float_weights`` and
+into one in ``models.ctr.StackedEmbeddings``, int8 tables with one scale per column folded into
+the next kernel in ``models.ctr.Int8StackedInput``). ``float_shapes``, ``float_weights`` and
 ``assign_float_weights`` see any model through them in the student's ``weights`` order.
 """
 
@@ -110,13 +111,20 @@ class Int8Dense(Int8Layer):
                  if self.use_bias else None)
     super().build(input_shape)
 
-  def call(self, inputs):
+  def call(self, inputs, input_scales=None):
+    """``activation(inputs @ kernel + bias)``. ``input_scales`` (a float32 vector): the leading
+    inputs come as int8 codes, input i meaning ``inputs[..., i] * input_scales[i]``; each scale
+    multiplies its kernel row instead (once per call, not once per example), the other inputs
+    are values (``models.ctr.Int8StackedInput``)."""
+    scales = self.scales
+    if input_scales is not None:
+      scales = scales * tf.pad(input_scales, [[0, self.codes.shape[0] - input_scales.shape[0]]],
+                               constant_values=1.0)
     # The kernel is dequantized through float32 (TF's int8 -> bfloat16 cast is slower than
     # int8 -> float32, a multiply and float32 -> bfloat16 together) and multiplied in bfloat16
     # (oneDNN's bf16 kernels, about twice float32's speed on CPUs with AVX512_BF16/AMX),
     # accumulated in float32; the output comes back in the layer's compute dtype.
-    kernel = tf.cast(tf.cast(self.codes, tf.float32) * tf.expand_dims(self.scales, -1),
-                     tf.bfloat16)
+    kernel = tf.cast(tf.cast(self.codes, tf.float32) * tf.expand_dims(scales, -1), tf.bfloat16)
     inputs = tf.cast(inputs, tf.bfloat16)
     if inputs.shape.rank == 2:
       outputs = tf.matmul(inputs, kernel)

@@ -149,8 +149,8 @@ def test_teacher_overhead_measures_every_arm_and_the_goal_ratios():
                       ("codistill_stacked_bfloat16_teacher", "bfloat16")):
     stacked = arms[name].active_teacher(0).get_layer("stacked_embeddings")
     assert stacked.table.dtype == dtype and stacked.table.shape == (26 * 50, 2)
-  stacked = arms["codistill_stacked_int8_teacher"].active_teacher(0).get_layer("stacked_embeddings")
-  assert stacked.codes.dtype == tf.int8 and stacked.codes.shape == (26 * 50, 2)
+  stacked = arms["codistill_stacked_int8_teacher"].active_teacher(0).get_layer("stacked_input")
+  assert stacked.tables.codes.dtype == tf.int8 and stacked.tables.codes.shape == (26 * 50, 2)
   summary = teacher_overhead.measure(arms, teacher_overhead._dataset(8, 50), steps=3, rounds=2)
   assert {row["steps"] for row in summary["step_times"].values()} == {6}
   assert int(arms["codistill_int8_teacher"].optimizer.iterations.numpy()) == 2 * (3 + 3)

@@ -50,6 +50,26 @@ def test_an_int8_ctr_teacher_holds_under_a_third_of_the_float_bytes():
   assert _bytes(teacher) < 0.33 * _bytes(model), (_bytes(teacher), _bytes(model))
 
 
+def test_int8_dense_scales_its_kernel_rows_for_inputs_that_come_as_codes():
+  # Inputs 0-2 arrive as codes (value / scale), input 3 as a value: the layer's output is the
+  # float layer's on the values, each scale applied to its kernel row instead of to the input.
+  kernel = np.array([[0.5, -1.0], [0.25, 2.0], [-0.75, 0.125], [1.0, 1.0]], np.float32)
+  layer = quantization.Int8Dense(2, "relu", dtype="bfloat16")
+  layer(tf.zeros([1, 4]))
+  layer.assign_float([kernel, np.array([0.5, -0.25], np.float32)])
+  values = np.array([[0.3, -0.6, 1.2, 2.0], [-0.9, 0.15, 0.6, -1.0]], np.float32)
+  scales = np.array([0.3, 0.15, 0.6], np.float32)
+  codes = values.copy()
+  codes[:, :3] /= scales
+  got = layer(tf.constant(codes), input_scales=tf.constant(scales))
+  want = layer(tf.constant(values))
+  # bfloat16 sums of terms up to 2: within 2^-7 of each other.
+  np.testing.assert_allclose(tf.cast(got, tf.float32), tf.cast(want, tf.float32), atol=2 ** -7)
+  np.testing.assert_allclose(tf.cast(want, tf.float32),
+                             np.maximum(values @ kernel + [0.5, -0.25], 0), rtol=0.02, atol=0.02)
+  assert float(tf.reduce_max(tf.abs(tf.cast(got, tf.float32)))) > 0
+
+
 def test_assign_float_weights_refuses_values_that_do_not_fit_naming_the_shape():
   model, _, x = project_model("ctr")
   teacher = quantization.int8_copy(model)

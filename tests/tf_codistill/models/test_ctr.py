@@ -6,6 +6,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tf_codistill import quantization
+from tf_codistill import weight_codecs
 from tf_codistill.models import ctr
 
 
@@ -61,35 +62,45 @@ def test_a_stacked_teacher_predicts_like_its_student(policy, tolerance):
       np.testing.assert_array_equal(back, want)
 
 
-def test_an_int8_stacked_teacher_holds_each_tables_own_codes_and_predicts_like_its_student():
+def test_an_int8_stacked_teacher_codes_each_table_column_and_predicts_like_its_student():
   student = ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16, 8), seed=0)
   x = _batch()
   teacher = ctr.ctr_teacher(student, dtype_policy="int8")
   teacher(x)
   quantization.assign_float_weights(teacher, student.get_weights())
   assert quantization.is_quantized(teacher)
-  stacked = teacher.get_layer("stacked_embeddings")
+  block = teacher.get_layer("stacked_input")
+  stacked, first = block.tables, block.dense
   assert stacked.codes.dtype == tf.int8 and stacked.codes.shape == (26 * 100, 4)
+  assert stacked.column_scales.shape == (26 * 4,) and first.codes.shape == (26 * 4 + 13, 16)
   # int8 weights (float32 scales and biases), computing in bfloat16 from the lookup on.
-  computing = [stacked, teacher.get_layer("concat")] + [
-      teacher.get_layer(name) for name in ("hidden_0", "hidden_1", "logits")]
+  computing = [block, stacked, first] + [teacher.get_layer(name) for name in ("hidden_1", "logits")]
   assert [layer.compute_dtype for layer in computing] == ["bfloat16"] * 5
   assert {v.dtype for v in teacher.weights} == {tf.int8, tf.float32}
   assert teacher(x).dtype == tf.bfloat16
-  # The same codes and scales as the clone's 26 Int8Embedding tables, in order.
-  clone = quantization.int8_copy(student)
-  clone(x)
-  quantization.assign_float_weights(clone, student.get_weights())
-  tables = [layer for layer in clone.layers if isinstance(layer, quantization.Int8Embedding)]
+  # Each table's codes are the int8 codec's for its columns: the largest value of a column is
+  # code +-127, and the lookup returns codes, unscaled.
+  tables = [w for w in student.get_weights() if w.shape == (100, 4)]
+  encoded = [weight_codecs.encode(table.T, "int8") for table in tables]
   np.testing.assert_array_equal(stacked.codes.numpy(),
-                                np.concatenate([t.codes.numpy() for t in tables]))
-  np.testing.assert_array_equal(stacked.scales.numpy(),
-                                np.concatenate([t.scales.numpy() for t in tables]))
-  np.testing.assert_allclose(teacher(x).numpy(), clone(x).numpy(), rtol=1e-5, atol=1e-6)
+                                np.concatenate([e.values.T for e in encoded]))
+  np.testing.assert_array_equal(stacked.column_scales.numpy(),
+                                np.concatenate([e.scales for e in encoded]))
+  np.testing.assert_array_equal(np.abs(stacked.codes.numpy()).reshape(26, 100, 4).max(axis=1), 127)
+  rows = stacked(x["categorical"]).numpy().reshape(8, 26, 4)
+  ids = x["categorical"].numpy() + np.arange(26) * 100
+  np.testing.assert_array_equal(rows, stacked.codes.numpy()[ids])
+  # The column scales go into the first kernel's rows: its output is the float layer's.
   np.testing.assert_allclose(teacher(x).numpy(), student(x).numpy(), atol=0.02)
   for back, want in zip(quantization.float_weights(teacher), student.get_weights()):
     assert back.shape == want.shape
-    np.testing.assert_allclose(back, want, atol=np.abs(want).max() / 127 + 1e-7)
+    if want.shape == (100, 4):  # a table: one scale per column
+      limit = np.abs(want).max(axis=0) * weight_codecs.INT8_ROW_ERROR
+    elif want.ndim == 2:  # a kernel: one scale per input row
+      limit = np.abs(want).max(axis=1, keepdims=True) * weight_codecs.INT8_ROW_ERROR
+    else:  # a bias, kept in float32
+      limit = 0.0
+    assert np.all(np.abs(back - want) <= limit + 1e-7)
 
 
 def test_a_stacked_lookup_reads_each_column_from_its_own_table():

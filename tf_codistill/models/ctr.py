@@ -93,10 +93,10 @@ class Int8StackedEmbeddings(StackedEmbeddings):
   rows by ``column_scales`` instead (``Int8StackedInput``). Per-row scales took a second gather
   and a multiply per looked-up row: the CTR teacher's forward pass alone (batch 512, both forms
   interleaved in one process, two runs) takes 0.65-0.72 ms, against 0.78-0.83 ms with per-row
-  scales, 0.56-0.59 ms in bfloat16 and 0.94-0.96 ms in float32. A column's
-  scale is its largest magnitude over all rows, so rows smaller than the largest lose precision:
-  on a CTR model trained 1,500 steps on criteo-like data, probabilities moved by at most 0.008
-  from float32's (0.003 with per-row scales), validation log loss equal to 5 digits."""
+  scales, 0.56-0.59 ms in bfloat16 and 0.94-0.96 ms in float32. A column's scale is its largest
+  magnitude over all rows, so rows smaller than the largest lose precision: on a CTR model
+  trained 1,500 steps on criteo-like data, probabilities moved by at most 0.008 from float32's
+  (0.003 with per-row scales), validation log loss equal to 5 digits."""
 
   def build(self, input_shape):
     width = self.num_tables * self.output_dim
@@ -126,9 +126,9 @@ class Int8StackedEmbeddings(StackedEmbeddings):
 class Int8StackedInput(quantization.ConvertedLayer):
   """The int8 CTR teacher's first block as one layer: the lookup (Int8StackedEmbeddings, codes),
   the concat with the dense features and the first Dense layer (``quantization.Int8Dense``),
-  whose kernel rows take the tables' column scales (``input_scales``): the step scales a
-  [429, units] kernel once instead of every looked-up row. Holds the student's tables, then
-  that Dense layer's kernel and bias."""
+  whose kernel rows take the tables' column scales (``input_scales``): a call scales the kernel
+  once instead of every looked-up row. Holds the student's tables, then that Dense layer's
+  kernel and bias."""
 
   def __init__(self, num_tables: int, input_dim: int, output_dim: int, units: int,
                activation=None, use_bias: bool = True, **kwargs):

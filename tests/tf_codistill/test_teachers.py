@@ -365,6 +365,27 @@ activate_all(model8, pool8)
 reads8 = reads[len(reads16):]
 close8 = all(np.allclose(a, b, atol=0.02) for a, b in
              zip(quantization.float_weights(model8.active_teacher(0)), newest.get_weights()))
+# The CTR model's stacked int8 form (column scales folded into the first kernel) on the ps.
+from tf_codistill.models import ctr
+ctr_spec = {"dense": tf.TensorSpec([None, 13], tf.float32),
+            "categorical": tf.TensorSpec([None, 26], tf.int64)}
+ctr_x = {"dense": tf.random.stateless_normal([6, 13], [1, 2]),
+         "categorical": tf.random.stateless_uniform([6, 26], [3, 4], 0, 30, tf.int64)}
+make_ctr = lambda seed: ctr.ctr_model(num_buckets=30, embedding_dim=4, hidden_units=(8,),
+                                      seed=seed)
+ctr_peer = make_ctr(5)
+exchange.publish(ctr_peer, exchange_dir + "/ctr", 1, 20, ctr_spec)
+with strategy.scope():
+  ctr_student = make_ctr(0)
+  ctr_model = CodistillModel(ctr_student, 1,
+                             teacher_factory=lambda: ctr.ctr_teacher(ctr_student, "int8"))
+  ctr_model(ctr_x)
+ctr_pool = teachers.TeacherPool(exchange_dir + "/ctr", [1], ctr_model, ctr_spec, [None, 1])
+loaded_ctr8 = ctr_pool.poll_once()
+activate_all(ctr_model, ctr_pool)
+ctr_teacher = ctr_model.active_teacher(0)
+ctr8_gap = float(np.abs(tf.cast(ctr_teacher(ctr_x), tf.float32).numpy() - ctr_peer(ctr_x)).max())
+ctr8_devices = sorted({v.device for v in ctr_teacher.weights})
 # Remote teacher variables: the copy choice stays one Case op (lowered, the unused copy's dead
 # ops would pass between the worker and the ps every step).
 graph = tf.function(model.teacher_target).get_concrete_function(spec).graph
@@ -375,7 +396,9 @@ print(json.dumps({"added": added, "same": same, "devices": devices, "refused": r
                   "wait_refused": wait_refused, "loaded16": loaded16, "added16": added16,
                   "same16": same16, "devices16": sorted({v.device for v in teacher16.weights}),
                   "io_device": restoring.host_cpu(teacher16), "reads16": reads16,
-                  "loaded8": loaded8, "reads8": reads8, "close8": close8}))
+                  "loaded8": loaded8, "reads8": reads8, "close8": close8,
+                  "loaded_ctr8": loaded_ctr8, "ctr8_gap": ctr8_gap,
+                  "ctr8_devices": ctr8_devices}))
 """
 
 
@@ -385,7 +408,7 @@ def test_teacher_loads_on_parameter_servers_trace_no_new_functions(tmp_path):
   them (a bfloat16 teacher: read by key and cast on the ps), with no function traced per load (a
   parameter server keeps every function it is sent, for good), a version with a NaN weight is
   refused, and the step keeps the copy choice as one Case op; a wait for the first teachers is
-  refused there."""
+  refused there. An int8 teacher (a clone, and the CTR model's stacked form) loads there too."""
   report = run_ps_coordinator(_PS_COORDINATOR, tmp_path)
   assert report["devices"] == ["/job:ps/replica:0/task:0/device:CPU:0"]
   assert report["same"]
@@ -401,6 +424,9 @@ def test_teacher_loads_on_parameter_servers_trace_no_new_functions(tmp_path):
   assert report["reads16"] == [[ps_cpu]] * 3, report["reads16"]
   assert report["loaded8"] == 1 and report["close8"]
   assert report["reads8"] == [["/job:chief/replica:0/task:0/device:CPU:0"]], report["reads8"]
+  # The stacked int8 CTR teacher: held on the ps, predicting like its peer.
+  assert report["loaded_ctr8"] == 1 and report["ctr8_devices"] == [ps_cpu], report
+  assert report["ctr8_gap"] < 0.02, report["ctr8_gap"]
 
 
 def test_finiteness_check_names_every_variable_with_a_bad_value_in_any_shard():

@@ -196,11 +196,11 @@ def ctr_teacher(student: keras.Model, dtype_policy: Optional[str] = None) -> ker
     for layer in dense_layers[1:]:
       x = quantization.Int8Dense(layer.units, layer.activation, layer.use_bias,
                                  dtype="bfloat16", name=layer.name)(x)
-    return keras.Model({"dense": dense_in, "categorical": cat_in}, x, name="ctr_teacher")
-  x = StackedEmbeddings(len(tables), tables[0].input_dim, tables[0].output_dim,
-                        dtype=dtype_policy, name="stacked_embeddings")(cat_in)
-  x = keras.layers.Concatenate(dtype=dtype_policy, name="concat")([x, dense_in])
-  for layer in dense_layers:
-    x = keras.layers.Dense(layer.units, activation=layer.activation, use_bias=layer.use_bias,
-                           kernel_initializer="zeros", dtype=dtype_policy, name=layer.name)(x)
+  else:
+    x = StackedEmbeddings(len(tables), tables[0].input_dim, tables[0].output_dim,
+                          dtype=dtype_policy, name="stacked_embeddings")(cat_in)
+    x = keras.layers.Concatenate(dtype=dtype_policy, name="concat")([x, dense_in])
+    for layer in dense_layers:
+      x = keras.layers.Dense(layer.units, activation=layer.activation, use_bias=layer.use_bias,
+                             kernel_initializer="zeros", dtype=dtype_policy, name=layer.name)(x)
   return keras.Model({"dense": dense_in, "categorical": cat_in}, x, name="ctr_teacher")

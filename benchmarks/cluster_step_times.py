@@ -313,16 +313,18 @@ def _refresh_windows(model: CodistillModel, data, driver, refresh: teachers.Teac
   """The refresh-windows fit: the refreshing arm in one ``fit`` through ``--window_pairs`` pairs
   of windows (``RefreshWindows``); its step times by window, with the loads begun in each. It
   runs half again as many steps as the windows should take (under MultiWorkerMirrored all of
-  them, on every worker; elsewhere the schedule stops it after its last window). A worker that
-  does not measure (``peer`` None) only trains along."""
+  them, on every worker). Elsewhere the schedule stops it after its last window, and it may run
+  three times the windows' steps, so steps faster than the rounds' (load that eased) still fill
+  every window. A worker that does not measure (``peer`` None) only trains along."""
   clock = step_times.step_clock(model)
   schedule = RefreshWindows(model, clock, window_s, FLAGS.window_pairs, stop_fit=not mirrored)
   before = len(refresh.windows)
   if peer is not None:
     peer.start(schedule.versions_due)
   try:
+    window_steps = 2 * FLAGS.window_pairs * FLAGS.refresh_every_steps
     model.fit(data, epochs=1, verbose=0, callbacks=[driver, clock],
-              steps_per_epoch=step_times.SKIP + 3 * FLAGS.window_pairs * FLAGS.refresh_every_steps)
+              steps_per_epoch=step_times.SKIP + int((1.5 if mirrored else 3) * window_steps))
   finally:
     if peer is not None:
       peer.stop()

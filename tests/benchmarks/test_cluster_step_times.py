@@ -229,7 +229,9 @@ def test_one_process_times_every_arm_and_refreshes_its_teacher_without_a_cluster
       [sys.executable, "-m", "benchmarks.cluster_step_times", "--groups=one_process",
        # Rounds of 200 steps (about 1.2 s here): with 60 the first round ended before the first
        # load had landed even on an idle machine ([0, 2] swaps), and under load neither did.
-       "--rounds=2", "--steps=200", "--refresh_every_steps=10", "--window_pairs=2",
+       # Windows of 25 steps (about 0.1 s): windows of 10 (about 0.045 s) were each emptied by
+       # one stall of the process under a full test run, so no pair was left.
+       "--rounds=2", "--steps=200", "--refresh_every_steps=25", "--window_pairs=2",
        "--poll_interval_s=0.2",
        "--num_buckets=500", "--batch_size=32", "--launches=1", "--allow_load", "--settle_s=0",
        f"--out={out}", f"--work_dir={tmp_path / 'work'}"],

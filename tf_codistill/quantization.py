@@ -66,7 +66,7 @@ class Int8Layer(ConvertedLayer):
 
   def float_weights(self) -> List[np.ndarray]:
     """The float values this layer stands for (dequantized), in the float layer's order."""
-    kernel = self.codes.numpy().astype(np.float32) * self.scales.numpy()[:, None]
+    kernel = weight_codecs.decode(weight_codecs.Encoded(self.codes.numpy(), self.scales.numpy()))
     return [kernel] + [w.numpy() for w in self.weights[2:]]
 
   def assign_float(self, values: Sequence[ArrayOrTensor]) -> None:

@@ -113,9 +113,9 @@ class Int8StackedEmbeddings(StackedEmbeddings):
     return tf.reshape(codes, [-1, self.num_tables * self.output_dim])
 
   def float_weights(self) -> List[np.ndarray]:
-    scales = self.column_scales.numpy().reshape(self.num_tables, 1, self.output_dim)
-    codes = self.codes.numpy().reshape(self.num_tables, self.input_dim, self.output_dim)
-    return list(codes.astype(np.float32) * scales)
+    codes = np.split(self.codes.numpy(), self.num_tables)
+    scales = np.split(self.column_scales.numpy(), self.num_tables)
+    return [weight_codecs.decode(weight_codecs.Encoded(c.T, s)).T for c, s in zip(codes, scales)]
 
   def assign_float(self, values: Sequence[quantization.ArrayOrTensor]) -> None:
     encoded = [weight_codecs.encode(np.asarray(value, np.float32).T, "int8") for value in values]

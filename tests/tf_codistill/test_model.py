@@ -244,9 +244,9 @@ def test_export_writes_the_student_with_the_serving_signature(tmp_path):
 
 @pytest.mark.parametrize("name", ["ctr", "lm"])
 def test_the_distill_term_is_the_loss_toward_the_teachers_target_and_zero_when_off(name):
-  # The teachers' forward passes are a cond and the loss is gated by tf.where
-  # (model._distill_term): the term must still be the distillation loss of the student's logits
-  # toward the averaged teacher target, and exactly zero when off.
+  # The teachers' forward passes are a cond (model._teachers_term_inputs) and the loss is gated
+  # by tf.where (model._distill_term): the term must still be the distillation loss of the
+  # student's logits toward the averaged teacher target, and exactly zero when off.
   from testing_utils import project_model
   from tf_codistill import losses
   student, output, x = project_model(name)
@@ -258,7 +258,8 @@ def test_the_distill_term_is_the_loss_toward_the_teachers_target_and_zero_when_o
   logits = student(x, training=False)
   want = losses.distillation_loss(logits, model.teacher_target(x), output=output,
                                   temperature=2.0)
-  term = tf.function(model._distill_term)
+  term = tf.function(lambda x, logits, alpha: model._distill_term(
+      logits, model._teachers_term_inputs(x, logits, alpha)))
   np.testing.assert_allclose(float(term(x, logits, tf.constant(1.0))), float(want), rtol=1e-6)
   assert float(term(x, logits, tf.constant(0.0))) == 0.0
 

@@ -44,7 +44,12 @@ from tf_codistill import layout
 
 T = TypeVar("T")
 ARM_KINDS = ("train", "ensemble", "offline_distill")
-DATA_KINDS = ("criteo_like", "adult", "kjv", "fashion_mnist")
+DATA_KINDS = ("criteo_like", "adult", "kjv", "fashion_mnist", "debian_english", "debian_kernel")
+# The Debian corpora (data_pipelines.debian_text): how each is built. GCIDE holds 3 lines of
+# cp1252 among 1.2M (their pages are skipped and counted); a quarter of the kernel's C files
+# (by a hash of their paths) is more text than any arm reads.
+CORPORA = {"debian_english": ("english", {"bad_lines": "skip"}),
+           "debian_kernel": ("kernel", {"bad_lines": "skip", "sample_fraction": 0.25})}
 LOSS_KEY = "val_logloss"  # the default Suite.loss_key (CTR)
 TARGET_RULES = ("final", "best_sync")
 TUNING_DIR = "tuning"  # results_dir/runs/tuning/<config digest>/lr_<value>/: tuning runs
@@ -116,7 +121,9 @@ class Suite:
     common_bindings: bindings every trained arm gets (sizes, steps, eval cadence).
     data: ``criteo_like`` (generated Criteo-format TSV), ``adult`` (the UCI Adult census data),
       ``kjv`` (the King James Bible for language modeling, ``vocab_size`` tokens) or
-      ``fashion_mnist`` (Fashion-MNIST as ImageNet-style TFRecords).
+      ``fashion_mnist`` (Fashion-MNIST as ImageNet-style TFRecords), ``debian_english`` or
+      ``debian_kernel`` (the Debian corpora of data_pipelines.debian_text, ``vocab_size``
+      subword tokens; built under the data directory, see ``CORPORA``).
     loss_key: the results/curve key that is "validation loss" (targets, plots, goals), e.g.
       ``val_logloss`` (CTR) or ``val_loss`` (cross-entropy per example or token).
     output: ``sigmoid`` or ``softmax``: how ensembles average and churn compares predictions.
@@ -140,6 +147,8 @@ class Suite:
       minimum of the seed-mean validation curves of ``sync_arms`` (protocol.target).
     prediction_history: runs keep eval predictions at every evaluation, so churn can be
       compared at matched validation loss (churn.json ``curves``).
+    eval_pattern: a Debian corpus's validation shards (a glob in its ``tokens/``), e.g. one of
+      them, so that evaluation costs a fixed, small share of the step budget.
     pin_runs: every group gets a CPU of its own (machine.CpuPool), and runs that need fewer
       CPUs than the machine has (tuning runs, seeds of a single-group arm) go on at once, each
       on its own CPUs. Only for suites whose figures count steps, not seconds.
@@ -171,6 +180,7 @@ class Suite:
   sync_arms: Sequence[str] = ()
   prediction_history: bool = False
   pin_runs: bool = False
+  eval_pattern: str = "eval-*"
 
   def __post_init__(self):
     if self.data not in DATA_KINDS:
@@ -268,6 +278,17 @@ def metric_ratio(arms: Mapping[str, dict], metric: str = gin.REQUIRED,
                                      if r[metric] is not None]
 
 
+@gin.configurable(module="bench")
+def repeated_tokens(arms: Mapping[str, dict]) -> tuple:
+  """Tokens any trained arm's groups read twice (a corpus suite's data never repeats): the sum
+  over arms, and per arm; None while an arm's runs do not say (recorded before the count)."""
+  per = {name: arm["repeated_tokens"] for name, arm in arms.items()
+         if arm["config"]["kind"] != "ensemble"}
+  if any(v is None for v in per.values()):
+    return None, []
+  return sum(per.values()), list(per.values())
+
+
 def _seed_curves(arms: Mapping[str, dict], name: str) -> List[protocol.Curve]:
   return [[(int(step), float(loss)) for step, loss in curve]
           for curve in arms[name]["seed_curves"].values()]
@@ -345,6 +366,23 @@ def best_loss_minus_best(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
   interval = protocol.bootstrap(lambda a, *os_: _mean_best(a) - min(_mean_best(o) for o in os_),
                                 curves, *rest)
   return _mean_best(curves) - best, [protocol.best_loss(c) - best for c in curves], interval
+
+
+@gin.configurable(module="bench", denylist=["arms"])
+def ensemble_gain_captured(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
+                           single: str = gin.REQUIRED, ensemble: str = gin.REQUIRED) -> tuple:
+  """How much of the ensemble's gain ``arm`` captured: (``single``'s best validation loss minus
+  ``arm``'s) / (``single``'s minus ``ensemble``'s), best losses as in best_loss_minus_best; a 90%
+  bootstrap interval over seeds. None when the ensemble gains nothing (nothing to capture)."""
+
+  def captured(mine, base, ens) -> Optional[float]:
+    gain = _mean_best(base) - _mean_best(ens)
+    return (_mean_best(base) - _mean_best(mine)) / gain if gain > 0 else None
+
+  curves = [_seed_curves(arms, name) for name in (arm, single, ensemble)]
+  value = captured(*curves)
+  interval = protocol.bootstrap(captured, *curves)
+  return value, [] if value is None else [value], interval
 
 
 def _pair_curves(arms: Mapping[str, dict], name: str) -> list:
@@ -444,8 +482,27 @@ def _gin_path(path: str) -> str:
   return path if os.path.isabs(path) else os.path.join(config.REPO_GIN_DIR, path)
 
 
+def corpus_manifest(suite: Suite, data_root: str, build: bool = True) -> Optional[dict]:
+  """The manifest of a Debian-corpus suite's corpus (built under ``data_root`` unless there and
+  ``build``); None for other data."""
+  if suite.data not in CORPORA:
+    return None
+  from data_pipelines import corpus  # pylint: disable=g-import-not-at-top
+  from data_pipelines import debian_text  # pylint: disable=g-import-not-at-top
+  name, options = CORPORA[suite.data]
+  data_dir = os.path.join(data_root, suite.data)
+  if not build:
+    return corpus.read_manifest(data_dir)
+  return corpus.build(data_dir, debian_text.CORPORA[name], vocab_size=suite.vocab_size, **options)
+
+
 def data_bindings(suite: Suite, data_root: str) -> List[str]:
   """Prepares the suite's data under ``data_root`` (reused when there) and binds its files."""
+  if suite.data in CORPORA:
+    corpus_manifest(suite, data_root)
+    tokens = os.path.join(data_root, suite.data, "tokens")
+    return [f"trainer.train.train_files = ['{tokens}/train-*']",
+            f"trainer.train.eval_files = ['{tokens}/{suite.eval_pattern}']"]
   if suite.data in ("kjv", "fashion_mnist"):
     from data_pipelines import images  # pylint: disable=g-import-not-at-top
     from data_pipelines import text_lm  # pylint: disable=g-import-not-at-top
@@ -520,7 +577,7 @@ def _churn_path(arm: Arm, paths: RunPaths) -> str:
   return os.path.join(paths.results_dir, "runs", arm.name, "churn.json")
 
 
-def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str,
+def _record_run(arm: Arm, suite: Suite, paths: RunPaths, seed: int, group: int, group_dir: str,
                 load: Optional[dict] = None) -> dict:
   """Copies a finished group's results.json and progress curve into the results directory, with
   the machine's load before and after the run (``load``: from machine.settle)."""
@@ -529,6 +586,7 @@ def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str
   results.pop("history", None)  # the curve below carries it, with steps and wall time
   # Wall times and examples/sec mean little without the machine's load while the run trained.
   results.update(load or {})
+  results.update(_data_use(suite, paths, results))
   results["load_avg_1m_at_end"] = machine.load_1m()
   os.makedirs(os.path.dirname(paths.result(arm.name, seed, group)), exist_ok=True)
   keep = ("step", "wall_time_s", "loss", "task_loss", "distill_loss", "alpha", "teacher_staleness",
@@ -541,6 +599,20 @@ def _record_run(arm: Arm, paths: RunPaths, seed: int, group: int, group_dir: str
       f.write(json.dumps({k: record[k] for k in keep if k in record}, sort_keys=True) + "\n")
   standalone.write_json(paths.result(arm.name, seed, group), results, indent=1)
   return results
+
+
+def _data_use(suite: Suite, paths: RunPaths, results: Mapping[str, object]) -> dict:
+  """For a corpus suite: the tokens the group read (``train_targets``) against the training
+  tokens of the shards it reads (``share_tokens``); ``repeated_tokens``, what it read twice."""
+  manifest = corpus_manifest(suite, paths.data_dir, build=False)
+  if manifest is None or results.get("train_targets") is None:
+    return {}
+  from data_pipelines import corpus  # pylint: disable=g-import-not-at-top
+  groups = int(results.get("num_groups") or 1)
+  share = (corpus.share_tokens(manifest, int(results["group"]), groups)
+           if results.get("data_split") == "disjoint" and groups > 1
+           else corpus.share_tokens(manifest))
+  return {"share_tokens": share, "repeated_tokens": max(0, int(results["train_targets"]) - share)}
 
 
 def _launch(arm: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence[str], *,
@@ -726,7 +798,7 @@ def _run_seed(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], seed
     with cpus.take(_cpus_needed(arm)) if cpus else contextlib.nullcontext():
       if arm.kind == "train":
         dirs = _launch(arm, suite, paths, seed, data, pin=cpus is not None)
-        results = [_record_run(arm, paths, seed, g, dirs[g], load) for g in sorted(dirs)]
+        results = [_record_run(arm, suite, paths, seed, g, dirs[g], load) for g in sorted(dirs)]
       else:
         results = [_offline_distill(arm, suite, paths, seed, data, load, pin=cpus is not None)]
   summary = ", ".join(f"group {r.get('group', 0)} {suite.loss_key} {r[suite.loss_key]:.4f}"
@@ -753,7 +825,7 @@ def _offline_distill(arm: Arm, suite: Suite, paths: RunPaths, seed: int,
   exchange.publish_saved_model(teacher_export, exchange_dir, group=1, step=teacher_steps)
   dirs = _launch(arm, suite, paths, seed, data, exchange_dir=exchange_dir,
                  extra=["trainer.train.codistill = True"], num_groups=2, groups=[0], pin=pin)
-  return _record_run(arm, paths, seed, 0, dirs[0], load)
+  return _record_run(arm, suite, paths, seed, 0, dirs[0], load)
 
 
 def _ensemble(arm: Arm, paths: RunPaths, seed: int, suite: Suite) -> dict:
@@ -909,6 +981,9 @@ def summarize(suite: Suite, paths: RunPaths, protocol_record: Optional[dict] = N
                    "best_val_loss": protocol.best_loss(
                        protocol.curve_points(run["curve"], suite.loss_key)),
                    "steps_to_target": steps, "wall_time_to_target_s": wall,
+                   "train_targets": result.get("train_targets"),
+                   "share_tokens": result.get("share_tokens"),
+                   "repeated_tokens": result.get("repeated_tokens"),
                    "curve": run["curve_file"]})
     churn_path = os.path.join(paths.results_dir, "runs", arm.name, "churn.json")
     churn = None
@@ -933,6 +1008,8 @@ def summarize(suite: Suite, paths: RunPaths, protocol_record: Optional[dict] = N
         "load_avg_1m_at_end": _stat([r["load_avg_1m_at_end"] for r in runs]),
         "started_above_nproc_load": sum(bool(r["started_above_nproc_load"]) for r in runs),
         "best_val_loss": _stat([r["best_val_loss"] for r in runs]),
+        "repeated_tokens": (None if any(r["repeated_tokens"] is None for r in runs)
+                            else sum(r["repeated_tokens"] for r in runs)),
         "seed_curves": {str(seed): curve for seed, curve in
                         _curves(arm, paths, suite.loss_key).items()},
         "group_curves": {f"{r['seed']}_{r['group']}": protocol.curve_points(r["curve"],

@@ -17,6 +17,7 @@ from data_pipelines import adult  # noqa: F401
 from data_pipelines import criteo  # noqa: F401
 from data_pipelines import images  # noqa: F401
 from data_pipelines import text_lm  # noqa: F401
+from data_pipelines import token_lm  # noqa: F401
 from tf_codistill import launcher  # noqa: F401
 from tf_codistill import losses  # noqa: F401
 from tf_codistill import tasks  # noqa: F401

@@ -514,7 +514,7 @@ class GroupTrainer:
       tf.summary.scalar(SKIPPED_LINES_TAG, skipped)
     callbacks.summary_writer.flush()
     results = self._results(model, callbacks, history, step, final,
-                            {**extra, "skipped_lines": skipped})
+                            {**extra, "skipped_lines": skipped, **_consumed(config, step, data)})
     exchange.write_atomically(run.results, json.dumps(results, indent=2, sort_keys=True))
     if config.save_step_timeline:
       exchange.write_atomically(run.step_timeline, json.dumps(
@@ -567,6 +567,16 @@ def _windows(hooks: Optional[codistillation.ExchangeHooks]) -> Dict[str, list]:
   if hooks.first_wait is not None:
     windows["first_teachers_wait"] = hooks.first_wait.windows
   return windows
+
+
+def _consumed(config: TrainConfig, step: int, data: _Data) -> Dict[str, Any]:
+  """How much training data the group read: examples, and prediction targets (an LM's tokens)."""
+  dims = data.evaluation.element_spec[1].shape[1:]
+  per_example = int(np.prod(dims)) if dims.is_fully_defined() else None
+  examples = step * config.batch_size
+  return {"batch_size": config.batch_size, "data_split": config.data_split,
+          "train_examples": examples,
+          "train_targets": None if per_example is None else examples * per_example}
 
 
 def _save_npz(path: str, **arrays: np.ndarray) -> None:

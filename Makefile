@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bazel-test venv data clean
+.PHONY: demo test test-fast bazel-test venv data corpus clean
 
 venv: $(STAMP)
 
@@ -33,6 +33,13 @@ data:
 	    echo "note: Debian's $(DATA_PACKAGES) are not installed and cannot be here (needs root and apt-get):" \
 	         "the tests that use them are skipped; as root: apt-get install -y $(DATA_PACKAGES)"; \
 	  fi; }
+
+# Real text too large to repeat (data_pipelines/debian_text.py): `make corpus` builds the English
+# corpus (11 Debian packages, ~16M words) into data/english; `make corpus CORPUS=kernel` the
+# Linux C source. apt-get download needs no root; the build resumes where it stopped.
+CORPUS ?= english
+corpus: $(STAMP)
+	$(PY) -m data_pipelines.debian_text --corpus=$(CORPUS) --output_dir=data/$(CORPUS) --bad_lines=skip
 
 demo: $(STAMP)
 	$(VENV)/bin/tf-codistill-demo

@@ -223,7 +223,11 @@ _DATA = {"criteo_like": "generated Criteo-format TSV (planted model, data_pipeli
          "make_criteo_like.py)", "adult": "UCI Adult census (real data; data_pipelines/README.md)",
          "kjv": "the King James Bible, word tokens (real data; data_pipelines/README.md)",
          "fashion_mnist": "Fashion-MNIST as ImageNet-style TFRecords (real data; "
-         "data_pipelines/README.md)"}
+         "data_pipelines/README.md)",
+         "debian_english": "English text from 11 Debian packages, byte-level BPE tokens (real "
+         "data; data_pipelines/debian_text.py)",
+         "debian_kernel": "the C source of Linux 6.1 from Debian, byte-level BPE tokens (real "
+         "data; data_pipelines/debian_text.py)"}
 
 
 def _header_lines(summary: dict, command: str, loss_name: str) -> List[str]:
@@ -359,7 +363,9 @@ def write_report(summary: dict, results_dir: str, command: str) -> Dict[str, Lis
   return {"report": [path], "plots": plots}
 
 
-REAL_DATA = {"fashion_mnist": "Fashion-MNIST", "adult": "Adult census", "kjv": "King James Bible"}
+REAL_DATA = {"fashion_mnist": "Fashion-MNIST", "adult": "Adult census", "kjv": "King James Bible",
+             "debian_english": "English text from Debian (16M words)",
+             "debian_kernel": "Linux kernel C source"}
 # The issue-level goals across data sets: (goal, how many real data sets must meet it).
 ACROSS_DATA_SETS = (("codistill_minus_best_sync_loss", 2), ("codistill_steps_ratio", 1),
                     ("churn_reduction", 2))

@@ -282,8 +282,8 @@ def metric_ratio(arms: Mapping[str, dict], metric: str = gin.REQUIRED,
 def repeated_tokens(arms: Mapping[str, dict]) -> tuple:
   """Tokens any trained arm's groups read twice (a corpus suite's data never repeats): the sum
   over arms, and per arm; None while an arm's runs do not say (recorded before the count)."""
-  per = {name: arm["repeated_tokens"] for name, arm in arms.items()
-         if arm["config"]["kind"] != "ensemble"}
+  per = {name: arm.get("repeated_tokens") for name, arm in arms.items()
+         if arm.get("config", {}).get("kind") != "ensemble"}
   if any(v is None for v in per.values()):
     return None, []
   return sum(per.values()), list(per.values())
@@ -877,12 +877,13 @@ def _churn(arm: Arm, paths: RunPaths, suite: Suite) -> Optional[dict]:
     with np.load(paths.predictions(arm.name, seed, 0)) as npz:
       preds.append(npz["probs"])
   pairs = [{"seeds": [seeds[p["a"]], seeds[p["b"]]], "mean_abs_diff": p["mean_abs_diff"],
-            "disagreement": p["disagreement"]}
+            "total_variation": p["total_variation"], "disagreement": p["disagreement"]}
            for p in metrics.pairwise_churn(preds, suite.output)]
   independent = [p for p in pairs if p["seeds"][1] == p["seeds"][0] + 1
                  and (p["seeds"][0] - arm.seed_offset) % 2 == 0]
   churn = {"pairs": pairs, "independent": independent, "examples": int(preds[0].shape[0]),
            "mean_abs_diff": _stat([p["mean_abs_diff"] for p in pairs]),
+           "total_variation": _stat([p["total_variation"] for p in pairs]),
            "disagreement": _stat([p["disagreement"] for p in pairs])}
   curves = [_churn_curve(arm, paths, suite, p["seeds"]) for p in independent]
   if curves and all(curves):

@@ -64,6 +64,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, length: Optional[int]
                                    initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
                                    show_progress=False)
   tokenizer.train_from_iterator(texts, trainer, length=length)
+  if tokenizer.get_vocab_size() != vocab_size:
+    raise ValueError(f"the training text allows only {tokenizer.get_vocab_size()} tokens (bytes, "
+                     f"{EOS} and merges): vocab_size={vocab_size} must be at most that")
   if tokenizer.token_to_id(EOS) != EOS_ID:
     raise AssertionError(f"{EOS} got id {tokenizer.token_to_id(EOS)}, not {EOS_ID}")
   return tokenizer
@@ -138,15 +141,15 @@ def _decoded_windows(file_ids: tf.Tensor, numbers: tf.Tensor, blobs: tf.Tensor, 
                                        " bytes is not a whole number of uint16 token ids"]),
       [file_ids, numbers, blobs], where=where, prefix=_PREFIX, policy=bad_lines, counter=counter)
   where = records.locator(files, file_ids, numbers)
-  flat = tf.cast(tf.io.decode_raw(tf.strings.reduce_join(blobs), tf.uint16), tf.int32)
-  per_doc = tf.RaggedTensor.from_row_lengths(flat, tf.strings.length(blobs, "BYTE") // 2)
+  decode = lambda b: tf.cast(tf.io.decode_raw(tf.strings.reduce_join(b), tf.uint16), tf.int32)
+  per_doc = tf.RaggedTensor.from_row_lengths(decode(blobs), tf.strings.length(blobs) // 2)
   largest = tf.reduce_max(per_doc, axis=1)
-  [per_doc] = records.enforce(
+  [kept] = records.enforce(
       largest < vocab_size, lambda i: tf.strings.join([
           "token id ", tf.strings.as_string(largest[i]), f" >= vocab_size {vocab_size}: "
           "the corpus was built with another vocabulary"]),
-      [per_doc], where=where, prefix=_PREFIX, policy=bad_lines, counter=counter)
-  return tf.signal.frame(per_doc.flat_values, sequence_length + 1, sequence_length, axis=0)
+      [blobs], where=where, prefix=_PREFIX, policy=bad_lines, counter=counter)
+  return tf.signal.frame(decode(kept), sequence_length + 1, sequence_length, axis=0)
 
 
 def _exhausted(sequence_length: int, files: Sequence[str], max_passes: int) -> tf.data.Dataset:

@@ -13,21 +13,27 @@ from tf_codistill import losses
 
 
 def churn(probs_a: np.ndarray, probs_b: np.ndarray, output: str = "sigmoid") -> Dict[str, float]:
-  """Mean absolute difference of predicted probabilities and fraction of differing predictions.
+  """Mean absolute difference of predicted probabilities, mean total variation distance between
+  the predicted distributions, and fraction of differing predictions.
 
-  For ``sigmoid`` the predicted class is ``p > 0.5`` per output; for ``softmax`` it is the argmax
-  over the last axis (and the absolute difference is averaged over classes too).
+  For ``sigmoid`` the predicted class is ``p > 0.5`` per output and the distribution a
+  Bernoulli (total variation ``|p_a - p_b|``); for ``softmax`` the class is the argmax over the
+  last axis (the absolute difference is averaged over classes too, and the total variation is
+  half the sum over classes: for a language model, per next-token distribution).
   """
   a, b = np.asarray(probs_a, np.float64), np.asarray(probs_b, np.float64)
   if a.shape != b.shape:
     raise ValueError(f"prediction shapes differ: {a.shape} vs {b.shape}")
   if output == "sigmoid":
     disagree = (a > 0.5) != (b > 0.5)
+    variation = np.abs(a - b)
   elif output == "softmax":
     disagree = np.argmax(a, axis=-1) != np.argmax(b, axis=-1)
+    variation = 0.5 * np.sum(np.abs(a - b), axis=-1)
   else:
     raise ValueError(f"output={output!r} is not one of {losses.OUTPUTS}")
   return {"mean_abs_diff": float(np.mean(np.abs(a - b))),
+          "total_variation": float(np.mean(variation)),
           "disagreement": float(np.mean(disagree))}
 
 

@@ -204,3 +204,46 @@ def test_late_churn_averages_each_pairs_last_evaluations_and_swing_measures_thei
   assert per_pair == pytest.approx([0.04 / 0.04, 0.0]) and swing == pytest.approx(0.5)
   assert runner.churn_reduction_late({"codistill": {}, "baseline": {}}, "codistill",
                                      "baseline") == (None, [], None)
+
+
+def _best_curves(*seeds):
+  """An arm summary whose seeds' curves reach these best validation losses."""
+  return {"seed_curves": {str(i): [[100, best + 0.5], [200, best]] for i, best in enumerate(seeds)}}
+
+
+def test_ensemble_gain_captured_is_the_share_of_the_ensembles_gain():
+  arms = {"single": _best_curves(2.0, 2.0), "ensemble": _best_curves(1.9, 1.9),
+          "codistill": _best_curves(1.95, 1.97)}
+  value, per, interval = runner.ensemble_gain_captured(arms, arm="codistill", single="single",
+                                                       ensemble="ensemble")
+  assert value == pytest.approx(0.4) and per == [pytest.approx(0.4)]
+  assert interval == [pytest.approx(0.3), pytest.approx(0.5)]
+  arms["ensemble"] = _best_curves(2.01, 2.0)  # no gain: nothing to capture
+  assert runner.ensemble_gain_captured(arms, arm="codistill", single="single",
+                                       ensemble="ensemble")[0] is None
+
+
+def test_repeated_tokens_adds_every_trained_arm_and_is_missing_while_unrecorded():
+  arms = {"sync_b": {"config": {"kind": "train"}, "repeated_tokens": 0},
+          "codistill": {"config": {"kind": "train"}, "repeated_tokens": 64},
+          "ensemble": {"config": {"kind": "ensemble"}, "repeated_tokens": None}}
+  assert runner.repeated_tokens(arms) == (64, [0, 64])
+  arms["sync_b"]["repeated_tokens"] = None
+  assert runner.repeated_tokens(arms) == (None, [])
+
+
+def test_a_corpus_groups_tokens_are_held_against_its_share(tmp_path):
+  corpus_dir = tmp_path / "data" / "debian_english"
+  corpus_dir.mkdir(parents=True)
+  files = [{"file": f"train-{i:05d}-of-00004.tfrecord", "tokens": t, "documents": 1}
+           for i, t in enumerate([100, 200, 300, 400])]
+  (corpus_dir / "manifest.json").write_text(json.dumps({"splits": {"train": {"files": files}}}))
+  suite = runner.Suite(name="s", arms=[runner.Arm("a")], data="debian_english")
+  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"),
+                          data_dir=str(tmp_path / "data"))
+  group1 = {"group": 1, "num_groups": 2, "data_split": "disjoint", "train_targets": 700}
+  assert runner._data_use(suite, paths, group1) == {"share_tokens": 600, "repeated_tokens": 100}
+  same = {"group": 1, "num_groups": 2, "data_split": "same", "train_targets": 700}
+  assert runner._data_use(suite, paths, same) == {"share_tokens": 1000, "repeated_tokens": 0}
+  other = runner.Suite(name="s", arms=[runner.Arm("a")])
+  assert runner._data_use(other, paths, group1) == {}

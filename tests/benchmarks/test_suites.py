@@ -33,13 +33,17 @@ def test_suite_parses_and_its_goals_evaluate_on_its_arms(name):
                 "final_val_loss": runner._stat([0.5]), "steps_to_target": runner._stat([100]),
                 "examples_per_sec": runner._stat([10.0]),
                 "wall_time_to_target_s": runner._stat([1.0]),
-                "seed_curves": {"0": [[100, 0.6], [200, 0.5]], "1": [[100, 0.55], [200, 0.5]]},
+                # Each arm a little better than the one before it (an ensemble after its
+                # source arm gains something to capture).
+                "seed_curves": {"0": [[100, 0.6], [200, 0.5 - 0.01 * i]],
+                                "1": [[100, 0.55], [200, 0.5 - 0.01 * i]]},
+                "config": {"kind": arm.kind}, "repeated_tokens": 0,
                 "group_curves": {"0_0": [[100, 0.6], [200, 0.5]], "0_1": [[100, 0.5], [200, 0.5]]},
                 "group_staleness": {"0_0": [[200, 100]], "0_1": [[200, 50]]},
                 "churn": {"mean_abs_diff": {"mean": 0.1}, "pairs": [{"mean_abs_diff": 0.1}],
                           "independent": [{"mean_abs_diff": 0.1}],
                           "curves": [[{"step": 100, "loss": 0.5, "mean_abs_diff": 0.1}]]}}
-            for a in arms}
+            for i, (a, arm) in enumerate((arm.name, arm) for arm in suite.arms)}
     values = {goal_name: goal(fake)[0] for goal_name, goal in suite.goals.items()}
   finally:
     gin.clear_config()

@@ -23,11 +23,22 @@ def test_churn_known_values_softmax():
   result = metrics.churn(a, b, output="softmax")
   assert result["mean_abs_diff"] == pytest.approx((0.4 + 0.4 + 0 + 0.1 + 0.1 + 0) / 6)
   assert result["disagreement"] == pytest.approx(0.5)
+  # Total variation per distribution: 0.5 * (0.4 + 0.4) and 0.5 * (0.1 + 0.1).
+  assert result["total_variation"] == pytest.approx((0.4 + 0.1) / 2)
+
+
+def test_next_token_distributions_churn_per_position():
+  a = np.array([[[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]])  # [batch 1, 2 positions, vocabulary 3]
+  b = np.array([[[0.0, 0.5, 0.5], [1.0, 0.0, 0.0]]])
+  result = metrics.churn(a, b, output="softmax")
+  assert result["total_variation"] == pytest.approx(0.25)
+  assert result["disagreement"] == pytest.approx(0.5)  # argmax 0 vs 1, then 0 vs 0
 
 
 def test_identical_predictions_have_zero_churn_and_shapes_must_match():
   a = np.random.default_rng(0).uniform(size=(10, 1))
-  assert metrics.churn(a, a) == {"mean_abs_diff": 0.0, "disagreement": 0.0}
+  assert metrics.churn(a, a) == {"mean_abs_diff": 0.0, "total_variation": 0.0,
+                                 "disagreement": 0.0}
   with pytest.raises(ValueError, match="shapes differ"):
     metrics.churn(a, a[:5])
 
@@ -91,7 +102,7 @@ def test_prediction_churn_of_two_models_on_a_dataset():
   assert churn["disagreement"] == 1.0
   # Features alone work too, and a model against itself has no churn.
   same = metrics.prediction_churn(a, a, tf.data.Dataset.from_tensor_slices(x).batch(2))
-  assert same == {"mean_abs_diff": 0.0, "disagreement": 0.0}
+  assert same == {"mean_abs_diff": 0.0, "total_variation": 0.0, "disagreement": 0.0}
   with pytest.raises(ValueError, match="dataset is empty"):
     metrics.prediction_churn(a, b, tf.data.Dataset.from_tensor_slices(x).take(0).batch(2))
   with pytest.raises(ValueError, match="output='probit'"):

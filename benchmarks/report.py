@@ -166,7 +166,10 @@ def _protocol_lines(summary: dict) -> List[str]:
     return []
   lines = ["## Protocol record", ""]
   scaling = record.get("scaling")
-  if scaling:
+  if scaling and scaling.get("given"):
+    lines += [f"**B\\* = {scaling['b_star']}**, given (taken from another suite's scaling phase: "
+              f"the suite's description says which).", ""]
+  elif scaling:
     lines += [f"Synchronous scaling (each batch tuned over learning rates "
               f"{record['learning_rates']}, tuning seed {record['tuning_seed']}): common target "
               f"{scaling['target']:.4f} (the worst batch's best loss).", "",
@@ -420,7 +423,8 @@ def helps_section(summaries: Mapping[str, dict]) -> List[str]:
               "matched loss | the same on all the data: best val loss − best sync | curves |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, summary in protocol_runs.items():
-      b_star = ((summary.get("protocol") or {}).get("scaling") or {}).get("b_star", "")
+      scaling = (summary.get("protocol") or {}).get("scaling") or {}
+      b_star = f"{scaling['b_star']} (given)" if scaling.get("given") else scaling.get("b_star", "")
       lines.append(f"| {REAL_DATA[summary['data']]} | [`{name}`]({name}/report.md) | "
                    f"{b_star or '(set)'} | "
                    + " | ".join(_cell(summary, g) for g, _ in ACROSS_DATA_SETS)

@@ -147,6 +147,8 @@ class Suite:
       minimum of the seed-mean validation curves of ``sync_arms`` (protocol.target).
     prediction_history: runs keep eval predictions at every evaluation, so churn can be
       compared at matched validation loss (churn.json ``curves``).
+    b_star: B* given rather than found (a suite without a scaling phase that takes another
+      suite's): ``{B*}`` and ``{2B*}`` in the arms' bindings become it and its double.
     eval_pattern: a Debian corpus's validation shards (a glob in its ``tokens/``), e.g. one of
       them, so that evaluation costs a fixed, small share of the step budget.
     pin_runs: every group gets a CPU of its own (machine.CpuPool), and runs that need fewer
@@ -181,6 +183,7 @@ class Suite:
   prediction_history: bool = False
   pin_runs: bool = False
   eval_pattern: str = "eval-*"
+  b_star: Optional[int] = None
 
   def __post_init__(self):
     if self.data not in DATA_KINDS:
@@ -210,6 +213,8 @@ class Suite:
     if (tuned or self.scaling_arm) and not self.learning_rates:
       raise ValueError(f"suite {self.name!r}: arms {tuned or ['scaling_arm']} tune the learning "
                        f"rate but learning_rates is empty")
+    if self.b_star is not None and self.scaling_arm:
+      raise ValueError(f"suite {self.name!r}: b_star is given and found (scaling_arm): bind one")
     if bool(self.scaling_arm) != bool(self.scaling_batches):
       raise ValueError(f"suite {self.name!r}: scaling_arm and scaling_batches go together")
     if self.target_rule not in TARGET_RULES:
@@ -726,8 +731,11 @@ def resolve(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], b_star
 
 
 def _cpus_needed(arm: Arm) -> int:
-  """CPUs one seed of ``arm`` takes when runs are pinned: one per group it trains."""
-  return {"train": arm.num_groups, "offline_distill": 1}.get(arm.kind, 0)
+  """CPUs one seed of ``arm`` takes when runs are pinned: one per process of each group it
+  trains (one for a single-process group, one per task of a group's cluster)."""
+  shape = launcher.GroupShape(arm.strategy, arm.workers_per_group, arm.ps_per_group)
+  processes = len(shape.tasks()) if shape.is_cluster else 1
+  return {"train": arm.num_groups * processes, "offline_distill": 1}.get(arm.kind, 0)
 
 
 def _at_once(fn: Callable[[T], object], items: Sequence[T], workers: int) -> None:
@@ -1064,6 +1072,8 @@ def prepare(suite: Suite, paths: RunPaths, data: Sequence[str],
   ``run``, each arm's tuning runs and then the arm itself are run in order; without it, every
   run must be recorded already."""
   scaled = scaling(suite, paths, data, run)
+  if scaled is None and suite.b_star is not None:
+    scaled = {"b_star": suite.b_star, "given": True}
   arms, tuning = [], {}
   for arm in suite.arms:
     if arm.learning_rate_from:

@@ -247,3 +247,18 @@ def test_a_corpus_groups_tokens_are_held_against_its_share(tmp_path):
   assert runner._data_use(suite, paths, same) == {"share_tokens": 1000, "repeated_tokens": 0}
   other = runner.Suite(name="s", arms=[runner.Arm("a")])
   assert runner._data_use(other, paths, group1) == {}
+
+
+def test_a_given_b_star_replaces_the_batch_placeholders(tmp_path):
+  arm = runner.Arm("codistill", gin_bindings=["trainer.train.batch_size = {B*}",
+                                              "x.y = {2B*}"])
+  paths = runner.RunPaths(str(tmp_path), str(tmp_path))
+  suite = runner.Suite(name="s", arms=[arm], b_star=64)
+  concrete, record = runner.prepare(suite, paths, data=[])
+  assert list(concrete.arms[0].gin_bindings) == ["trainer.train.batch_size = 64", "x.y = 128"]
+  assert record["scaling"] == {"b_star": 64, "given": True}
+  with pytest.raises(ValueError, match=r"binds \{B\*\} but the suite has no scaling phase"):
+    runner.prepare(runner.Suite(name="s", arms=[arm]), paths, data=[])
+  with pytest.raises(ValueError, match="b_star is given and found"):
+    runner.Suite(name="s", arms=[arm], b_star=64, scaling_arm=runner.Arm("sync"),
+                 scaling_batches=[1, 2], learning_rates=[0.1])

@@ -91,3 +91,24 @@ def test_a_group_that_would_repeat_its_share_fails_saying_so(tmp_path, toy_corpu
       open(os.path.join(root, name), errors="replace").read()
       for root, _, names in os.walk(tmp_path / "job") for name in names if name.endswith(".log"))
   assert "training data exhausted: 1 pass(es) over 2 token shard(s)" in logs
+
+
+@pytest.mark.cluster
+def test_sync_sgd_on_a_multi_worker_mirrored_cluster_splits_the_shards(tmp_path, toy_corpus):
+  corpus_dir, manifest = toy_corpus
+  tokens = os.path.join(corpus_dir, "tokens")
+  bindings = list(BINDINGS) + [
+      "trainer.train.codistill = False", "trainer.train.batch_size = 8",
+      f"trainer.train.train_files = ['{tokens}/train-*']",
+      f"trainer.train.eval_files = ['{tokens}/eval-*']"]
+  args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path / 'job'}",
+          "--num_groups=1", "--strategy=multi_worker_mirrored", "--workers_per_group=1",
+          f"--gin_file={REPO}/gin/lm/debian.gin"]
+  proc = subprocess.run(args + [f"--gin_bindings={b}" for b in bindings], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  with open(layout.group_run(str(tmp_path / "job"), 0).results) as f:
+    result = json.load(f)
+  assert result["strategy"] == "multi_worker_mirrored" and result["num_workers"] == 2
+  assert result["steps"] == 60 and result["train_targets"] == 60 * 8 * 8
+  assert result["val_loss"] < math.log(VOCAB)

@@ -1,5 +1,7 @@
 """The input-throughput benchmark's code path at a toy size (the benchmark is not run in CI)."""
 
+import pytest
+
 from benchmarks import parse_throughput
 
 
@@ -11,3 +13,18 @@ def test_both_formats_are_generated_and_read_back_whole_with_rates_per_core():
     assert figures["examples"] == 3000  # every row read, in every pass
     assert figures["examples_per_sec"] > 0 and figures["examples_per_cpu_second"] > 0
     assert figures["bytes"] > 0
+
+
+def test_the_token_pipeline_is_measured_against_the_training_step(tmp_path):
+  import debian_fixtures  # pylint: disable=g-import-not-at-top
+  from data_pipelines import corpus, debian_text  # pylint: disable=g-import-not-at-top
+  debian_fixtures.make_deb(str(tmp_path), "fortunes", debian_fixtures.fortunes_package(20_000))
+  sources = [s for s in debian_text.CORPORA["english"] if s.package == "fortunes"]
+  corpus.build(str(tmp_path / "toy"), sources, vocab_size=400, debs_dir=str(tmp_path),
+               train_shards=2, eval_shards=1)
+  results = parse_throughput.measure_tokens(str(tmp_path / "toy"), batches=3, batch_size=4,
+                                            sequence_length=16)
+  for part in ("pipeline", "training"):
+    assert results[part]["tokens"] == 3 * 4 * 16 and results[part]["tokens_per_cpu_second"] > 0
+  assert results["pipeline_over_training_per_core"] == pytest.approx(
+      results["pipeline"]["tokens_per_cpu_second"] / results["training"]["tokens_per_cpu_second"])

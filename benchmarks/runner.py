@@ -149,6 +149,8 @@ class Suite:
       compared at matched validation loss (churn.json ``curves``).
     b_star: B* given rather than found (a suite without a scaling phase that takes another
       suite's): ``{B*}`` and ``{2B*}`` in the arms' bindings become it and its double.
+    debs_dir: a folder holding a Debian corpus's ``.deb`` files (default: ``apt-get download``
+      them while the corpus is built).
     eval_pattern: a Debian corpus's validation shards (a glob in its ``tokens/``), e.g. one of
       them, so that evaluation costs a fixed, small share of the step budget.
     pin_runs: every group gets a CPU of its own (machine.CpuPool), and runs that need fewer
@@ -184,6 +186,7 @@ class Suite:
   pin_runs: bool = False
   eval_pattern: str = "eval-*"
   b_star: Optional[int] = None
+  debs_dir: Optional[str] = None
 
   def __post_init__(self):
     if self.data not in DATA_KINDS:
@@ -498,7 +501,8 @@ def corpus_manifest(suite: Suite, data_root: str, build: bool = True) -> Optiona
   data_dir = os.path.join(data_root, suite.data)
   if not build:
     return corpus.read_manifest(data_dir)
-  return corpus.build(data_dir, debian_text.CORPORA[name], vocab_size=suite.vocab_size, **options)
+  return corpus.build(data_dir, debian_text.CORPORA[name], vocab_size=suite.vocab_size,
+                      debs_dir=suite.debs_dir, **options)
 
 
 def data_bindings(suite: Suite, data_root: str) -> List[str]:

@@ -117,3 +117,26 @@ def fortunes_package(words: int, seed: int = 0) -> Dict[str, bytes]:
     chosen = fortunes[part::8]
     files[f"usr/share/games/fortunes/part{part}"] = ("\n%\n".join(chosen) + "\n%\n").encode()
   return files
+
+
+def every_english_package(words: int = 30_000) -> Dict[str, Dict[str, bytes]]:
+  """Package name -> files for every package of the english corpus (the formats of
+  ``english_packages``, reST for the two documentation packages, the SWORD commentaries in
+  their own modules), the fortunes holding ``words`` words of made-up text in many files, so
+  that a toy corpus fills the default 64 training and 8 validation shards."""
+  packages = english_packages()
+  del packages["linux-source-6.1"]
+  rst = b"Title\n=====\n\nSome *reStructuredText* with ``code``.\n"
+  packages["linux-doc-6.1"] = {
+      "usr/share/doc/linux-doc-6.1/html/_sources/PCI/pci.rst.txt": rst,
+      "usr/share/doc/linux-doc-6.1/html/_sources/translations/it/pci.rst.txt": b"Titolo\n"}
+  packages["python3.11-doc"] = {"usr/share/doc/python3.11/html/_sources/tutorial/index.rst.txt": rst}
+  for name in ("sword-comm-tdavid", "sword-comm-mhcc"):
+    packages[name] = sword_module(VERSES[::-1], f"usr/share/sword/modules/comments/zcom/{name}/ot")
+  fortunes = {}
+  for part in range(250):
+    fortunes.update({k.replace("part", f"set{part}_"): v for k, v in
+                     fortunes_package(words // 250, seed=part).items()})
+  packages["fortunes"] = fortunes
+  packages["fortunes-min"] = {"usr/share/games/fortunes/fortunes": b"Short.\n%\nShorter.\n%\n"}
+  return packages

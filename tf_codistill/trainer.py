@@ -57,6 +57,8 @@ DataError = criteo.DataError
 NonFiniteLossError = errors.NonFiniteLossError
 PROBE_EXAMPLES = 64
 _MALFORMED_RE = re.compile(r"(malformed [^\[\]\n]*? (line|row|record) [^\]\n]*)")
+_MALFORMED_AT_RE = re.compile(r" (?:line|row|record) (.+?):\d+: ")  # the file of a message
+_RESCAN_BATCH = 1024
 
 # Learning-rate schedules for trainer.train.learning_rate, e.g.
 #   trainer.train.learning_rate = @schedules.PiecewiseConstantDecay()
@@ -622,11 +624,34 @@ def _data_errors(dataset_fn: Callable[..., tf.data.Dataset]) -> Iterator[None]:
     if not match:
       raise
     kind = match.group(2)
-    raise DataError(f"{match.group(1).strip()}; fix the {kind}, or bind "
+    first = _first_malformed(dataset_fn, match.group(1).strip())
+    raise DataError(f"{first}; fix the {kind}, or bind "
                     f"{_bad_lines_binding(dataset_fn)} = 'skip' to skip malformed {kind}s"
                     ) from None
   except DataError as e:
     raise DataError(str(e).splitlines()[0]) from None  # without gin's "In call to" line
+
+
+def _first_malformed(dataset_fn: Callable[..., tf.data.Dataset], message: str) -> str:
+  """The message for the first malformed record of the file ``message`` names, in file order.
+
+  Shuffled, interleaved batches fail on whichever bad record a batch meets first; reading that
+  file alone, in order and unshuffled, up to its first failing batch names its first bad record
+  (``message`` if the file cannot be read again).
+  """
+  where = _MALFORMED_AT_RE.search(message)
+  if not where:
+    return message
+  try:
+    for _ in dataset_fn([where.group(1)], _RESCAN_BATCH):
+      pass
+  except tf.errors.InvalidArgumentError as e:
+    match = _MALFORMED_RE.search(e.message or "")
+    if match:
+      return match.group(1).strip()
+  except Exception:  # pylint: disable=broad-except
+    pass  # the file cannot be read again here (an unbound gin parameter, gone): keep the first
+  return message
 
 
 def _bad_lines_binding(dataset_fn: Callable[..., tf.data.Dataset]) -> str:

@@ -373,6 +373,7 @@ REAL_DATA = {"fashion_mnist": "Fashion-MNIST", "adult": "Adult census", "kjv": "
 ACROSS_DATA_SETS = (("codistill_minus_best_sync_loss", 2), ("codistill_steps_ratio", 1),
                     ("churn_reduction", 2))
 SAME_DATA = "codistill_same_minus_best_sync_loss"  # both groups on all the data
+CAPTURED = "ensemble_gain_captured"  # what codistillation took of what an ensemble gains
 
 
 def _summaries(results_root: str) -> Dict[str, dict]:
@@ -420,8 +421,9 @@ def helps_section(summaries: Mapping[str, dict]) -> List[str]:
   if protocol_runs:
     lines += ["| data set | suite | B* | best val loss: codistillation − best sync | "
               "steps to best sync's best loss: codistillation / sync | churn reduction at "
-              "matched loss | the same on all the data: best val loss − best sync | curves |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "matched loss | the same on all the data: best val loss − best sync | share of "
+              "the ensemble's gain captured | curves |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, summary in protocol_runs.items():
       scaling = (summary.get("protocol") or {}).get("scaling") or {}
       b_star = f"{scaling['b_star']} (given)" if scaling.get("given") else scaling.get("b_star", "")
@@ -429,6 +431,7 @@ def helps_section(summaries: Mapping[str, dict]) -> List[str]:
                    f"{b_star or '(set)'} | "
                    + " | ".join(_cell(summary, g) for g, _ in ACROSS_DATA_SETS)
                    + f" | {_cell(summary, SAME_DATA) if SAME_DATA in summary['goals'] else 'n/a'}"
+                   + f" | {_cell(summary, CAPTURED) if CAPTURED in summary['goals'] else 'n/a'}"
                    + f" | [loss vs steps]({name}/val_loss_vs_steps.png) |")
     lines += ["", "Codistillation's groups train on disjoint halves of the data (the paper's "
               "setting); the last column is 2-way codistillation with both groups on all the "

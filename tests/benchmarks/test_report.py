@@ -69,7 +69,8 @@ def test_index_opens_with_what_codistillation_reached_per_real_data_set(tmp_path
           "Bible, Linux kernel C source") in section
   assert "old_image" not in section  # suites from before the protocol are not counted
   # Same-data codistillation has its own column; n/a where a suite did not run it.
-  assert " | n/a | [loss vs steps](adult_protocol/" in section
+  # ... and so has the share of the ensemble's gain codistillation captured.
+  assert " | n/a | n/a | [loss vs steps](adult_protocol/" in section
 
 
 def test_index_shows_same_data_codistillation_and_a_b_star_taken_from_elsewhere(tmp_path):
@@ -81,7 +82,12 @@ def test_index_shows_same_data_codistillation_and_a_b_star_taken_from_elsewhere(
   (tmp_path / "fashion_mlp_long" / "summary.json").write_text(json.dumps(summary))
   section = report.index_markdown(str(tmp_path)).split("## Every suite")[0]
   assert "| [`fashion_mlp_long`](fashion_mlp_long/report.md) | (set) | 0.0100 " in section
-  assert "| -0.0074 [-0.0098, -0.0049] | [loss vs steps](fashion_mlp_long/" in section
+  assert "| -0.0074 [-0.0098, -0.0049] | n/a | [loss vs steps](fashion_mlp_long/" in section
+  summary["goals"].update({"ensemble_gain_captured": 0.25,
+                           "ensemble_gain_captured_interval": [0.1, 0.4]})
+  (tmp_path / "fashion_mlp_long" / "summary.json").write_text(json.dumps(summary))
+  section = report.index_markdown(str(tmp_path)).split("## Every suite")[0]
+  assert "| -0.0074 [-0.0098, -0.0049] | 0.2500 [0.1000, 0.4000] | [loss vs steps]" in section
 
 
 def test_report_shows_churn_at_matched_loss_and_plots_churn_vs_loss(tmp_path):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import itertools
 import json
@@ -48,6 +49,7 @@ DATA_KINDS = ("criteo_like", "adult", "kjv", "fashion_mnist", "debian_english", 
 # The Debian corpora (data_pipelines.debian_text): how each is built. GCIDE holds 3 lines of
 # cp1252 among 1.2M (their pages are skipped and counted); a quarter of the kernel's C files
 # (by a hash of their paths) is more text than any arm reads.
+CORPUS_MANIFEST = "corpus_manifest.json"  # in a corpus suite's results: the corpus its runs read
 CORPORA = {"debian_english": ("english", {"bad_lines": "skip"}),
            "debian_kernel": ("kernel", {"bad_lines": "skip", "sample_fraction": 0.25})}
 LOSS_KEY = "val_logloss"  # the default Suite.loss_key (CTR)
@@ -621,7 +623,30 @@ def _data_use(suite: Suite, paths: RunPaths, results: Mapping[str, object]) -> d
   share = (corpus.share_tokens(manifest, int(results["group"]), groups)
            if results.get("data_split") == "disjoint" and groups > 1
            else corpus.share_tokens(manifest))
-  return {"share_tokens": share, "repeated_tokens": max(0, int(results["train_targets"]) - share)}
+  return {"share_tokens": share, "repeated_tokens": max(0, int(results["train_targets"]) - share),
+          "corpus_fingerprint": corpus.fingerprint(manifest)}
+
+
+def check_same_corpus(suite: Suite, paths: RunPaths) -> None:
+  """Refuses to go on with a corpus other than the one the suite's recorded runs read (Debian
+  updates a package, the build takes the new version): their figures would not be comparable."""
+  manifest = corpus_manifest(suite, paths.data_dir, build=False)
+  if manifest is None:
+    return
+  from data_pipelines import corpus  # pylint: disable=g-import-not-at-top
+  now = corpus.fingerprint(manifest)
+  for path in glob.glob(os.path.join(paths.results_dir, "runs", "**", "seed_*_group_*.json"),
+                        recursive=True):
+    with open(path) as f:
+      recorded = json.load(f).get("corpus_fingerprint")
+    if recorded not in (None, now):
+      versions = ", ".join(f"{p['package']} {p['version']}" for p in manifest["packages"])
+      raise ValueError(
+          f"{path} was trained on corpus {recorded}, but {paths.data_dir}/{suite.data} is "
+          f"{now} ({versions}): a package changed since. Build the corpus from the recorded "
+          f".debs (versions and sha256 in {CORPUS_MANIFEST} beside the runs; `apt-get download "
+          f"NAME=VERSION`, then bind bench.Suite.debs_dir to their folder), or start the suite "
+          f"over (--force)")
 
 
 def _launch(arm: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence[str], *,
@@ -1102,6 +1127,11 @@ def run_suite(suite: Suite, paths: RunPaths, force: bool = False,
   """Runs (or reuses) every arm, then writes summary.json and returns it."""
   os.makedirs(paths.results_dir, exist_ok=True)
   data = data_bindings(suite, paths.data_dir)
+  manifest = corpus_manifest(suite, paths.data_dir, build=False)
+  if manifest is not None:  # which packages, versions and .debs the runs read
+    standalone.write_json(os.path.join(paths.results_dir, CORPUS_MANIFEST), manifest, indent=1)
+  if not force:
+    check_same_corpus(suite, paths)
   start = time.time()
   ran = set()
 

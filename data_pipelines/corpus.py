@@ -314,6 +314,14 @@ def read_manifest(corpus_dir: str) -> dict:
     return json.load(f)
 
 
+def fingerprint(manifest: dict) -> str:
+  """What determines a corpus (its settings and each package's version and .deb sha256), hashed:
+  two builds with the same fingerprint hold the same documents, tokenizer and shards."""
+  packages = [(p["package"], p["version"], p["sha256"]) for p in manifest["packages"]]
+  blob = json.dumps({"settings": manifest["settings"], "packages": packages}, sort_keys=True)
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def share_tokens(manifest: dict, shard_index: int = 0, num_shards: int = 1) -> int:
   """Training tokens in the shards a group's pipeline reads (token_lm.make_dataset's split)."""
   files = sorted(manifest["splits"]["train"]["files"], key=lambda f: f["file"])

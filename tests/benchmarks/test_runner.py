@@ -237,14 +237,19 @@ def test_a_corpus_groups_tokens_are_held_against_its_share(tmp_path):
   corpus_dir.mkdir(parents=True)
   files = [{"file": f"train-{i:05d}-of-00004.tfrecord", "tokens": t, "documents": 1}
            for i, t in enumerate([100, 200, 300, 400])]
-  (corpus_dir / "manifest.json").write_text(json.dumps({"splits": {"train": {"files": files}}}))
+  manifest = {"settings": {}, "packages": [], "splits": {"train": {"files": files}}}
+  (corpus_dir / "manifest.json").write_text(json.dumps(manifest))
   suite = runner.Suite(name="s", arms=[runner.Arm("a")], data="debian_english")
   paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"),
                           data_dir=str(tmp_path / "data"))
   group1 = {"group": 1, "num_groups": 2, "data_split": "disjoint", "train_targets": 700}
-  assert runner._data_use(suite, paths, group1) == {"share_tokens": 600, "repeated_tokens": 100}
+  from data_pipelines import corpus  # pylint: disable=g-import-not-at-top
+  built = corpus.fingerprint(manifest)
+  assert runner._data_use(suite, paths, group1) == {"share_tokens": 600, "repeated_tokens": 100,
+                                                    "corpus_fingerprint": built}
   same = {"group": 1, "num_groups": 2, "data_split": "same", "train_targets": 700}
-  assert runner._data_use(suite, paths, same) == {"share_tokens": 1000, "repeated_tokens": 0}
+  assert runner._data_use(suite, paths, same) == {"share_tokens": 1000, "repeated_tokens": 0,
+                                                  "corpus_fingerprint": built}
   other = runner.Suite(name="s", arms=[runner.Arm("a")])
   assert runner._data_use(other, paths, group1) == {}
 
@@ -262,3 +267,25 @@ def test_a_given_b_star_replaces_the_batch_placeholders(tmp_path):
   with pytest.raises(ValueError, match="b_star is given and found"):
     runner.Suite(name="s", arms=[arm], b_star=64, scaling_arm=runner.Arm("sync"),
                  scaling_batches=[1, 2], learning_rates=[0.1])
+
+
+def test_runs_on_another_build_of_the_corpus_are_refused(tmp_path):
+  from data_pipelines import corpus  # pylint: disable=g-import-not-at-top
+  corpus_dir = tmp_path / "data" / "debian_english"
+  corpus_dir.mkdir(parents=True)
+  manifest = {"settings": {"vocab_size": 8192},
+              "packages": [{"package": "fortunes", "version": "1:1.99.1-7.3", "sha256": "ab"}],
+              "splits": {"train": {"files": []}}}
+  (corpus_dir / "manifest.json").write_text(json.dumps(manifest))
+  suite = runner.Suite(name="s", arms=[runner.Arm("a")], data="debian_english")
+  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"),
+                          data_dir=str(tmp_path / "data"))
+  run = tmp_path / "results" / "runs" / "a" / "seed_0_group_0.json"
+  run.parent.mkdir(parents=True)
+  run.write_text(json.dumps({"corpus_fingerprint": corpus.fingerprint(manifest)}))
+  runner.check_same_corpus(suite, paths)  # the same build: fine
+  manifest["packages"][0]["version"] = "1:1.99.1-8"
+  (corpus_dir / "manifest.json").write_text(json.dumps(manifest))
+  with pytest.raises(ValueError, match=r"seed_0_group_0.json was trained on corpus [0-9a-f]{16}, "
+                                       r"but .* \(fortunes 1:1.99.1-8\): a package changed"):
+    runner.check_same_corpus(suite, paths)

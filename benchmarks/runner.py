@@ -142,6 +142,8 @@ class Suite:
     learning_rates: the learning-rate grid every ``tune_learning_rate`` arm is tuned over (the
       same grid for baselines and codistillation).
     tuning_seed: the seed of tuning runs (apart from the reported seeds 0..seeds-1).
+    extend_grid: how many times a tuned arm's grid grows by the double of its largest rate when
+      that rate wins (the optimum at the grid's edge; the same rule for every tuned arm).
     scaling_arm, scaling_batches: a synchronous arm run (tuned) at each global batch; the batch
       where doubling stops cutting steps to a common target by ``scaling_min_cut`` is B*, and
       every arm's bindings get ``{B*}`` and ``{2B*}`` replaced by it and its double.
@@ -188,6 +190,7 @@ class Suite:
   pin_runs: bool = False
   eval_pattern: str = "eval-*"
   b_star: Optional[int] = None
+  extend_grid: int = 0
   debs_dir: Optional[str] = None
 
   def __post_init__(self):
@@ -682,16 +685,25 @@ def _with(arm: Arm, bindings: Sequence[str], **changes) -> Arm:
   return dataclasses.replace(arm, gin_bindings=list(arm.gin_bindings) + list(bindings), **changes)
 
 
-def _tuning_arms(arm: Arm, suite: Suite, data: Sequence[str]) -> Dict[float, Arm]:
-  """One single-seed arm per learning rate of the grid, named by a digest of everything else
-  that defines the arm, so equal configurations (a scaling batch and an arm at B*) share them."""
+def _tuning_arms(arm: Arm, suite: Suite, data: Sequence[str],
+                 rates: Optional[Sequence[float]] = None) -> Dict[float, Arm]:
+  """One single-seed arm per learning rate of the grid (``rates``, default the suite's), named by
+  a digest of everything else that defines the arm, so equal configurations (a scaling batch and
+  an arm at B*) share them."""
   config = arm_config(dataclasses.replace(arm, name="", seeds=1, tune_learning_rate=False,
                                           seed_offset=0), suite, data)
   digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
   return {lr: _with(arm, [f"trainer.train.learning_rate = {lr!r}"],
                     name=f"{TUNING_DIR}/{digest}/lr_{lr:g}", seeds=1, tune_learning_rate=False,
                     seed_offset=suite.tuning_seed, label=f"tuning {arm.name} at lr {lr:g}")
-          for lr in suite.learning_rates}
+          for lr in (suite.learning_rates if rates is None else rates)}
+
+
+def _next_rate(suite: Suite, rates: Sequence[float], chosen: float) -> Optional[float]:
+  """The rate the grid grows by when its largest won (``Suite.extend_grid`` times at most)."""
+  if chosen != max(rates) or len(rates) - len(suite.learning_rates) >= suite.extend_grid:
+    return None
+  return 2 * max(rates)
 
 
 def _curves(arm: Arm, paths: RunPaths, key: str) -> Dict[int, protocol.Curve]:
@@ -701,23 +713,36 @@ def _curves(arm: Arm, paths: RunPaths, key: str) -> Dict[int, protocol.Curve]:
                            for s in arm.seed_list for g in range(groups)})
 
 
-def tune(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str],
-         run: Optional[RunFn] = None) -> Tuple[Arm, dict]:
-  """The arm at the grid's learning rate whose tuning run reached the lowest best validation
-  loss, and the record of the choice. ``run`` runs tuning runs that are missing; without it
-  they must be recorded already (a report from committed runs)."""
+def _grid_losses(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str],
+                 rates: Sequence[float]) -> Dict[float, dict]:
+  """{rate: best validation loss, runs and curve} of the recorded tuning runs of ``rates``."""
   losses = {}
-  tuning_arms = _tuning_arms(arm, suite, data)
-  if run is not None:
-    run(list(tuning_arms.values()))
-  for lr, tuning_arm in tuning_arms.items():
+  for lr, tuning_arm in _tuning_arms(arm, suite, data, rates).items():
     if not os.path.exists(paths.curve(tuning_arm.name, suite.tuning_seed, 0)):
       raise FileNotFoundError(f"arm {arm.name!r}: tuning run {tuning_arm.name} is not recorded "
                               f"in {paths.results_dir}: run the suite")
     curve = _curves(tuning_arm, paths, suite.loss_key)[suite.tuning_seed]
     losses[lr] = {"best_val_loss": protocol.best_loss(curve), "runs": tuning_arm.name,
                   "curve": curve}
-  chosen = min(losses, key=lambda lr: losses[lr]["best_val_loss"])
+  return losses
+
+
+def tune(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str],
+         run: Optional[RunFn] = None) -> Tuple[Arm, dict]:
+  """The arm at the grid's learning rate whose tuning run reached the lowest best validation
+  loss, and the record of the choice; while the grid's largest rate wins, the grid grows by its
+  double (``Suite.extend_grid`` times at most). ``run`` runs tuning runs that are missing;
+  without it they must be recorded already (a report from committed runs)."""
+  rates = list(suite.learning_rates)
+  while True:
+    if run is not None:
+      run(list(_tuning_arms(arm, suite, data, rates).values()))
+    losses = _grid_losses(arm, suite, paths, data, rates)
+    chosen = min(losses, key=lambda lr: losses[lr]["best_val_loss"])
+    grown = _next_rate(suite, rates, chosen)
+    if grown is None:
+      break
+    rates.append(grown)
   return (_with(arm, [f"trainer.train.learning_rate = {chosen!r}"]),
           {"learning_rate": chosen, "grid": {f"{lr:g}": v["best_val_loss"] for lr, v in losses.items()},
            "tuning_runs": {f"{lr:g}": v["runs"] for lr, v in losses.items()},
@@ -734,8 +759,19 @@ def scaling(suite: Suite, paths: RunPaths, data: Sequence[str],
   arms = {batch: _with(suite.scaling_arm, [f"trainer.train.batch_size = {batch}"],
                        name=f"{suite.scaling_arm.name}_b{batch}")
           for batch in suite.scaling_batches}
-  if run is not None:  # every batch's tuning runs in one go: they may run at once
-    run([t for arm in arms.values() for t in _tuning_arms(arm, suite, data).values()])
+  # Every batch's tuning runs in one go (they may run at once), then each round of grown grids.
+  rates = {batch: list(suite.learning_rates) for batch in arms} if run is not None else {}
+  while rates:
+    run([t for batch, arm in arms.items() if batch in rates
+         for t in _tuning_arms(arm, suite, data, rates[batch]).values()])
+    for batch in list(rates):
+      losses = _grid_losses(arms[batch], suite, paths, data, rates[batch])
+      best = min(losses, key=lambda lr: losses[lr]["best_val_loss"])
+      grown = _next_rate(suite, rates[batch], best)
+      if grown is None:
+        del rates[batch]
+      else:
+        rates[batch].append(grown)
   for batch, arm in arms.items():
     _, choice = tune(arm, suite, paths, data)
     curves[batch] = [choice.pop("chosen_curve")]

@@ -289,3 +289,45 @@ def test_runs_on_another_build_of_the_corpus_are_refused(tmp_path):
   with pytest.raises(ValueError, match=r"seed_0_group_0.json was trained on corpus [0-9a-f]{16}, "
                                        r"but .* \(fortunes 1:1.99.1-8\): a package changed"):
     runner.check_same_corpus(suite, paths)
+
+
+def _fake_tuning(paths, best_by_rate, ran):
+  """A RunFn that records, for each tuning arm, a curve whose best loss depends on its rate."""
+
+  def run(arms):
+    for arm in arms:
+      rate = float(arm.name.rsplit("lr_", 1)[1])
+      ran.append(arm.name)
+      path = paths.curve(arm.name, arm.seed_offset, 0)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "w") as f:
+        for step, loss in [(10, 9.0), (20, best_by_rate(rate))]:
+          f.write(json.dumps({"step": step, "val_loss": loss}) + "\n")
+
+  return run
+
+
+def test_a_grid_whose_largest_rate_wins_grows_by_doubling_it(tmp_path):
+  paths = runner.RunPaths(str(tmp_path), str(tmp_path))
+  arm = runner.Arm("sync_b", tune_learning_rate=True)
+  suite = runner.Suite(name="s", arms=[arm], learning_rates=[0.001, 0.002], extend_grid=2,
+                       loss_key="val_loss")
+  ran = []
+  # The loss falls up to a rate of 0.004, then rises: 0.004 is chosen after one extension.
+  tuned, choice = runner.tune(arm, suite, paths, data=[],
+                              run=_fake_tuning(paths, lambda lr: abs(lr - 0.004), ran))
+  assert choice["learning_rate"] == 0.004 and set(choice["grid"]) == {"0.001", "0.002", "0.004",
+                                                                        "0.008"}
+  assert tuned.gin_bindings[-1] == "trainer.train.learning_rate = 0.004"
+  # Report from the recorded runs (no run function): the same choice, nothing trained.
+  assert runner.tune(arm, suite, paths, data=[])[1]["learning_rate"] == 0.004
+  # At most extend_grid times: a loss that keeps falling stops at 0.008.
+  suite = runner.Suite(name="s2", arms=[arm], learning_rates=[0.001, 0.002], extend_grid=2,
+                       loss_key="val_loss", common_bindings=["x = 1"])
+  _, choice = runner.tune(arm, suite, paths, data=[], run=_fake_tuning(paths, lambda lr: -lr, []))
+  assert choice["learning_rate"] == 0.008 and len(choice["grid"]) == 4
+  # Without extend_grid the grid stays as declared.
+  suite = runner.Suite(name="s3", arms=[arm], learning_rates=[0.001, 0.002], loss_key="val_loss",
+                       common_bindings=["x = 2"])
+  _, choice = runner.tune(arm, suite, paths, data=[], run=_fake_tuning(paths, lambda lr: -lr, []))
+  assert choice["learning_rate"] == 0.002 and len(choice["grid"]) == 2

@@ -192,8 +192,7 @@ def tokenizer_for(work_dir: str, train_texts: Sequence[str], vocab_size: int):
   if os.path.exists(path):
     return token_lm.load_tokenizer(path)
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  documents = sum(1 for _ in _texts(train_texts))
-  tokenizer = token_lm.train_tokenizer(_texts(train_texts), vocab_size, length=documents)
+  tokenizer = token_lm.train_tokenizer(_texts(train_texts), vocab_size)
   with records.written_atomically(path) as tmp:
     tokenizer.save(tmp)
   return tokenizer

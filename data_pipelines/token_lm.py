@@ -51,7 +51,7 @@ def _tokenizers():
   return tokenizers
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, length: Optional[int] = None):
+def train_tokenizer(texts: Iterable[str], vocab_size: int):
   """A byte-level BPE ``tokenizers.Tokenizer`` of ``vocab_size`` tokens (``<eos>`` id 0)."""
   if not 256 + 1 < vocab_size <= MAX_VOCAB:
     raise ValueError(f"vocab_size={vocab_size} must be in (257, {MAX_VOCAB}]: 256 byte tokens, "
@@ -63,7 +63,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, length: Optional[int]
   trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
                                    initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
                                    show_progress=False)
-  tokenizer.train_from_iterator(texts, trainer, length=length)
+  tokenizer.train_from_iterator(texts, trainer)
   if tokenizer.get_vocab_size() != vocab_size:
     raise ValueError(f"the training text allows only {tokenizer.get_vocab_size()} tokens (bytes, "
                      f"{EOS} and merges): vocab_size={vocab_size} must be at most that")

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bazel-test venv data corpus clean
+.PHONY: demo test test-fast lint bazel-test venv data corpus clean
 
 venv: $(STAMP)
 
@@ -67,6 +67,11 @@ test: $(STAMP) data
 
 test-fast: $(STAMP) data
 	$(PY) -m pytest -q tests -m "not e2e"
+
+# Lint (ruff, configured in pyproject.toml) and the type check of the public API (mypy).
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 # Bazel (README "Bazel"): Debian's bazel-bootstrap 4.2.3, offline; runs the unit test targets.
 BAZEL ?= bazel

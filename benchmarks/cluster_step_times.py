@@ -63,12 +63,12 @@ from benchmarks import machine
 from benchmarks import models
 from benchmarks import standalone
 from benchmarks import step_times
-from tf_codistill import codistillation
-from tf_codistill import exchange
 from tf_codistill import step_hooks
-from tf_codistill import teachers
-from tf_codistill.model import CodistillModel
+from tf_codistill.exchange import config as exchange_config
+from tf_codistill.exchange import directory as exchange
 from tf_codistill.models import ctr
+from tf_codistill.teachers import pool as teachers
+from tf_codistill.training.model import CodistillModel
 
 FLAGS = flags.FLAGS
 
@@ -90,14 +90,15 @@ def define_flags() -> None:
                        "start a version appears, each as long as --refresh_every_steps steps took "
                        "in its rounds; the refresh goal reads their throughput ratio.",
                        lower_bound=0)
-  flags.DEFINE_float("poll_interval_s", codistillation.Exchange.poll_interval_s,
+  flags.DEFINE_float("poll_interval_s", exchange_config.Exchange.poll_interval_s,
                      "How often the refreshing arm's teacher pool looks for new versions (the "
                      "library's default); the harness's peer checks the step 4 times as often.")
-  flags.DEFINE_integer("loader_nice", codistillation.Exchange.loader_nice,
+  flags.DEFINE_integer("loader_nice", exchange_config.Exchange.loader_nice,
                        "The refreshing arm's loading thread's nice increment (the library's "
-                       "default; 10 in the summary.json of commit 0f18597).",
-                       lower_bound=teachers.LOADER_NICE_RANGE[0],
-                       upper_bound=teachers.LOADER_NICE_RANGE[1])
+                       "default; 10 in the session of summary_loader_nice_0.json: "
+                       "benchmarks/results/CHANGELOG.md).",
+                       lower_bound=exchange_config.LOADER_NICE_RANGE[0],
+                       upper_bound=exchange_config.LOADER_NICE_RANGE[1])
   flags.DEFINE_enum("teacher_form", "stacked", ["stacked", "clone"],
                     "The teachers' form: the CTR model's own (models.ctr_teacher, one stacked "
                     "table) or a clone of the student (the form measured before 2026-11-27).")
@@ -309,7 +310,8 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
 
 
 def _refresh_windows(model: CodistillModel, data, driver, refresh: teachers.TeacherRefresh,
-                     peer: Optional[PeerVersions], window_s: float, mirrored: bool) -> Optional[dict]:
+                     peer: Optional[PeerVersions], window_s: float,
+                     mirrored: bool) -> Optional[dict]:
   """The refresh-windows fit: the refreshing arm in one ``fit`` through ``--window_pairs`` pairs
   of windows (``RefreshWindows``); its step times by window, with the loads begun in each. It
   runs half again as many steps as the windows should take (under MultiWorkerMirrored all of
@@ -335,7 +337,7 @@ def _coordinate(work: str) -> None:
   """The parameter-server group's coordinator: measures and writes ``--part_out``."""
   strategy = local_cluster.ps_strategy(json.loads(FLAGS.cluster))
   data = keras.utils.experimental.DatasetCreator(lambda _: _dataset(FLAGS.batch_size))
-  standalone.write_json(FLAGS.part_out, _measure(strategy, data, work, chief=True))
+  machine.write_json(FLAGS.part_out, _measure(strategy, data, work, chief=True))
 
 
 def _mirrored_worker(work: str) -> None:
@@ -344,13 +346,13 @@ def _mirrored_worker(work: str) -> None:
   chief = FLAGS.task_index == 0
   result = _measure(strategy, _dataset(FLAGS.batch_size * 2), work, chief)
   if chief:
-    standalone.write_json(FLAGS.part_out, result)
+    machine.write_json(FLAGS.part_out, result)
 
 
 def _one_process(work: str) -> None:
   """The arms in one process with no cluster (the default strategy): a refresh's cost where no
   other task shares the machine. Writes ``--part_out``."""
-  standalone.write_json(FLAGS.part_out, _measure(tf.distribute.get_strategy(),
+  machine.write_json(FLAGS.part_out, _measure(tf.distribute.get_strategy(),
                                                  _dataset(FLAGS.batch_size), work, chief=True))
 
 
@@ -424,7 +426,7 @@ def run_group(group: str, work: str, settings: dict, sources: str) -> dict:
     launch = {"config": settings, "sources": sources, "part": json.load(f),
               "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-  standalone.write_json(os.path.join(work, "launch.json"), launch)
+  machine.write_json(os.path.join(work, "launch.json"), launch)
   return {**launch, "reused": False}
 
 
@@ -448,7 +450,8 @@ def _median_max(values: List[float]) -> Dict[str, Optional[float]]:
 def summarize(launches: List[dict]) -> dict:
   """One group's launches (their measurements, ``part``) pooled: step-time statistics, the paired
   ratios (mean step times per round; intervals that resample launches, each launch's median),
-  the refreshes' records and, where launches ran one, the refresh windows (``summarize_windows``)."""
+  the refreshes' records and, where launches ran one, the refresh windows
+  (``summarize_windows``)."""
   times, clusters = step_times.pool_processes([launch["times"] for launch in launches])
   ratio = lambda arm, baseline: step_times.throughput_ratio(times, arm, baseline,
                                                             statistics.fmean, clusters)
@@ -556,7 +559,7 @@ def main(argv):
   for name, v in verdicts.items():
     print(f"goal {name}: {v['value']:.3f} {v['threshold'][0]} {v['threshold'][1]} "
           f"-> {'met' if v['met'] else 'MISSED'}")
-  standalone.write_json(FLAGS.out, summary)
+  machine.write_json(FLAGS.out, summary)
 
 
 if __name__ == "__main__":

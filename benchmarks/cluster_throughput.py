@@ -127,7 +127,7 @@ def main(argv):
   summary["refresh"] = refresh_step_times(work, common)
   summary["worker_kill"] = worker_kill(work, common,
                                        summary["throughput"]["async_2workers"]["wall_s"])
-  standalone.write_json(FLAGS.out, summary)
+  machine.write_json(FLAGS.out, summary)
   print(f"wrote {FLAGS.out}")
 
 

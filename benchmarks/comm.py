@@ -111,7 +111,8 @@ def _launch(model_dir: str, data: str, variant: str) -> dict:
       f"trainer.train.batch_size = {2 * FLAGS.batch_per_worker}",
       "trainer.train.summary_every_steps = 20", "trainer.train.eval_steps = 5",
       "trainer.train.verbose = 0", f"trainer.train.checkpoint_every_steps = {10 ** 6}",
-      f"trainer.train.allreduce_dtype = '{dtype}'", f"strategies.make_strategy.bytes_per_pack = {pack}"]
+      f"trainer.train.allreduce_dtype = '{dtype}'",
+      f"strategies.make_strategy.bytes_per_pack = {pack}"]
   run = standalone.Launch(standalone.launch_args(model_dir, "sync_2workers.gin", ["--num_groups=1"],
                                                  bindings))
   wall = run.finish()
@@ -384,7 +385,7 @@ def main(argv):
       "codistill_traffic_reduction_by_model": {
           name: entry["reduction_at_default_interval"] for name, entry in table.items()},
   }
-  standalone.write_json(FLAGS.out, summary)
+  machine.write_json(FLAGS.out, summary)
   write_report(summary, os.path.join(os.path.dirname(FLAGS.out), "report.md"))
   print(f"codistill_traffic_reduction (ctr, 2 workers, K={FLAGS.exchange_every_steps}, "
         f"{HEADLINE_FORMAT}): {_x(headline)}; SavedModel {saved_model:.1f}x; wrote {FLAGS.out}")

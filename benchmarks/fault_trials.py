@@ -283,9 +283,12 @@ CASES = {
     "worker": "kill -9 of a parameter-server worker (1 group: chief, 2 workers, 1 ps)",
     "ps": "kill -9 of the ps task (1 group: chief, 2 workers, 1 ps)",
     "chief": "kill -9 of the chief (1 group: chief, 2 workers, 1 ps)",
-    "group": "kill -9 of every task of group 1 of 2-way codistillation (each: chief, 1 worker, 1 ps)",
-    "sync_chief": "kill -9 of the chief of a synchronous group (chief, 1 worker; MultiWorkerMirrored)",
-    "sync_worker": "kill -9 of the worker of a synchronous group (chief, 1 worker; MultiWorkerMirrored)",
+    "group": ("kill -9 of every task of group 1 of 2-way codistillation "
+              "(each: chief, 1 worker, 1 ps)"),
+    "sync_chief": ("kill -9 of the chief of a synchronous group "
+                   "(chief, 1 worker; MultiWorkerMirrored)"),
+    "sync_worker": ("kill -9 of the worker of a synchronous group "
+                    "(chief, 1 worker; MultiWorkerMirrored)"),
 }
 
 
@@ -337,7 +340,7 @@ def main(argv):
             "wall_s": round(time.time() - start, 1),
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
             "summary": summarize(trials), "trials": trials}
-  standalone.write_json(FLAGS.out, result, indent=1)
+  machine.write_json(FLAGS.out, result, indent=1)
   print(markdown_table(result))
   failed = [t for t in trials if not t.get("ok")]
   if failed:

@@ -103,7 +103,7 @@ def main(argv):
   for name, arm in arms.items():
     print(f"{name}: of {arm['steps']} gradients, {arm['applied_once']} applied once, "
           f"{arm['lost']} lost, {arm['applied_twice_or_more']} applied twice or more")
-  standalone.write_json(FLAGS.out, {"arms": arms, "config": {"steps": FLAGS.steps,
+  machine.write_json(FLAGS.out, {"arms": arms, "config": {"steps": FLAGS.steps,
                                                              "work": FLAGS.work}})
 
 

@@ -36,12 +36,14 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import flags
 
-from benchmarks.models import MODELS, NO_JIT, Arm
 from benchmarks import machine
 from benchmarks import standalone
 from benchmarks import step_times
-from tf_codistill import fused_models
-from tf_codistill import fusion as fusion_lib
+from benchmarks.models import MODELS
+from benchmarks.models import NO_JIT
+from benchmarks.models import Arm
+from tf_codistill.optim import fused_models
+from tf_codistill.optim import fusion as fusion_lib
 
 REPO = standalone.REPO
 FLAGS = flags.FLAGS
@@ -57,7 +59,8 @@ def define_flags() -> None:
   flags.DEFINE_list("modes", ["none", "kernels", "backward", "forward", "grads_only"],
                     "Arms per model.")
   flags.DEFINE_list("jit", ["0", "1"], "jit_compile settings (0/1).")
-  flags.DEFINE_float("scale", 1.0, "Scales model sizes and batches down for smoke runs (0 < s <= 1).")
+  flags.DEFINE_float("scale", 1.0,
+                     "Scales model sizes and batches down for smoke runs (0 < s <= 1).")
   standalone.define_flags("fusion", work_dir=False)
   flags.DEFINE_boolean("report_only", False, "Only rewrite report.md from the summary.json at "
                        "--out (after a change of the report's layout).")
@@ -269,12 +272,14 @@ def _goals(ratios: Dict[str, dict]) -> dict:
 
 def write_report(summary: dict, path: str) -> None:
   """report.md: the regenerating command, step times, speedups and the goal, from ``summary``."""
-  steps, ratios, goals = summary["step_time"], summary["speedup_unfused_over_fused"], summary["goals"]
+  steps, ratios, goals = (summary["step_time"], summary["speedup_unfused_over_fused"],
+                          summary["goals"])
   cfg = summary["config"]
   lines = [
       "# Benchmark suite `fusion`", "",
       "Step time of unfused (`none`, tf_keras' own optimizer updates) vs fused optimizer "
-      "updates (`tf_codistill.fusion`): `kernels` (the fused kernels alone, every update after "
+      "updates (`tf_codistill.optim.fusion`): `kernels` (the fused kernels alone, "
+      "every update after "
       "the whole backward pass), `backward` and `forward` (kernels and fusion schedule), and of "
       "`grads_only` (forward and backward pass, no update: what fusion cannot touch), with "
       "`jit_compile` off (`graph`) and on (`xla`). Synthetic data, static batch shapes; the arms "
@@ -286,7 +291,8 @@ def write_report(summary: dict, path: str) -> None:
       f"- {cfg['rounds']} interleaved rounds of {cfg['steps']} steps per arm (arm order "
       "rotated every round) after a warm-up; "
       f"scale {cfg['scale']}; TensorFlow {cfg['tensorflow']}; {cfg['cpus']} CPU cores",
-      f"- machine load (1-minute load average, shared machine): {summary['load_avg_before'][0]:.2f} "
+      "- machine load (1-minute load average, shared machine): "
+      f"{summary['load_avg_before'][0]:.2f} "
       f"before, {summary['load_avg_after'][0]:.2f} after; per group at its end: "
       + ", ".join(f"{g} {v['load_avg_1min']:.1f}" for g, v in summary["groups"].items()),
       "- peak RSS per group process (MB): "
@@ -400,7 +406,7 @@ def main(argv):
         f"best_fusion_speedup {summary['goals']['best_fusion_speedup']:.3f} "
         f"({summary['best_fusion_arm']}); models at >= x{GOAL}: "
         f"{summary['goals']['models_with_fusion_speedup']}")
-  standalone.write_json(FLAGS.out, summary)
+  machine.write_json(FLAGS.out, summary)
   write_report(summary, os.path.join(os.path.dirname(FLAGS.out), "report.md"))
   print(f"wrote {FLAGS.out} and report.md")
 

@@ -31,9 +31,9 @@ import tf_keras as keras
 
 from benchmarks import traffic
 from data_pipelines import criteo
-from tf_codistill import exchange
-from tf_codistill import lean_versions
-from tf_codistill import weight_codecs
+from tf_codistill.exchange import directory as exchange
+from tf_codistill.exchange import lean_versions
+from tf_codistill.exchange import weight_codecs
 from tf_codistill.models import ctr
 
 FORMATS = {
@@ -70,7 +70,8 @@ class _Snapshots(keras.callbacks.Callback):
 
 def train_snapshots(data_dir: str, steps: int, batch: int, every: int, num_buckets: int
                     ) -> tuple[keras.Model, Dict[int, List[np.ndarray]], float]:
-  """Trains the CTR model for ``steps`` steps of ``batch``; (model, snapshots by step, final loss)."""
+  """Trains the CTR model for ``steps`` steps of ``batch``; (model, snapshots by step, final
+  loss)."""
   model = ctr.ctr_model(num_buckets=num_buckets, embedding_dim=16, hidden_units=(256, 128), seed=1)
   model.compile(optimizer=keras.optimizers.Adam(1e-3),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
@@ -101,7 +102,8 @@ def _publish_all(model: keras.Model, fmt: lean_versions.PublishFormat, steps: Se
     write_s.append(time.perf_counter() - start)
     version = exchange.Version(1, step, path)
     marker = exchange.verify(version)
-    (deltas if (marker.get("format") or {}).get("base") else whole).append(traffic.saved_model_bytes(path))
+    (deltas if (marker.get("format") or {}).get("base") else whole).append(
+        traffic.saved_model_bytes(path))
     if writer is not None:
       start = time.perf_counter()
       version_id, arrays = reader.read(exchange_dir, version, marker, signature, shapes)

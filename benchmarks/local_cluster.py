@@ -13,7 +13,7 @@ import subprocess
 import sys
 from typing import Dict, Iterator, List
 
-from tf_codistill import launcher
+from tf_codistill.launch import launcher
 
 
 def die_with_parent() -> None:
@@ -36,7 +36,8 @@ def free_cluster(jobs: Dict[str, int]) -> Dict[str, List[str]]:
 
 
 @contextlib.contextmanager
-def servers(cluster: Dict[str, List[str]], jobs=("worker", "ps")) -> Iterator[List[subprocess.Popen]]:
+def servers(cluster: Dict[str, List[str]],
+            jobs=("worker", "ps")) -> Iterator[List[subprocess.Popen]]:
   """Serves every task of ``jobs`` of ``cluster`` in its own process while the block runs."""
   procs = [start([sys.executable, "-m", "benchmarks.local_cluster", json.dumps(cluster), job,
                   str(index)])

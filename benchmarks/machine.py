@@ -30,8 +30,6 @@ from typing import Callable, Iterator, List, Optional, Sequence
 from absl import app
 from absl import flags
 
-from benchmarks import standalone
-
 LOCK_ENV = "TF_CODISTILL_BENCH_LOCK"
 
 
@@ -294,6 +292,19 @@ def _record_into(path: Optional[str], session: Session,
   if not isinstance(summary, dict):
     return
   summary["machine"] = session.record()
-  standalone.write_json(path, summary, indent=1)
+  write_json(path, summary, indent=1)
   if on_recorded is not None:
     on_recorded(path)
+
+
+def write_json(path: str, value: object, indent: int = 2) -> None:
+  """Writes ``value`` as JSON to ``path`` atomically, making its directory."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  temp = f"{path}.tmp-{os.getpid()}"
+  try:
+    with open(temp, "w") as f:
+      json.dump(value, f, indent=indent, sort_keys=True)
+    os.replace(temp, path)
+  finally:
+    if os.path.exists(temp):  # a value JSON cannot hold: nothing half-written is left
+      os.remove(temp)

@@ -82,7 +82,8 @@ def lstm_lm(vocab: int, embedding_dim: int = 64, units: int = 256, seed: int = 1
       units, kernel_initializer=keras.initializers.GlorotUniform(seed + 1),
       recurrent_initializer=keras.initializers.Orthogonal(seed=seed + 2)),
       return_sequences=True, name="lstm")(x)
-  logits = keras.layers.Dense(vocab, kernel_initializer=keras.initializers.GlorotUniform(seed + 3))(x)
+  logits = keras.layers.Dense(
+      vocab, kernel_initializer=keras.initializers.GlorotUniform(seed + 3))(x)
   return keras.Model(tokens, logits, name="lstm_lm")
 
 

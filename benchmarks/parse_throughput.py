@@ -175,7 +175,7 @@ def main(argv: List[str]) -> None:
           "load_average_1min_at_end": os.getloadavg()[0],
       },
   }
-  standalone.write_json(FLAGS.out, summary)
+  machine.write_json(FLAGS.out, summary)
   print(f"wrote {FLAGS.out}")
 
 

@@ -15,7 +15,6 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
 from benchmarks import runner
 
-
 _LOSS_NAMES = {"val_logloss": "log loss", "val_loss": "cross-entropy"}
 
 
@@ -266,7 +265,8 @@ def _arm_lines(summary: dict, softmax: bool, loss_name: str) -> List[str]:
     steps = arm["runs"][0]["steps"] if arm["runs"] else "n/a"
     lines.append(
         f"| `{name}` | {groups} x {arm['seeds']} | {_fmt(arm['final_val_loss'])} | "
-        f"{_fmt(arm.get('final_val_accuracy') if softmax else arm['final_val_auc'])} | {steps} | {_fmt(arm['steps_to_target'], 0)} | "
+        f"{_fmt(arm.get('final_val_accuracy') if softmax else arm['final_val_auc'])} | "
+        f"{steps} | {_fmt(arm['steps_to_target'], 0)} | "
         f"{arm['reached_target']}/{len(arm['runs'])} | {_fmt(arm['wall_time_to_target_s'], 1)} | "
         f"{_fmt(arm['examples_per_sec'], 0)} |")
   lines += ["", "Arm configurations:", ""]
@@ -440,7 +440,8 @@ def helps_section(summaries: Mapping[str, dict]) -> List[str]:
   for goal, needed in ACROSS_DATA_SETS:
     met = sorted({REAL_DATA[s["data"]] for s in protocol_runs.values()
                   if ((s.get("goal_verdicts") or {}).get(goal) or {}).get("met")})
-    lines.append(f"- `{goal}` met on {len(met)} real data set(s){': ' + ', '.join(met) if met else ''}"
+    lines.append(f"- `{goal}` met on {len(met)} real data set(s)"
+                 f"{': ' + ', '.join(met) if met else ''}"
                  f" (needed: {needed}): **{'met' if len(met) >= needed else 'missed'}**")
   missing = sorted(set(REAL_DATA.values())
                    - {REAL_DATA[s["data"]] for s in protocol_runs.values()})
@@ -458,8 +459,8 @@ def index_markdown(results_root: str) -> str:
   lines = ["# Benchmark results", "",
            "Generated from each suite's `summary.json` (or `summary_<variant>.json`) by "
            "`benchmarks.run` after every suite run, and by each standalone benchmark after its "
-           "run (numbers are never typed in). Each suite's `report.md` starts with the command that "
-           "regenerates it.", ""]
+           "run (numbers are never typed in). Each suite's `report.md` starts with the command "
+           "that regenerates it.", ""]
   lines += helps_section(summaries)
   lines += ["## Every suite's goal figures", "",
             "| suite | goal figure | value | 90% interval | spread (mean ± std [min, max]) | goal "

@@ -18,7 +18,7 @@ from absl import flags
 from benchmarks import machine
 from benchmarks import report
 from benchmarks import runner
-from tf_codistill import config
+from tf_codistill.launch import gin_config as config
 
 SUITES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suites")
 flags.DEFINE_string("suite", None, "Suite name: benchmarks/suites/<suite>.gin.")

@@ -35,13 +35,12 @@ from absl import logging
 
 from benchmarks import machine
 from benchmarks import protocol
-from benchmarks import standalone
-from tf_codistill import config
-from tf_codistill import demo
-from tf_codistill import exchange
-from tf_codistill import launcher
-from tf_codistill import metrics
 from tf_codistill import layout
+from tf_codistill import metrics
+from tf_codistill.exchange import directory as exchange
+from tf_codistill.launch import demo
+from tf_codistill.launch import gin_config as config
+from tf_codistill.launch import launcher
 
 T = TypeVar("T")
 ARM_KINDS = ("train", "ensemble", "offline_distill")
@@ -283,7 +282,8 @@ def loss_minus_best(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
 def metric_ratio(arms: Mapping[str, dict], metric: str = gin.REQUIRED,
                  numerator: str = gin.REQUIRED,
                  denominator: str = gin.REQUIRED) -> Tuple[Optional[float], List[float]]:
-  """Mean ``metric`` (a per-run figure, e.g. examples_per_sec) of ``numerator`` / ``denominator``."""
+  """Mean ``metric`` (a per-run figure, e.g. examples_per_sec) of ``numerator`` /
+  ``denominator``."""
   num, den = arms[numerator][metric], arms[denominator][metric]
   if not num or not den or not den["mean"]:
     return None, []
@@ -581,7 +581,7 @@ def _seeds_to_run(arm: Arm, paths: RunPaths, config: dict) -> List[int]:
   if _recorded_config(arm, paths) != config:
     shutil.rmtree(arm_dir, ignore_errors=True)
     os.makedirs(arm_dir)
-    standalone.write_json(_config_path(arm, paths), config, indent=1)
+    machine.write_json(_config_path(arm, paths), config, indent=1)
   return [seed for seed in arm.seed_list
           if not (_seed_recorded(arm, paths, seed)
                   and (arm.seeds < 2 or os.path.exists(paths.predictions(arm.name, seed, 0))))]
@@ -611,7 +611,7 @@ def _record_run(arm: Arm, suite: Suite, paths: RunPaths, seed: int, group: int, 
   with open(paths.curve(arm.name, seed, group), "w") as f:
     for record in records:
       f.write(json.dumps({k: record[k] for k in keep if k in record}, sort_keys=True) + "\n")
-  standalone.write_json(paths.result(arm.name, seed, group), results, indent=1)
+  machine.write_json(paths.result(arm.name, seed, group), results, indent=1)
   return results
 
 
@@ -709,8 +709,9 @@ def _next_rate(suite: Suite, rates: Sequence[float], chosen: float) -> Optional[
 def _curves(arm: Arm, paths: RunPaths, key: str) -> Dict[int, protocol.Curve]:
   """{seed: the seed's validation curve (mean over its groups)} from the recorded runs."""
   groups = arm.num_groups if arm.kind == "train" else 1
-  return protocol.grouped({(s, g): protocol.curve_points(read_curve(paths.curve(arm.name, s, g)), key)
-                           for s in arm.seed_list for g in range(groups)})
+  return protocol.grouped({
+      (s, g): protocol.curve_points(read_curve(paths.curve(arm.name, s, g)), key)
+      for s in arm.seed_list for g in range(groups)})
 
 
 def _grid_losses(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str],
@@ -744,7 +745,8 @@ def tune(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str],
       break
     rates.append(grown)
   return (_with(arm, [f"trainer.train.learning_rate = {chosen!r}"]),
-          {"learning_rate": chosen, "grid": {f"{lr:g}": v["best_val_loss"] for lr, v in losses.items()},
+          {"learning_rate": chosen,
+           "grid": {f"{lr:g}": v["best_val_loss"] for lr, v in losses.items()},
            "tuning_runs": {f"{lr:g}": v["runs"] for lr, v in losses.items()},
            "chosen_curve": losses[chosen]["curve"]})
 
@@ -922,7 +924,8 @@ def _ensemble(arm: Arm, paths: RunPaths, seed: int, suite: Suite) -> dict:
   if suite.output == "sigmoid":
     auc = keras.metrics.AUC()
     auc.update_state(labels, mean)
-    scores = {suite.loss_key: metrics.log_loss(mean, labels), "val_auc": float(auc.result().numpy())}
+    scores = {suite.loss_key: metrics.log_loss(mean, labels),
+              "val_auc": float(auc.result().numpy())}
   else:
     scores = metrics.categorical_scores(mean, labels)
     scores[suite.loss_key] = scores["val_xent"]
@@ -930,7 +933,7 @@ def _ensemble(arm: Arm, paths: RunPaths, seed: int, suite: Suite) -> dict:
             "wall_time_s": sum(r["wall_time_s"] for r in member_results),
             "examples_per_sec": None}
   os.makedirs(os.path.dirname(paths.result(arm.name, seed, 0)), exist_ok=True)
-  standalone.write_json(paths.result(arm.name, seed, 0), result, indent=1)
+  machine.write_json(paths.result(arm.name, seed, 0), result, indent=1)
   with open(paths.curve(arm.name, seed, 0), "w") as f:
     f.write(json.dumps({"step": result["steps"], "wall_time_s": result["wall_time_s"],
                         **scores}) + "\n")
@@ -961,7 +964,7 @@ def _churn(arm: Arm, paths: RunPaths, suite: Suite) -> Optional[dict]:
   curves = [_churn_curve(arm, paths, suite, p["seeds"]) for p in independent]
   if curves and all(curves):
     churn["curves"] = curves
-  standalone.write_json(_churn_path(arm, paths), churn, indent=1)
+  machine.write_json(_churn_path(arm, paths), churn, indent=1)
   return churn
 
 
@@ -976,13 +979,14 @@ def _churn_curve(arm: Arm, paths: RunPaths, suite: Suite, seeds: Sequence[int]) 
   points = []
   for name in sorted(set(os.listdir(dirs[0])) & set(os.listdir(dirs[1]))):
     step = int(name[len("step_"):-len(".npz")])
-    if not all(step in l for l in losses):
+    if not all(step in seed_losses for seed_losses in losses):
       continue
     probs = []
     for d in dirs:
       with np.load(os.path.join(d, name)) as npz:
         probs.append(npz["probs"])
-    points.append({"step": step, "loss": float(np.mean([l[step] for l in losses])),
+    points.append({"step": step,
+                   "loss": float(np.mean([seed_losses[step] for seed_losses in losses])),
                    **metrics.churn(probs[0], probs[1], suite.output)})
   return sorted(points, key=lambda p: p["step"])
 
@@ -1165,7 +1169,7 @@ def run_suite(suite: Suite, paths: RunPaths, force: bool = False,
   data = data_bindings(suite, paths.data_dir)
   manifest = corpus_manifest(suite, paths.data_dir, build=False)
   if manifest is not None:  # which packages, versions and .debs the runs read
-    standalone.write_json(os.path.join(paths.results_dir, CORPUS_MANIFEST), manifest, indent=1)
+    machine.write_json(os.path.join(paths.results_dir, CORPUS_MANIFEST), manifest, indent=1)
   if not force:
     check_same_corpus(suite, paths)
   start = time.time()
@@ -1201,6 +1205,6 @@ def summarize_recorded(suite: Suite, paths: RunPaths) -> dict:
 
 def _write_summary(summary: dict, paths: RunPaths) -> dict:
   path = os.path.join(paths.results_dir, "summary.json")
-  standalone.write_json(path, summary, indent=1)
+  machine.write_json(path, summary, indent=1)
   logging.info("wrote %s", path)
   return summary

@@ -52,8 +52,8 @@ from absl import flags
 from benchmarks import fault_trials
 from benchmarks import machine
 from benchmarks import standalone
-from tf_codistill import launcher
 from tf_codistill import layout
+from tf_codistill.launch import launcher
 
 DEFAULT_OUT = standalone.results_path("soak")
 # The same soak with both groups on every CPU (--nopin_groups).
@@ -157,7 +157,8 @@ def run_soak(work_dir: str, duration_s: float, exchange_every_steps: int = 40,
       f"trainer.train.steps_per_epoch = {steps_per_epoch}"]
   launch = standalone.Launch(standalone.launch_args(
       model_dir, "codistill_2way.gin",
-      [f"--strategy={strategy}", "--num_groups=2", *shape, *(["--pin_groups"] if pin_groups else [])],
+      [f"--strategy={strategy}", "--num_groups=2", *shape,
+       *(["--pin_groups"] if pin_groups else [])],
       bindings))
   sampler = _Sampler(launch, sample_s)
   cpus = dict(enumerate(launcher.split_cpus(2))) if pin_groups else {}
@@ -374,7 +375,7 @@ def main(argv):
     json.dump(run.pop("timelines"), f)
   os.replace(timelines_path + ".tmp", timelines_path)
   summary["timelines_file"] = os.path.basename(timelines_path)
-  standalone.write_json(FLAGS.out, summary, indent=1)
+  machine.write_json(FLAGS.out, summary, indent=1)
   print(json.dumps(summary["verdict"], indent=1))
   print(markdown_row(summary))
   shutil.rmtree(os.path.join(work, "job"), ignore_errors=True)

@@ -35,7 +35,8 @@ def define_flags(name: str, work_dir: bool = True) -> None:
   """Defines ``--out`` (default ``results_path(name)``) and, with ``work_dir``, ``--work_dir``."""
   flags.DEFINE_string("out", results_path(name), "JSON output.")
   if work_dir:
-    flags.DEFINE_string("work_dir", None, "Where data and runs go (default: a temporary directory).")
+    flags.DEFINE_string("work_dir", None,
+                        "Where data and runs go (default: a temporary directory).")
 
 
 def work_dir(prefix: str) -> str:
@@ -97,13 +98,13 @@ class Launch:
 
   def events(self) -> List[dict]:
     """The launcher's structured events so far (``launch_events.jsonl``)."""
-    from tf_codistill import launcher  # pylint: disable=g-import-not-at-top
+    from tf_codistill.launch import launcher  # pylint: disable=g-import-not-at-top
     return launcher.read_events(self.model_dir) if self.model_dir else []
 
   @property
   def pids(self) -> Dict[Tuple[int, str, int], int]:
     """(group, task, index) -> the newest pid the launcher started for it."""
-    from tf_codistill import launcher  # pylint: disable=g-import-not-at-top
+    from tf_codistill.launch import launcher  # pylint: disable=g-import-not-at-top
     return launcher.task_pids(self.events())
 
   @property
@@ -187,19 +188,6 @@ def source_digest(packages: Sequence[str] = ("tf_codistill", "benchmarks")) -> s
         with open(path, "rb") as f:
           digest.update(f.read() + b"\0")
   return digest.hexdigest()[:16]
-
-
-def write_json(path: str, value: object, indent: int = 2) -> None:
-  """Writes ``value`` as JSON to ``path`` atomically, making its directory."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  temp = f"{path}.tmp-{os.getpid()}"
-  try:
-    with open(temp, "w") as f:
-      json.dump(value, f, indent=indent, sort_keys=True)
-    os.replace(temp, path)
-  finally:
-    if os.path.exists(temp):  # a value JSON cannot hold: nothing half-written is left
-      os.remove(temp)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from tf_codistill import step_timing
+from tf_codistill.training import step_timing
 
 # arm -> rounds -> step times (seconds)
 Times = Dict[str, List[List[float]]]

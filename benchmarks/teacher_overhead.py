@@ -27,10 +27,10 @@ place.
 from __future__ import annotations
 
 import multiprocessing
-from concurrent import futures
 import os
 import statistics
 import time
+from concurrent import futures
 from typing import Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
@@ -41,9 +41,10 @@ from benchmarks import machine
 from benchmarks import models
 from benchmarks import standalone
 from benchmarks import step_times
-from tf_codistill import quantization
-from tf_codistill.model import CodistillModel, clone_architecture
 from tf_codistill.models import ctr
+from tf_codistill.teachers import quantization
+from tf_codistill.training.model import CodistillModel
+from tf_codistill.training.model import clone_architecture
 
 flags.DEFINE_integer("batch_size", 512, "Examples per step.")
 flags.DEFINE_integer("num_buckets", 20_000, "Hash buckets per categorical feature.")
@@ -302,7 +303,8 @@ def main(argv):
       for name, v in values.items()}
   print(f"{'arm':<28} {'median ms':>10} {'p90 ms':>8} {'steps/s':>8}")
   for name, row in summary["step_times"].items():
-    print(f"{name:<28} {row['median_ms']:>10.2f} {row['p90_ms']:>8.2f} {row['steps_per_sec']:>8.1f}")
+    print(f"{name:<28} {row['median_ms']:>10.2f} {row['p90_ms']:>8.2f} "
+          f"{row['steps_per_sec']:>8.1f}")
   for name, ratio in summary["ratios"].items():
     low, high = ratio["interval90"]
     by_process = ", ".join(f"{m:.3f}" for m in ratio["process_medians"])
@@ -316,9 +318,10 @@ def main(argv):
           f"(x{forward['codistill_one_teacher'] / ms:.2f} float32's speed)")
   print(f"training-thread pause of a refresh: flip {summary['swap_flip_ms_median']:.2f} ms "
         f"(in-place assign would be {summary['in_place_assign_ms_median']:.1f} ms)")
-  FLAGS.out = FLAGS.out or os.path.join(os.path.dirname(standalone.results_path("teacher_overhead")),
-                                        f"summary_{FLAGS.optimizer}.json")
-  standalone.write_json(FLAGS.out, summary)
+  FLAGS.out = FLAGS.out or os.path.join(
+      os.path.dirname(standalone.results_path("teacher_overhead")),
+      f"summary_{FLAGS.optimizer}.json")
+  machine.write_json(FLAGS.out, summary)
 
 
 if __name__ == "__main__":

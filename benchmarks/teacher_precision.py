@@ -7,8 +7,8 @@ all on the same real batches; the teacher holds the student's own weights. Repor
 times of no-teacher, float32-teacher and bfloat16-teacher steps, their throughput ratios (median
 over rounds, 90% interval), the teacher forward pass alone in each precision, and the max/mean
 absolute difference between each reduced-precision teacher's probabilities and those of the
-float32 student whose weights it holds. The effect on final loss is the ``codistill_bf16`` arm of the ``lm``
-and ``image`` suites.
+float32 student whose weights it holds. The effect on final loss is the ``codistill_bf16`` arm of
+the ``lm`` and ``image`` suites.
 
   .venv/bin/python -m benchmarks.teacher_precision --data_dir=/tmp/bench/data
 """
@@ -30,9 +30,10 @@ from benchmarks import step_times
 from data_pipelines import images
 from data_pipelines import text_lm
 from tf_codistill import losses
-from tf_codistill.model import CodistillModel, clone_architecture
 from tf_codistill.models import lm
 from tf_codistill.models import resnet
+from tf_codistill.training.model import CodistillModel
+from tf_codistill.training.model import clone_architecture
 
 flags.DEFINE_string("data_dir", "/tmp/bench/data", "Where the suites' data is (prepared if not).")
 flags.DEFINE_integer("vocab_size", 4000, "LM vocabulary (the lm suite's).")
@@ -143,7 +144,7 @@ def main(argv):
             f"{ratio(f'teacher_forward_speed_ratio_{name}_vs_fp32')}; |p - p32| max "
             f"{diff['max']:.4f} mean {diff['mean']:.6f}")
   summary["config"]["load_avg_1m_at_end"] = os.getloadavg()[0]
-  standalone.write_json(FLAGS.out, summary)
+  machine.write_json(FLAGS.out, summary)
 
 
 if __name__ == "__main__":

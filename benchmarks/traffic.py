@@ -2,7 +2,7 @@
 collectives (CPU) send it, against what a codistillation group publishes per step.
 
 Used by the ``comm`` benchmark to report ``codistill_traffic_reduction``; the reduced-precision
-all-reduce itself is ``tf_codistill.comm.GradientReducer``.
+all-reduce itself is ``tf_codistill.optim.comm.GradientReducer``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from tf_codistill import exchange
-from tf_codistill import fusion
+from tf_codistill.exchange import directory as exchange
+from tf_codistill.optim import fusion
 
 
 @dataclasses.dataclass(frozen=True)

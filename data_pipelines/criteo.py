@@ -6,9 +6,9 @@ TSV format: one example per line, ``label \\t I1..I13 \\t C1..C26`` (40 tab-sepa
   * C1..C26: hexadecimal ids of 1..16 characters, any case (real data: 8 lowercase characters).
 Any of the 39 feature fields may be empty, meaning missing.
 
-Parquet format: columns ``label``, ``I1``..``I13`` (int64) and ``C1``..``C26`` (string) with NO nulls:
-a missing integer is written as 0 and a missing categorical as ''. The convention exists because
-tensorflow-io 0.37.1's Parquet reader returns garbage for null values instead of failing.
+Parquet format: columns ``label``, ``I1``..``I13`` (int64) and ``C1``..``C26`` (string) with NO
+nulls: a missing integer is written as 0 and a missing categorical as ''. The convention exists
+because tensorflow-io 0.37.1's Parquet reader returns garbage for null values instead of failing.
 
 Features, identical for both formats:
   * ``dense``: float32 [B, 13], log1p(max(x, 0)); a missing integer counts as 0.
@@ -17,14 +17,16 @@ Features, identical for both formats:
     per field with whatever real id collides with it.
   * label: float32 [B, 1].
 
-Parsing runs on whole batches of lines (split, regex validation, hashing), which keeps it vectorized.
-Every line carries its file and 1-based line number so a malformed one can be reported precisely.
+Parsing runs on whole batches of lines (split, regex validation, hashing), which keeps it
+vectorized. Every line carries its file and 1-based line number so a malformed one can be reported
+precisely.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 
 import gin
 import tensorflow as tf
@@ -64,7 +66,8 @@ def feature_spec(num_int: int = NUM_INT, num_cat: int = NUM_CAT) -> dict[str, tf
 
 
 def resolve_files(file_pattern: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
-  """Sorted files matching a glob or a list of globs/paths; FileNotFoundError if one matches nothing."""
+  """Sorted files matching a glob or a list of globs/paths; FileNotFoundError if one matches
+  nothing."""
   return records.resolve_files(file_pattern, "Criteo")
 
 
@@ -85,7 +88,8 @@ def make_dataset(
     drop_remainder: bool = False,
     bad_line_counter: BadLineCounter | None = None,
 ) -> tf.data.Dataset:
-  """Batches of ``(features, label)`` parsed from Criteo files, shard ``shard_index`` of ``num_shards``.
+  """Batches of ``(features, label)`` parsed from Criteo files, shard ``shard_index`` of
+  ``num_shards``.
 
   Shards are disjoint: by file when there are at least ``num_shards`` files, else by line within
   every file. ``bad_lines='error'`` fails iteration naming the file, line and reason of the first
@@ -156,7 +160,8 @@ def _parse_tsv_batch(lines: tf.Tensor, enforce: EnforceFn) -> Tensors:
 
 
 def _parse_parquet_batch(columns: dict[str, tf.Tensor], enforce: EnforceFn) -> Tensors:
-  """Validates a batch of Parquet rows; returns label (bool), ints (int64) and categorical strings."""
+  """Validates a batch of Parquet rows; returns label (bool), ints (int64) and categorical
+  strings."""
   label, ints, cats = columns["label"], columns["ints"], columns["cats"]
 
   label_ok = tf.equal(label, 0) | tf.equal(label, 1)
@@ -165,7 +170,8 @@ def _parse_parquet_batch(columns: dict[str, tf.Tensor], enforce: EnforceFn) -> T
 
   def describe(i: tf.Tensor) -> tf.Tensor:
     return _first_reason([
-        (~label_ok[i], tf.strings.join(["label not in {0,1}", records.shown(tf.strings.as_string(label[i]))])),
+        (~label_ok[i], tf.strings.join(["label not in {0,1}",
+                                        records.shown(tf.strings.as_string(label[i]))])),
         _column_reason("non-hex categorical field C", cat_ok[i], cats[i]),
     ])
 
@@ -180,7 +186,8 @@ def _features(label: tf.Tensor, ints: tf.Tensor, cats: tf.Tensor,
   return {"dense": dense, "categorical": categorical}, tf.cast(label, tf.float32)[:, tf.newaxis]
 
 
-def _column_reason(what: str, column_ok: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+def _column_reason(what: str, column_ok: tf.Tensor,
+                   values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   """(any bad, description of the first bad column) for one record's columns."""
   column = tf.argmin(tf.cast(column_ok, tf.int32))
   return ~tf.reduce_all(column_ok), tf.strings.join(

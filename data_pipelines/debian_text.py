@@ -23,7 +23,6 @@ recorded in the corpus manifest.
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import gzip
 import html
@@ -38,9 +37,11 @@ from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 from absl import app
 from absl import flags
 
+from data_pipelines import corpus
 from data_pipelines import records
+from data_pipelines.corpus import Document
+from data_pipelines.corpus import Source
 
-Document = Tuple[str, bytes]  # (name inside the package, UTF-8 text as read)
 ENTRIES_PER_DOC = 100  # dictionary entries / WordNet synsets per document
 _SOURCE_TAG = re.compile(rb"^\s*\[[^\]\n]+\]\s*$", re.M)  # '[1913 Webster]', '[PJC]' lines
 _TAG = re.compile(rb"<[^>]*>")
@@ -49,14 +50,6 @@ _BLOCK = re.compile(rb"</?(?:div|p|title|chapter|lb|l|lg|br|item|list|head)\b[^>
 _HTML_BLOCKS = frozenset("p div h1 h2 h3 h4 h5 h6 li tr td th br pre table dt dd title".split())
 _HTML_NAV = ("navheader", "navfooter")  # the manual's navigation bars, the same on every page
 _SWORD_RECORD = struct.Struct("<III")  # offset, compressed size, uncompressed size
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-  """One Debian package of a corpus: its name, licence and converter to documents."""
-  package: str
-  licence: str
-  convert: Callable[[str], Iterator[Document]]
 
 
 def _files(root: str, pattern: str, exclude: str = "") -> List[str]:
@@ -260,7 +253,6 @@ def main(argv: Sequence[str]) -> None:
   """Builds the corpus named by --corpus into --output_dir (resumable; reused when complete)."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from data_pipelines import corpus  # pylint: disable=g-import-not-at-top
   manifest = corpus.build(FLAGS.output_dir, CORPORA[FLAGS.corpus], vocab_size=FLAGS.vocab_size,
                           debs_dir=FLAGS.debs_dir, bad_lines=FLAGS.bad_lines,
                           sample_fraction=FLAGS.sample_fraction)
@@ -273,7 +265,8 @@ if __name__ == "__main__":
                       "then renamed).", required=True)
   flags.DEFINE_integer("vocab_size", 8192, "Subword (byte-level BPE) vocabulary size.")
   flags.DEFINE_string("debs_dir", None, "A folder with the packages' .deb files already "
-                      "downloaded (default: <output_dir>.partial/debs, filled by apt-get download).")
+                      "downloaded (default: <output_dir>.partial/debs, filled by apt-get "
+                      "download).")
   flags.DEFINE_enum("bad_lines", "error", list(records.BAD_LINE_POLICIES),
                     "A document that is not UTF-8: fail naming it, or skip and count it.")
   flags.DEFINE_float("sample_fraction", 1.0, "Keep this fraction of the documents (chosen by a "

@@ -30,7 +30,11 @@ from absl import flags
 from absl import logging
 
 from data_pipelines import records
-from data_pipelines.criteo import CAT_COLUMNS, INT_COLUMNS, LABEL_COLUMN, NUM_CAT, NUM_INT
+from data_pipelines.criteo import CAT_COLUMNS
+from data_pipelines.criteo import INT_COLUMNS
+from data_pipelines.criteo import LABEL_COLUMN
+from data_pipelines.criteo import NUM_CAT
+from data_pipelines.criteo import NUM_INT
 
 FILE_FORMATS = ("tsv", "parquet")
 
@@ -74,7 +78,8 @@ class PlantedModel:
   interactions: tuple[tuple[int, int, np.ndarray], ...]  # (feature a, feature b, table [50, 50])
   bias: float
 
-  def logit(self, ints: np.ndarray, cat_ids: np.ndarray, *, interactions: bool = True) -> np.ndarray:
+  def logit(self, ints: np.ndarray, cat_ids: np.ndarray, *,
+            interactions: bool = True) -> np.ndarray:
     """Planted logit of rows given integer values (missing as 0) and ids (missing as vocab_size)."""
     z = self.bias + np.log1p(np.maximum(ints, 0)) @ self.int_weights
     flat_ids = cat_ids + np.arange(NUM_CAT) * (self.vocab_size + 1)
@@ -91,7 +96,8 @@ class PlantedModel:
     """Draws n rows with labels."""
     scaled = rng.random((n, NUM_CAT)) * self.vocab_size
     cat_ids = scaled.astype(np.int64)
-    cat_ids = np.where(scaled - cat_ids < self.alias_accept[cat_ids], cat_ids, self.alias_other[cat_ids])
+    cat_ids = np.where(scaled - cat_ids < self.alias_accept[cat_ids], cat_ids,
+                       self.alias_other[cat_ids])
     cat_ids[rng.random((n, NUM_CAT)) < self.missing_rate] = self.vocab_size
 
     normal = rng.standard_normal((n, NUM_INT))
@@ -157,12 +163,14 @@ def planted_model(model_seed: int = 1234, vocab_size: int = 10_000, zipf_a: floa
   return dataclasses.replace(model, bias=_calibrated_bias(logits, base_rate))
 
 
-def generate(output_dir: str, num_rows: int, num_files: int = 1, *, seed: int = 0, model_seed: int = 1234,
-             vocab_size: int = 10_000, zipf_a: float = 1.2, missing_rate: float = 0.02,
-             file_format: str = "tsv", prefix: str = "part", base_rate: float = 0.25) -> list[str]:
+def generate(output_dir: str, num_rows: int, num_files: int = 1, *, seed: int = 0,
+             model_seed: int = 1234, vocab_size: int = 10_000, zipf_a: float = 1.2,
+             missing_rate: float = 0.02, file_format: str = "tsv", prefix: str = "part",
+             base_rate: float = 0.25) -> list[str]:
   """Writes num_rows rows into files {prefix}-00000-of-0000N.{tsv,parquet}; returns their paths."""
   if file_format not in FILE_FORMATS:
-    raise ValueError(f'file_format={file_format!r} is not one of {", ".join(map(repr, FILE_FORMATS))}')
+    raise ValueError(f"file_format={file_format!r} is not one of "
+                     f'{", ".join(map(repr, FILE_FORMATS))}')
   if num_files < 1 or num_rows < 0:
     raise ValueError(f"need num_files >= 1 and num_rows >= 0, got {num_files} and {num_rows}")
   model = planted_model(model_seed, vocab_size, zipf_a, missing_rate, base_rate)
@@ -173,7 +181,8 @@ def generate(output_dir: str, num_rows: int, num_files: int = 1, *, seed: int = 
     rows = num_rows // num_files + (index < num_rows % num_files)
     path = os.path.join(output_dir, f"{prefix}-{index:05d}-of-{num_files:05d}.{file_format}")
     rng = np.random.default_rng([seed, index])
-    tables = (_arrow_table(model.sample(rng, min(_CHUNK_ROWS, rows - start)), dictionaries, file_format)
+    tables = (_arrow_table(model.sample(rng, min(_CHUNK_ROWS, rows - start)), dictionaries,
+                           file_format)
               for start in range(0, rows, _CHUNK_ROWS))
     with records.written_atomically(path) as tmp, tf.io.gfile.GFile(tmp, "wb") as f:
       (_write_tsv if file_format == "tsv" else _write_parquet)(f, tables)
@@ -240,10 +249,10 @@ def _alias_table(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   small = [i for i, p in enumerate(scaled) if p < 1.0]
   large = [i for i, p in enumerate(scaled) if p >= 1.0]
   while small and large:
-    s, l = small.pop(), large.pop()
-    accept[s], other[s] = scaled[s], l
-    scaled[l] += scaled[s] - 1.0
-    (small if scaled[l] < 1.0 else large).append(l)
+    s, big = small.pop(), large.pop()
+    accept[s], other[s] = scaled[s], big
+    scaled[big] += scaled[s] - 1.0
+    (small if scaled[big] < 1.0 else large).append(big)
   return np.array(accept), np.array(other, dtype=np.int64)
 
 
@@ -252,7 +261,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _calibrated_bias(logits: np.ndarray, base_rate: float) -> float:
-  """Bias b with mean(sigmoid(logits + b)) == base_rate, by bisection (the mean is monotone in b)."""
+  """Bias b with mean(sigmoid(logits + b)) == base_rate, by bisection (the mean is monotone in
+  b)."""
   low, high = -30.0, 30.0
   for _ in range(60):
     middle = (low + high) / 2

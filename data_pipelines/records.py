@@ -13,7 +13,9 @@ import contextlib
 import functools
 import os
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any, Iterator, Tuple
 
 import tensorflow as tf

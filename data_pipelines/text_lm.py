@@ -211,7 +211,8 @@ def token_ids(lines: tf.Tensor, table: tf.lookup.StaticHashTable, level: str = "
 
 
 def windows(ids: tf.data.Dataset, sequence_length: int) -> tf.data.Dataset:
-  """A stream of scalar ids -> (inputs [T], targets [T]) windows of T + 1 tokens overlapping by 1."""
+  """A stream of scalar ids -> (inputs [T], targets [T]) windows of T + 1 tokens overlapping by
+  1."""
   # Chunks of T tokens (the last may be shorter); window k is chunk k plus chunk k+1's first token.
   chunks = ids.batch(sequence_length)
   empty = tf.zeros([0], tf.int32)

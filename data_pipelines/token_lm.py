@@ -185,7 +185,8 @@ def make_dataset(file_pattern, batch_size: int, *, sequence_length: int = 64,
   if not 0 <= shard_index < num_shards:
     raise ValueError(f"shard_index={shard_index} is out of range for num_shards={num_shards}")
   files = records.drop_empty_files(records.resolve_files(file_pattern, "token record"),
-                                   bad_lines, file_pattern, binding="token_lm.make_dataset.bad_lines")
+                                   bad_lines, file_pattern,
+                                   binding="token_lm.make_dataset.bad_lines")
   if len(files) < num_shards:
     raise records.DataError(f"{len(files)} token shards ({files[0]} ...) cannot be split between "
                             f"{num_shards} groups x input pipelines: build the corpus with more "

@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks import machine
 from data_pipelines import make_criteo_like
+
 from testing_utils import Launch
 
 

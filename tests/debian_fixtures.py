@@ -69,8 +69,10 @@ PAGE = (b'<html><head><title>initdb</title><style>p {}</style></head><body>'
         b'<div class="navheader"><table><tr><td>Prev</td><td>Next</td></tr></table></div>'
         b'<h1>initdb</h1><p>initdb creates a new <em>PostgreSQL</em> database cluster.</p>'
         b'<script>var x = 1;</script><div class="navfooter">Home</div></body></html>')
-C_FILES = {"linux-source-6.1/kernel/fork.c": b"int nr_threads;\n/* fork */\nint fork(void) { return 0; }\n",
-           "linux-source-6.1/include/linux/list.h": b"struct list_head { struct list_head *next; };\n",
+C_FILES = {"linux-source-6.1/kernel/fork.c":
+               b"int nr_threads;\n/* fork */\nint fork(void) { return 0; }\n",
+           "linux-source-6.1/include/linux/list.h":
+               b"struct list_head { struct list_head *next; };\n",
            "linux-source-6.1/README": b"Linux kernel\n"}
 
 
@@ -130,7 +132,8 @@ def every_english_package(words: int = 30_000) -> Dict[str, Dict[str, bytes]]:
   packages["linux-doc-6.1"] = {
       "usr/share/doc/linux-doc-6.1/html/_sources/PCI/pci.rst.txt": rst,
       "usr/share/doc/linux-doc-6.1/html/_sources/translations/it/pci.rst.txt": b"Titolo\n"}
-  packages["python3.11-doc"] = {"usr/share/doc/python3.11/html/_sources/tutorial/index.rst.txt": rst}
+  packages["python3.11-doc"] = {
+      "usr/share/doc/python3.11/html/_sources/tutorial/index.rst.txt": rst}
   for name in ("sword-comm-tdavid", "sword-comm-mhcc"):
     packages[name] = sword_module(VERSES[::-1], f"usr/share/sword/modules/comments/zcom/{name}/ot")
   fortunes = {}

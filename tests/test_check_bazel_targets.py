@@ -19,8 +19,9 @@ def test_every_test_file_in_this_repo_has_a_py_test():
 
 
 def test_a_test_file_without_a_target_is_named(tmp_path, capsys):
-  _write(tmp_path, "tests/BUILD", 'load("//bazel:defs.bzl", "codistill_py_test")\n'
-                                  'codistill_py_test(name = "a/test_x", deps = ["//tf_codistill"])\n')
+  _write(tmp_path, "tests/BUILD",
+         'load("//bazel:defs.bzl", "codistill_py_test")\n'
+         'codistill_py_test(name = "a/test_x", deps = ["//tf_codistill"])\n')
   _write(tmp_path, "tests/a/test_x.py")
   _write(tmp_path, "tests/a/test_y.py")
   _write(tmp_path, "tests/a/helper.py")
@@ -33,7 +34,8 @@ def test_src_srcs_and_nested_build_files_count(tmp_path):
   _write(tmp_path, "tests/BUILD",
          'codistill_py_test(name = "split_e2e", src = "a/test_x.py", markers = "e2e")\n'
          'py_test(name = "plain", srcs = [":a/test_y.py", "runner.py"], main = "runner.py")\n')
-  _write(tmp_path, "tests/a/test_x.py", "import pytest\n\n@pytest.mark.e2e\ndef test_it():\n  pass\n")
+  _write(tmp_path, "tests/a/test_x.py",
+         "import pytest\n\n@pytest.mark.e2e\ndef test_it():\n  pass\n")
   _write(tmp_path, "tests/a/test_y.py")
   _write(tmp_path, "tests/b/BUILD.bazel", 'codistill_py_test(name = "test_z")\n')
   _write(tmp_path, "tests/b/test_z.py")

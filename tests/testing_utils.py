@@ -121,7 +121,8 @@ def small_net(seed=0, outputs=1, inputs=4, hidden=8, input_dtype="float32", outp
   x = keras.Input((inputs,), dtype=input_dtype)
   h = keras.layers.Dense(hidden, activation="relu",
                          kernel_initializer=keras.initializers.GlorotUniform(seed))(x)
-  out = keras.layers.Dense(outputs, kernel_initializer=keras.initializers.GlorotUniform(seed + 1))(h)
+  out = keras.layers.Dense(outputs,
+                           kernel_initializer=keras.initializers.GlorotUniform(seed + 1))(h)
   if output_dtype:
     out = keras.layers.Lambda(lambda t: __import__("tensorflow").cast(t, output_dtype))(out)
   return keras.Model(x, out)
@@ -140,7 +141,10 @@ def normalized_net(data):
 def project_model(name):
   """(model, output, a batch of 8 inputs) of a small project model: 'lm', 'resnet' or 'ctr'."""
   import tensorflow as tf
-  from tf_codistill.models import ctr, lm, resnet
+
+  from tf_codistill.models import ctr
+  from tf_codistill.models import lm
+  from tf_codistill.models import resnet
   if name == "lm":
     return lm.lstm_lm(200, 32, (64,), seed=0), "softmax", {
         "tokens": tf.random.stateless_uniform([8, 20], [1, 2], 0, 200, tf.int32)}
@@ -157,8 +161,10 @@ def student_and_pool(exchange_dir, peers=(1,), poll_interval_s=0.05, probe=None,
   """A CodistillModel over ``small_net()`` with ``len(peers)`` teachers (clones in the tf_keras
   dtype policy ``teacher_policy``, e.g. 'bfloat16', if given) and its TeacherPool."""
   import tensorflow as tf
-  from tf_codistill import teachers
-  from tf_codistill.model import CodistillModel, clone_architecture
+
+  from tf_codistill.teachers import pool as teachers
+  from tf_codistill.training.model import CodistillModel
+  from tf_codistill.training.model import clone_architecture
   student = small_net()
   factory = teacher_policy and (lambda: clone_architecture(student, teacher_policy))
   model = CodistillModel(student, len(peers), teacher_factory=factory)
@@ -298,7 +304,9 @@ class Launch(standalone.Launch):
     self._fail(f"timed out after {timeout}s waiting for {what}")
 
   def _fail(self, message):
-    from tf_codistill import launcher  # only here: most tests' Bazel targets do not depend on it
+    from tf_codistill.launch import (
+      launcher,  # only here: most tests' Bazel targets do not depend on it
+    )
     self.stop()
     logs = sorted(glob.glob(os.path.join(self.model_dir or "/nonexistent", "group_*", "*.log")))
     tails = "".join(f"\n--- {path} (tail) ---\n{launcher.log_tail(path, 80)}"
@@ -344,6 +352,7 @@ def alive(pid):
 def require_fashion_mnist():
   """Skips the calling test, saying how to install it, when Debian's Fashion-MNIST is missing."""
   import pytest
+
   from data_pipelines import images
   if not os.path.isdir(images.FASHION_MNIST_DIR):
     pytest.skip(f"{images.FASHION_MNIST_DIR} is missing: `make data` (as root) or "
@@ -353,7 +362,9 @@ def require_fashion_mnist():
 def require_kjv():
   """Skips the calling test, saying how to install it, when Debian's King James Bible is missing."""
   import shutil
+
   import pytest
+
   from data_pipelines import text_lm
   if shutil.which("bible") is None:
     pytest.skip(f"the King James Bible is not installed: `make data` (as root) or "
@@ -361,7 +372,8 @@ def require_kjv():
 
 
 _PS_SERVER = ("import json, sys, tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec("
-              "json.loads(sys.argv[1])), job_name=sys.argv[2], task_index=0, protocol='grpc').join()")
+              "json.loads(sys.argv[1])), job_name=sys.argv[2], task_index=0, "
+              "protocol='grpc').join()")
 # Defines, for a coordinator script: cluster, ps_pid, args (its own arguments) and strategy.
 _PS_COORDINATOR_PREAMBLE = """
 import json, sys
@@ -380,7 +392,8 @@ def run_ps_coordinator(script, *args):
   preamble that defines ``cluster``, ``ps_pid``, ``args`` and ``strategy``; the script prints a
   JSON report as its last line, which is returned."""
   import json
-  from tf_codistill import launcher
+
+  from tf_codistill.launch import launcher
   taken = set()
   cluster = {job: [f"127.0.0.1:{launcher.free_port(taken)}"] for job in ("chief", "worker", "ps")}
   servers = {job: subprocess.Popen([sys.executable, "-c", _PS_SERVER, json.dumps(cluster), job])

@@ -5,7 +5,8 @@ them::
 
     <job model_dir>/              tf-codistill-launch --model_dir
       launch_events.jsonl         the launcher's events: launched, restarted, finished, failed
-      exchange/                   the exchange directory (exchange.py), unless --exchange_dir
+      exchange/                   the exchange directory (exchange/directory.py), unless
+                                  --exchange_dir
       group_<i>/                  one group's model_dir (tf-codistill-train --model_dir)
         <task>_<k>.log            each task's log (chief_0.log, worker_1.log, ps_0.log)
         results.json              final metrics and counters of the group's chief

@@ -71,7 +71,8 @@ class SmoothedBinaryCrossentropy(keras.losses.Loss):
   """Binary cross-entropy from logits with the label smoothed toward a prior positive rate.
 
   ``prior=0.5`` is smoothing toward the uniform distribution (same as Keras' own
-  ``label_smoothing``); the positive rate of the training data is the unigram (class prior) baseline.
+  ``label_smoothing``); the positive rate of the training data is the unigram (class prior)
+  baseline.
   """
 
   def __init__(self, smoothing: float = 0.0, prior: float = 0.5, name: str = "smoothed_bce",

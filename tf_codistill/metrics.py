@@ -8,8 +8,8 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from tf_codistill import exchange
 from tf_codistill import losses
+from tf_codistill.exchange import directory as exchange
 
 
 def churn(probs_a: np.ndarray, probs_b: np.ndarray, output: str = "sigmoid") -> Dict[str, float]:

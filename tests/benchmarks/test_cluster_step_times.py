@@ -11,6 +11,7 @@ import types
 import pytest
 
 from benchmarks import cluster_step_times
+from benchmarks import machine
 from benchmarks import standalone
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -150,7 +151,7 @@ def test_a_finished_launch_is_reused_only_under_the_same_settings_and_sources(
   work = str(tmp_path)
   assert cluster_step_times.finished_launch(work, settings, "abc") is None
   part = _launch(0.04, 0.042, 0.043, [0.2])
-  standalone.write_json(str(tmp_path / "launch.json"),
+  machine.write_json(str(tmp_path / "launch.json"),
                         {"config": settings, "sources": "abc", "part": part})
   assert cluster_step_times.finished_launch(work, dict(settings), "abc")["part"] == part
   reused = cluster_step_times.run_group("parameter_server", work, settings, "abc")

@@ -86,7 +86,8 @@ def test_foreign_cpu_share_counts_work_of_other_processes_not_the_benchmarks_own
   own_only = session.foreign_cpu_share()
   # Another process, not this benchmark's child: started detached and never waited for here.
   other = subprocess.Popen([sys.executable, "-c",
-                            "import time\nd = time.monotonic() + 1.5\nwhile time.monotonic() < d: pass"],
+                            "import time\nd = time.monotonic() + 1.5\n"
+                            "while time.monotonic() < d: pass"],
                            start_new_session=True)
   time.sleep(1.6)
   busy = session.foreign_cpu_share()
@@ -119,3 +120,14 @@ def test_the_results_index_is_updated_after_the_load_record_is_in_the_summary(tm
                        on_recorded=lambda p: seen.append(json.load(open(p))["machine"]))
   assert len(seen) == 1 and seen[0]["cpu_model"] == machine.cpu_model()
   assert seen[0]["load_avg_1m_before"] == 0.5
+
+
+def test_json_is_written_whole_into_a_new_directory(tmp_path):
+  path = str(tmp_path / "new" / "summary.json")
+  machine.write_json(path, {"b": 1, "a": [1, 2]})
+  assert json.load(open(path)) == {"a": [1, 2], "b": 1}
+  assert os.listdir(tmp_path / "new") == ["summary.json"]  # no temporary file left
+  with pytest.raises(TypeError):
+    machine.write_json(path, {"a": object()})
+  assert os.listdir(tmp_path / "new") == ["summary.json"]
+  assert json.load(open(path)) == {"a": [1, 2], "b": 1}  # the previous summary is intact

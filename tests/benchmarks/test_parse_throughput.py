@@ -16,8 +16,10 @@ def test_both_formats_are_generated_and_read_back_whole_with_rates_per_core():
 
 
 def test_the_token_pipeline_is_measured_against_the_training_step(tmp_path):
+  from data_pipelines import corpus  # pylint: disable=g-import-not-at-top
+  from data_pipelines import debian_text  # pylint: disable=g-import-not-at-top
+
   import debian_fixtures  # pylint: disable=g-import-not-at-top
-  from data_pipelines import corpus, debian_text  # pylint: disable=g-import-not-at-top
   debian_fixtures.make_deb(str(tmp_path), "fortunes", debian_fixtures.fortunes_package(20_000))
   sources = [s for s in debian_text.CORPORA["english"] if s.package == "fortunes"]
   corpus.build(str(tmp_path / "toy"), sources, vocab_size=400, debs_dir=str(tmp_path),

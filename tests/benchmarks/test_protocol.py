@@ -60,7 +60,8 @@ def test_churn_is_compared_at_the_loss_every_pair_reaches():
 
 def test_every_arms_churn_at_the_loss_all_their_pairs_reach():
   def pair(points):  # (step, loss, mean_abs_diff, disagreement)
-    return [{"step": s, "loss": l, "mean_abs_diff": c, "disagreement": d} for s, l, c, d in points]
+    return [{"step": s, "loss": loss, "mean_abs_diff": c, "disagreement": d}
+            for s, loss, c, d in points]
   found = protocol.churn_at_matched_loss({
       "sync_b": [pair([(100, 0.6, 0.10, 0.2), (200, 0.40, 0.08, 0.10)]),
                  pair([(100, 0.5, 0.12, 0.2), (200, 0.45, 0.06, 0.12)])],

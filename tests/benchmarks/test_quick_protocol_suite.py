@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from benchmarks import machine
+
 from testing_utils import REPO
 
 pytestmark = pytest.mark.e2e
@@ -56,7 +57,8 @@ def test_protocol_suite_finds_b_star_tunes_and_reports_goals_with_intervals(tmp_
   assert goals["alpha0_max_loss_difference_vs_sync_b"] < 1e-4
   # The teachers' own loss at the step of the version in use was measured (distillation was on).
   assert goals["codistill_teacher_minus_student_loss"] is not None
-  assert "churn_at_matched_loss" in summary and "codistill" in summary["churn_at_matched_loss"]["arms"]
+  assert ("churn_at_matched_loss" in summary
+          and "codistill" in summary["churn_at_matched_loss"]["arms"])
   # Every trained run recorded the load before it and runs went two at a time on their own CPU.
   trained = ("sync_b", "sync_2b", "codistill", "codistill_same", "offline_distill",
              "codistill_alpha0")

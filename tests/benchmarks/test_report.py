@@ -102,7 +102,8 @@ def test_report_shows_churn_at_matched_loss_and_plots_churn_vs_loss(tmp_path):
   assert "### Churn at matched validation cross-entropy (0.4000)" in lines[0]
   assert "| `sync_b` | 1 | 0.05000 [0.0500, 0.0500] | 0.10000 [0.1000, 0.1000] |" in lines
   [path] = report.plot_churn_vs_loss(summary, str(tmp_path))
-  assert path.endswith("churn_vs_loss.png") and (tmp_path / "churn_vs_loss.png").stat().st_size > 1000
+  assert (path.endswith("churn_vs_loss.png")
+          and (tmp_path / "churn_vs_loss.png").stat().st_size > 1000)
 
 
 def test_goal_rows_show_a_standalone_scripts_verdict_interval():

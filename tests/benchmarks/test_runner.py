@@ -9,7 +9,8 @@ from benchmarks import runner
 
 
 def _arm_summary(final_losses, steps_to_target, churn=None):
-  runs = [{"final_val_loss": l, "steps_to_target": s} for l, s in zip(final_losses, steps_to_target)]
+  runs = [{"final_val_loss": loss, "steps_to_target": s}
+          for loss, s in zip(final_losses, steps_to_target)]
   return {"runs": runs, "final_val_loss": runner._stat(final_losses),
           "steps_to_target": runner._stat(steps_to_target), "churn": churn}
 
@@ -145,7 +146,8 @@ def test_softmax_suites_average_class_probabilities_for_ensembles(tmp_path):
                                        runner.Arm("ens", kind="ensemble", source_arm="baseline")],
                        loss_key="val_loss", output="softmax")
   paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
-  members = [np.array([[0.7, 0.2, 0.1], [0.2, 0.2, 0.6]]), np.array([[0.5, 0.4, 0.1], [0.6, 0.2, 0.2]])]
+  members = [np.array([[0.7, 0.2, 0.1], [0.2, 0.2, 0.6]]),
+             np.array([[0.5, 0.4, 0.1], [0.6, 0.2, 0.2]])]
   labels = np.array([0, 2])
   for seed, probs in enumerate(members):
     os.makedirs(os.path.dirname(paths.predictions("baseline", seed, 0)), exist_ok=True)
@@ -154,7 +156,7 @@ def test_softmax_suites_average_class_probabilities_for_ensembles(tmp_path):
     with open(paths.result("baseline", seed, 0), "w") as f:
       json.dump({"steps": 10, "wall_time_s": 1.0}, f)
   result = runner._ensemble(suite.arms[1], paths, 0, suite)
-  mean = (members[0] + members[1]) / 2  # [[0.6, 0.3, 0.1], [0.4, 0.2, 0.4]]
+  # The members' mean: [[0.6, 0.3, 0.1], [0.4, 0.2, 0.4]].
   assert result["val_loss"] == pytest.approx(-(np.log(0.6) + np.log(0.4)) / 2)
   assert result["val_accuracy"] == 0.5  # row 2's argmax is class 0 (first of a tie), label 2
   churn = runner._churn(suite.arms[0], paths, suite)  # argmax [0, 2] vs [0, 0]

@@ -1,6 +1,5 @@
 """What the standalone benchmark scripts share (benchmarks/standalone.py)."""
 
-import json
 import os
 import sys
 
@@ -12,17 +11,6 @@ from benchmarks import standalone
 def test_markdown_table_renders_every_cell():
   table = standalone.markdown_table(["a", "b"], [[1, "x"], [2.5, None]])
   assert table.splitlines() == ["| a | b |", "|---|---|", "| 1 | x |", "| 2.5 | None |"]
-
-
-def test_json_is_written_whole_into_a_new_directory(tmp_path):
-  path = str(tmp_path / "new" / "summary.json")
-  standalone.write_json(path, {"b": 1, "a": [1, 2]})
-  assert json.load(open(path)) == {"a": [1, 2], "b": 1}
-  assert os.listdir(tmp_path / "new") == ["summary.json"]  # no temporary file left
-  with pytest.raises(TypeError):
-    standalone.write_json(path, {"a": object()})
-  assert os.listdir(tmp_path / "new") == ["summary.json"]
-  assert json.load(open(path)) == {"a": [1, 2], "b": 1}  # the previous summary is intact
 
 
 def test_launch_args_name_the_gin_file_under_gin_criteo_unless_absolute():

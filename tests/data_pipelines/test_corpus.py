@@ -7,11 +7,12 @@ import os
 import numpy as np
 import pytest
 
-import debian_fixtures
 from data_pipelines import corpus
 from data_pipelines import debian_text
 from data_pipelines import records
 from data_pipelines import token_lm
+
+import debian_fixtures
 
 VOCAB = 300
 FIXTURE_PACKAGES = ("dict-gcide", "wordnet-base", "sword-text-web", "postgresql-doc-15",
@@ -104,7 +105,8 @@ def test_a_document_that_is_not_utf8_fails_or_is_counted(tmp_path):
   debs = tmp_path / "debs"
   debs.mkdir()
   files = {"usr/share/games/fortunes/latin": b"caf\xe9\n%\nplain\n",
-           "usr/share/games/fortunes/wisdom": b"A bird in the hand is worth two in the bush.\n" * 20}
+           "usr/share/games/fortunes/wisdom":
+               b"A bird in the hand is worth two in the bush.\n" * 20}
   debian_fixtures.make_deb(str(debs), "fortunes", files)
   sources = [s for s in SOURCES if s.package == "fortunes"]
   with pytest.raises(records.DataError, match=r"fortunes .* document usr/share/games/fortunes/"

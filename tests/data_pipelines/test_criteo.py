@@ -1,4 +1,5 @@
-"""Tests of the Criteo input pipeline on small hand-written files (malformed input: tests/reliability)."""
+"""Tests of the Criteo input pipeline on small hand-written files (malformed input:
+tests/reliability)."""
 
 import re
 
@@ -11,7 +12,11 @@ import tensorflow as tf
 
 from data_pipelines import criteo
 from data_pipelines import records
-from testing_utils import CRITEO_ROWS, GOOD_LINES, collect, tsv_line
+
+from testing_utils import CRITEO_ROWS
+from testing_utils import GOOD_LINES
+from testing_utils import collect
+from testing_utils import tsv_line
 from testing_utils import write_lines as write
 
 NUM_BUCKETS = 1000
@@ -23,7 +28,8 @@ def expected(rows, num_buckets=NUM_BUCKETS):
   """Features the pipeline must produce, computed independently of it."""
   ints = np.array([[int(v) if v else 0 for v in row[1]] for row in rows], dtype=np.int64)
   dense = np.log1p(np.maximum(ints, 0).astype(np.float32))
-  cats = tf.strings.to_hash_bucket_fast([[v.lower() for v in row[2]] for row in rows], num_buckets).numpy()
+  cats = tf.strings.to_hash_bucket_fast([[v.lower() for v in row[2]] for row in rows],
+                                        num_buckets).numpy()
   labels = np.array([[float(row[0])] for row in rows], dtype=np.float32)
   return dense, cats, labels
 
@@ -80,7 +86,8 @@ def row_ids(dataset):
 
 @pytest.mark.parametrize("num_files,num_shards", [(4, 2), (2, 3)])  # by file, by line
 def test_shards_are_disjoint_and_complete(tmp_path, num_files, num_shards):
-  paths = [write(tmp_path / f"part-{i}.tsv", numbered_lines(100 * i, 7 + i)) for i in range(num_files)]
+  paths = [write(tmp_path / f"part-{i}.tsv", numbered_lines(100 * i, 7 + i))
+           for i in range(num_files)]
   everything = [100 * i + j for i in range(num_files) for j in range(7 + i)]
   shards = [row_ids(criteo.make_dataset(paths, 4, shard_index=i, num_shards=num_shards))
             for i in range(num_shards)]
@@ -97,8 +104,9 @@ def test_glob_reads_all_files_in_order(tmp_path):
 
 def test_shuffle_is_seeded_and_repeat_repeats(tmp_path):
   path = write(tmp_path / "day.tsv", numbered_lines(0, 50))
-  first, again = (row_ids(criteo.make_dataset(path, 8, shuffle_buffer=50, seed=3, repeat=True).take(15))
-                  for _ in range(2))
+  first, again = (
+      row_ids(criteo.make_dataset(path, 8, shuffle_buffer=50, seed=3, repeat=True).take(15))
+      for _ in range(2))
   assert first == again and len(first) == 120  # 2.4 epochs
   assert first[:50] != sorted(first[:50]) and sorted(first[:50]) == list(range(50))
 

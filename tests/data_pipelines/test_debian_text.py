@@ -5,9 +5,10 @@ import subprocess
 
 import pytest
 
-import debian_fixtures
 from data_pipelines import debian_text
 from data_pipelines import records
+
+import debian_fixtures
 
 
 @pytest.fixture(scope="module")

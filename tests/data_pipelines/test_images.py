@@ -1,4 +1,5 @@
-"""Tests of the image pipeline: Fashion-MNIST IDX files, the TFRecord round trip, decoding, shards."""
+"""Tests of the image pipeline: Fashion-MNIST IDX files, the TFRecord round trip, decoding,
+shards."""
 
 import os
 
@@ -7,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from data_pipelines import images
+
 from testing_utils import require_fashion_mnist
 
 

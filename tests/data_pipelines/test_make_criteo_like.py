@@ -46,7 +46,8 @@ def test_same_seed_same_bytes_and_layout(tmp_path):
   again = gen.generate(str(tmp_path / "b"), 1001, 3, seed=7)
   other = gen.generate(str(tmp_path / "c"), 1001, 3, seed=8)
   assert [os.path.basename(p) for p in first] == [f"part-0000{i}-of-00003.tsv" for i in range(3)]
-  assert sorted(os.listdir(tmp_path / "a")) == [os.path.basename(p) for p in first]  # no temporaries left
+  # No temporaries left.
+  assert sorted(os.listdir(tmp_path / "a")) == [os.path.basename(p) for p in first]
   for a, b, c in zip(first, again, other):
     assert open(a, "rb").read() == open(b, "rb").read() != open(c, "rb").read()
   assert [len(open(p).read().splitlines()) for p in first] == [334, 334, 333]
@@ -111,10 +112,12 @@ def test_parquet_holds_the_same_rows_as_tsv(tmp_path):
   assert table.column("C1").type == "string" and table.column("I1").type == "int64"
   assert all(column.null_count == 0 for column in table.columns)
   np.testing.assert_array_equal(table.column("label").to_numpy(), labels)
-  np.testing.assert_array_equal(np.stack([table.column(n).to_numpy() for n in criteo.INT_COLUMNS], 1),
-                                np.array([[v or 0 for v in row] for row in ints]))
   np.testing.assert_array_equal(
-      np.stack([table.column(n).to_numpy(zero_copy_only=False) for n in criteo.CAT_COLUMNS], 1), cats)
+      np.stack([table.column(n).to_numpy() for n in criteo.INT_COLUMNS], 1),
+      np.array([[v or 0 for v in row] for row in ints]))
+  np.testing.assert_array_equal(
+      np.stack([table.column(n).to_numpy(zero_copy_only=False) for n in criteo.CAT_COLUMNS], 1),
+      cats)
 
 
 def test_unknown_format_raises(tmp_path):

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from data_pipelines import text_lm
+
 from testing_utils import require_kjv
 
 TEXT = "The cat sat.\nThe dog sat, the cat ran.\n"
@@ -92,11 +93,14 @@ def test_training_batches_repeat_shuffle_and_are_full(text_dir):
 
 
 def test_wrong_vocabulary_size_or_missing_vocabulary_names_the_file(text_dir):
-  with pytest.raises(ValueError, match=r"vocab-word-6.tsv has 6 tokens but text_lm.make_dataset.vocab_size = 7"):
-    text_lm.make_dataset(str(text_dir / "train-*"), 2, vocab_size=7, vocab_file=str(text_dir / "vocab-word-6.tsv"))
+  with pytest.raises(ValueError, match=r"vocab-word-6.tsv has 6 tokens but "
+                                       r"text_lm.make_dataset.vocab_size = 7"):
+    text_lm.make_dataset(str(text_dir / "train-*"), 2, vocab_size=7,
+                         vocab_file=str(text_dir / "vocab-word-6.tsv"))
   with pytest.raises(FileNotFoundError, match=r"vocab-word-9.tsv is missing"):
     text_lm.make_dataset(str(text_dir / "train-*"), 2, vocab_size=9)
-  with pytest.raises(ValueError, match=r"only 7 distinct tokens besides <eos>: vocab_size=10 must be <= 9"):
+  with pytest.raises(ValueError,
+                     match=r"only 7 distinct tokens besides <eos>: vocab_size=10 must be <= 9"):
     text_lm.build_vocab([str(text_dir / "train-00000-of-00001.txt")], 10)
   with pytest.raises(FileNotFoundError, match="no text files match"):
     text_lm.make_dataset(str(text_dir / "nothing-*"), 2, vocab_size=6)

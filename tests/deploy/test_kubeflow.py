@@ -1,4 +1,5 @@
-"""The Kubeflow manifests agree: the NetworkPolicy admits a group's TF traffic from its own pods only."""
+"""The Kubeflow manifests agree: the NetworkPolicy admits a group's TF traffic from its own pods
+only."""
 
 import os
 

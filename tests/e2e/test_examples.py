@@ -8,7 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from testing_utils import REPO, require_fashion_mnist, run
+from testing_utils import REPO
+from testing_utils import require_fashion_mnist
+from testing_utils import run
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +65,8 @@ def test_fashion_mnist_applications_example_codistills_and_reports_churn(tmp_pat
       f"--exchange_dir={exchange_dir}", "--steps=20", "--batch_size=16",
       "--publish_every_steps=10", "--max_examples=256"])
   for group in (0, 1):
-    assert re.search(rf"group {group}: validation accuracy \d\.\d+, exported to ", done[group].stdout)
+    assert re.search(rf"group {group}: validation accuracy \d\.\d+, exported to ",
+                     done[group].stdout)
     assert os.path.exists(tmp_path / f"export_{group}" / "saved_model.pb")
   distill = [float(v) for v in re.findall(r"(?<!val_)distill_loss: ([\d.e+-]+)",
                                            done[0].stdout)]

@@ -1,4 +1,5 @@
-"""End to end through the console scripts: 2 groups really exchange SavedModels; failures are loud."""
+"""End to end through the console scripts: 2 groups really exchange SavedModels; failures are
+loud."""
 
 import glob
 import json
@@ -10,8 +11,13 @@ import sys
 
 import pytest
 
-from testing_utils import REPO, Launch, alive, launch_args, tb_scalars
 from tf_codistill import layout
+
+from testing_utils import REPO
+from testing_utils import Launch
+from testing_utils import alive
+from testing_utils import launch_args
+from testing_utils import tb_scalars
 
 pytestmark = pytest.mark.e2e
 
@@ -64,7 +70,8 @@ def test_two_groups_load_each_others_published_models(tmp_path, criteo_dir):
       _cli("churn") + [f"--saved_model={model_dir}/group_0/export",
                        f"--saved_model={model_dir}/group_1/export",
                        f"--data={criteo_dir}/eval-*", f"--json_out={churn_json}",
-                       f"--gin_file={REPO}/gin/criteo/common.gin", "--gin_bindings=NUM_BUCKETS = 1000"],
+                       f"--gin_file={REPO}/gin/criteo/common.gin",
+                       "--gin_bindings=NUM_BUCKETS = 1000"],
       cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   assert "mean over pairs" in proc.stdout

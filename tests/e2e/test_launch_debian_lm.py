@@ -9,12 +9,13 @@ import sys
 
 import pytest
 
-import debian_fixtures
 from benchmarks import runner
 from data_pipelines import corpus
 from data_pipelines import debian_text
-from testing_utils import REPO
 from tf_codistill import layout
+
+import debian_fixtures
+from testing_utils import REPO
 
 pytestmark = pytest.mark.e2e
 VOCAB = 400
@@ -83,7 +84,8 @@ def test_a_group_that_would_repeat_its_share_fails_saying_so(tmp_path, toy_corpu
   share = corpus.share_tokens(manifest, 0, 2)
   steps = share // (4 * 8) + 40  # more windows than the group's half holds
   proc = _launch(str(tmp_path / "job"), corpus_dir,
-                 [f"trainer.train.train_steps = {steps}", f"trainer.train.steps_per_epoch = {steps}",
+                 [f"trainer.train.train_steps = {steps}",
+                  f"trainer.train.steps_per_epoch = {steps}",
                   f"trainer.train.checkpoint_every_steps = {steps}",
                   "trainer.train.codistill = False"])
   assert proc.returncode != 0

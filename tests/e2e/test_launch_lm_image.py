@@ -12,8 +12,11 @@ import pytest
 
 from data_pipelines import images
 from data_pipelines import text_lm
-from testing_utils import REPO, require_fashion_mnist, require_kjv
 from tf_codistill import layout
+
+from testing_utils import REPO
+from testing_utils import require_fashion_mnist
+from testing_utils import require_kjv
 
 pytestmark = pytest.mark.e2e
 
@@ -86,15 +89,18 @@ def test_lm_two_way_codistillation(tmp_path):
   churn_json = str(tmp_path / "churn.json")
   proc = subprocess.run(
       [sys.executable, "-m", "tf_codistill.bin.churn", f"--json_out={churn_json}",
-       f"--saved_model={tmp_path}/job/group_0/export", f"--saved_model={tmp_path}/job/group_1/export",
+       f"--saved_model={tmp_path}/job/group_0/export",
+       f"--saved_model={tmp_path}/job/group_1/export",
        f"--data={data_dir}/eval-*", "--batch_size=256", f"--gin_file={REPO}/gin/lm/common.gin",
-       "--gin_bindings=VOCAB_SIZE = 500", "--gin_bindings=text_lm.make_dataset.sequence_length = 16"],
+       "--gin_bindings=VOCAB_SIZE = 500",
+       "--gin_bindings=text_lm.make_dataset.sequence_length = 16"],
       cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(churn_json) as f:
     churn = json.load(f)
   # (After 120 steps both may still predict the most frequent token everywhere: no disagreement.)
-  assert churn["examples"] > 1000 and 0 < churn["mean_abs_diff"] < 0.01 and 0 <= churn["disagreement"] < 1
+  assert (churn["examples"] > 1000 and 0 < churn["mean_abs_diff"] < 0.01
+          and 0 <= churn["disagreement"] < 1)
 
 
 def test_image_two_way_codistillation(tmp_path):

@@ -7,8 +7,10 @@ import subprocess
 
 import pytest
 
-from testing_utils import REPO, launch_args
 from tf_codistill import layout
+
+from testing_utils import REPO
+from testing_utils import launch_args
 
 pytestmark = pytest.mark.e2e
 
@@ -16,7 +18,8 @@ pytestmark = pytest.mark.e2e
 def test_three_groups_in_a_ring_learn_from_their_predecessor_only(tmp_path, criteo_dir):
   model_dir = str(tmp_path / "job")
   args = launch_args(model_dir, criteo_dir, "--num_groups=3", "--teacher_graph=ring",
-                     bindings=["trainer.train.train_steps = 120", "trainer.train.steps_per_epoch = 40"])
+                     bindings=["trainer.train.train_steps = 120",
+                               "trainer.train.steps_per_epoch = 40"])
   proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
   for group in range(3):

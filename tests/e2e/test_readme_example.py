@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from testing_utils import REPO, run
+from testing_utils import REPO
+from testing_utils import run
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,12 @@ import sys
 import gin
 import pytest
 
-from testing_utils import REPO, SMALL_BINDINGS, error_lines, make_unwritable
-from tf_codistill import config
+from tf_codistill.launch import gin_config as config
+
+from testing_utils import REPO
+from testing_utils import SMALL_BINDINGS
+from testing_utils import error_lines
+from testing_utils import make_unwritable
 
 PS_TF_CONFIG = json.dumps({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
                                        "ps": ["127.0.0.1:3"]},

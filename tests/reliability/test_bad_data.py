@@ -26,9 +26,15 @@ from data_pipelines import adult
 from data_pipelines import criteo
 from data_pipelines import images
 from data_pipelines import text_lm
-from tf_codistill import trainer
-from testing_utils import (GOOD_LINES, collect, error_lines, run, tb_scalars, train_args,
-                           tsv_line)
+from tf_codistill.training import trainer
+
+from testing_utils import GOOD_LINES
+from testing_utils import collect
+from testing_utils import error_lines
+from testing_utils import run
+from testing_utils import tb_scalars
+from testing_utils import train_args
+from testing_utils import tsv_line
 from testing_utils import write_lines as write
 
 ROW = GOOD_LINES[0]

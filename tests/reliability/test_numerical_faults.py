@@ -14,12 +14,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from testing_utils import Launch, error_lines, launch_args, run, small_net, train_args
-from tf_codistill import checkpointing
-from tf_codistill import publishing
-from tf_codistill import step_hooks
 from tf_codistill import errors
-from tf_codistill import exchange
+from tf_codistill import step_hooks
+from tf_codistill.exchange import directory as exchange
+from tf_codistill.exchange import publishing
+from tf_codistill.training import checkpointing
+
+from testing_utils import Launch
+from testing_utils import error_lines
+from testing_utils import launch_args
+from testing_utils import run
+from testing_utils import small_net
+from testing_utils import train_args
 
 DIVERGE_AT = 100
 DIVERGE = ("trainer.train.learning_rate = @schedules.PiecewiseConstantDecay()",
@@ -57,7 +63,8 @@ def test_nan_loss_stops_at_its_step_keeping_the_last_good_checkpoint_and_publish
                                                   int(match.group(4)), match.group(5))
   assert step > DIVERGE_AT and re.search(r"=(nan|inf|-inf)\b", match.group(2)), line
   # The last good checkpoint: taken before the divergence, every value finite.
-  assert checkpoint_step <= DIVERGE_AT and checkpointing.checkpoint_step(checkpoint) == checkpoint_step
+  assert (checkpoint_step <= DIVERGE_AT
+          and checkpointing.checkpoint_step(checkpoint) == checkpoint_step)
   assert _finite_checkpoint(checkpoint)
   # The last good published model, and every published model, is from before the NaN step.
   versions = exchange.list_versions(str(exchange_dir), 0)
@@ -102,7 +109,8 @@ def test_guard_names_the_step_and_the_non_finite_losses():
 
 @pytest.mark.parametrize("poison,reason", [
     (lambda w: np.full_like(w, np.nan), "its weights contain NaN/Inf"),
-    (lambda w: np.full_like(w, 1e30), "its predictions on a probe batch of real inputs are NaN/Inf"),
+    (lambda w: np.full_like(w, 1e30),
+     "its predictions on a probe batch of real inputs are NaN/Inf"),
 ], ids=["nan_weights", "inf_predictions"])
 def test_publisher_never_publishes_a_non_finite_model(tmp_path, caplog, poison, reason):
   student, local = small_net(), small_net()

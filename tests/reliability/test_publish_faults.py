@@ -15,9 +15,13 @@ import sys
 import pytest
 import tensorflow as tf
 
-from testing_utils import REPO, make_unwritable, small_filesystem, small_net
-from tf_codistill import publishing
-from tf_codistill import exchange
+from tf_codistill.exchange import directory as exchange
+from tf_codistill.exchange import publishing
+
+from testing_utils import REPO
+from testing_utils import make_unwritable
+from testing_utils import small_filesystem
+from testing_utils import small_net
 
 SPEC = tf.TensorSpec([None, 4], tf.float32)
 
@@ -82,7 +86,7 @@ import json, os, resource, signal, sys
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
 import tensorflow as tf
 from testing_utils import small_net
-from tf_codistill import exchange
+from tf_codistill.exchange import directory as exchange
 root, spec = sys.argv[1], tf.TensorSpec([None, 4], tf.float32)
 exchange.publish(small_net(), root, 0, 10, spec)
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG

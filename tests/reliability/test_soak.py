@@ -17,8 +17,9 @@ import json
 import pytest
 
 from benchmarks import soak
+from tf_codistill.launch import launcher
+
 from testing_utils import run_ps_coordinator
-from tf_codistill import launcher
 
 # A parameter-server group's coordinator (its own process) publishes one version of a CTR model
 # (the soak's size), then publishes it again as 100 newer steps (copies of the SavedModel, as
@@ -27,8 +28,9 @@ from tf_codistill import launcher
 _PS_COORDINATOR = r"""
 import os
 from testing_utils import activate_all
-from tf_codistill import exchange, teachers
-from tf_codistill.model import CodistillModel
+from tf_codistill.exchange import directory as exchange
+from tf_codistill.teachers import pool as teachers
+from tf_codistill.training.model import CodistillModel
 from tf_codistill.models import ctr
 
 def rss_mib(pid):

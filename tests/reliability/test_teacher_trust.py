@@ -18,9 +18,12 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from testing_utils import activate_all, small_net, student_and_pool
-from tf_codistill import exchange
-from tf_codistill.model import CodistillModel
+from tf_codistill.exchange import directory as exchange
+from tf_codistill.training.model import CodistillModel
+
+from testing_utils import activate_all
+from testing_utils import small_net
+from testing_utils import student_and_pool
 
 SPEC = tf.TensorSpec([None, 4], tf.float32)
 PROBE = tf.random.stateless_normal([16, 4], seed=[1, 2])

@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from tf_codistill import exchange
 from tf_codistill import metrics
+from tf_codistill.exchange import directory as exchange
 
 
 def test_churn_known_values_sigmoid():
@@ -71,7 +71,8 @@ def test_log_loss_known_values_and_model_probabilities_keep_order():
                                                  bias_initializer="zeros")(inputs))
   x = np.array([[0.0, 0.0], [1.0, 1.0], [-1.0, 0.0]], np.float32)
   y = np.array([[0.0], [1.0], [1.0]], np.float32)
-  probs, labels = metrics.model_probabilities(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(2))
+  probs, labels = metrics.model_probabilities(
+      model, tf.data.Dataset.from_tensor_slices((x, y)).batch(2))
   np.testing.assert_allclose(probs[:, 0], 1 / (1 + np.exp(-np.array([0.0, 2.0, -1.0]))), rtol=1e-6)
   np.testing.assert_array_equal(labels, y)
 

@@ -7,10 +7,11 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from testing_utils import small_net
 from tf_codistill import errors
 from tf_codistill import step_hooks
-from tf_codistill.model import CodistillModel
+from tf_codistill.training.model import CodistillModel
+
+from testing_utils import small_net
 
 
 def _fit(callbacks, epochs, steps_per_epoch, loss_scale=1.0):

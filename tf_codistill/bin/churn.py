@@ -12,7 +12,8 @@ from data_pipelines import criteo
 from tf_codistill.bin import common
 
 common.define_gin_flags()
-flags.DEFINE_multi_string("saved_model", [], "SavedModel dirs (exports or exchange versions); >= 2.")
+flags.DEFINE_multi_string("saved_model", [],
+                          "SavedModel dirs (exports or exchange versions); >= 2.")
 flags.DEFINE_string("data", None, "File pattern of the evaluation data.", required=True)
 flags.DEFINE_enum("output", None, ["sigmoid", "softmax"],
                   "How logits become probabilities (default: the bound trainer.train.task's, "

@@ -9,8 +9,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from tf_codistill import quantization
-from tf_codistill import weight_codecs
+from tf_codistill.exchange import weight_codecs
+from tf_codistill.teachers import quantization
 
 
 @gin.configurable(module="models")
@@ -32,7 +32,8 @@ def ctr_model(num_dense: int = 13, num_categorical: int = 26, num_buckets: int =
   embedded = []
   for i in range(num_categorical):
     column = keras.layers.Lambda(lambda t, i=i: t[:, i], name=f"cat_{i}")(cat_in)
-    embedded.append(keras.layers.Embedding(num_buckets, embedding_dim, embeddings_initializer=init(i),
+    embedded.append(keras.layers.Embedding(num_buckets, embedding_dim,
+                                           embeddings_initializer=init(i),
                                            embeddings_regularizer=regularizer,
                                            name=f"embedding_{i}")(column))
   x = keras.layers.Concatenate(name="concat")(embedded + [dense_in])
@@ -57,7 +58,8 @@ class StackedEmbeddings(quantization.ConvertedLayer):
 
   def __init__(self, num_tables: int, input_dim: int, output_dim: int, **kwargs):
     super().__init__(**kwargs)
-    self.num_tables, self.input_dim, self.output_dim = int(num_tables), int(input_dim), int(output_dim)
+    self.num_tables, self.input_dim = int(num_tables), int(input_dim)
+    self.output_dim = int(output_dim)
 
   def build(self, input_shape):
     self.table = self.add_weight("table", [self.num_tables * self.input_dim, self.output_dim],

@@ -13,7 +13,8 @@ import tf_keras as keras
 def lstm_lm(vocab_size: int = gin.REQUIRED, embedding_dim: int = 128,
             lstm_units: Sequence[int] = (256,), dropout: float = 0.0,
             seed: Optional[int] = None) -> keras.Model:
-  """Functional model on ``{'tokens': int32 [B, T]}`` returning next-token logits [B, T, vocab_size].
+  """Functional model on ``{'tokens': int32 [B, T]}`` returning next-token logits
+  [B, T, vocab_size].
 
   ``vocab_size`` must match the data's vocabulary (``text_lm.make_dataset.vocab_size``). With
   ``seed=None`` the initial weights follow the global random seed (the trainer sets it per group).
@@ -26,7 +27,8 @@ def lstm_lm(vocab_size: int = gin.REQUIRED, embedding_dim: int = 128,
   for i, units in enumerate(lstm_units):
     x = keras.layers.LSTM(units, return_sequences=True, name=f"lstm_{i}",
                           kernel_initializer=keras.initializers.GlorotUniform(seed=fixed(10 + i)),
-                          recurrent_initializer=keras.initializers.Orthogonal(seed=fixed(20 + i)))(x)
+                          recurrent_initializer=keras.initializers.Orthogonal(
+                              seed=fixed(20 + i)))(x)
     if dropout:
       x = keras.layers.Dropout(dropout, seed=seed, name=f"dropout_{i}")(x)
   logits = keras.layers.Dense(vocab_size, name="logits",
@@ -62,7 +64,8 @@ def _block(x, i: int, heads: int, width: int, ffn: int, dropout: float, init) ->
                                       kernel_initializer=init(30 + i))(h, h, use_causal_mask=True)
   x = x + h
   h = keras.layers.LayerNormalization(epsilon=1e-5, name=f"ln_ffn_{i}")(x)
-  h = keras.layers.Dense(ffn, activation="relu", name=f"ffn_in_{i}", kernel_initializer=init(40 + i))(h)
+  h = keras.layers.Dense(ffn, activation="relu", name=f"ffn_in_{i}",
+                         kernel_initializer=init(40 + i))(h)
   h = keras.layers.Dense(width, name=f"ffn_out_{i}", kernel_initializer=init(50 + i))(h)
   if dropout:
     h = keras.layers.Dropout(dropout, name=f"dropout_{i}")(h)

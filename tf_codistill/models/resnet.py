@@ -34,10 +34,12 @@ def resnet(num_classes: int = gin.REQUIRED, image_size: int = 28, channels: int 
 
   Stage i has ``blocks_per_stage`` blocks of ``widths[i]`` filters; every stage after the first
   halves the resolution. ``bn_momentum`` 0.9 (Keras: 0.99) lets the moving statistics evaluation
-  uses follow within tens of steps, which short runs need. With ``seed=None`` initial weights follow the global random seed.
+  uses follow within tens of steps, which short runs need. With ``seed=None`` initial weights
+  follow the global random seed.
   """
   counter = iter(range(10_000))
-  init = lambda: keras.initializers.HeNormal(seed=None if seed is None else seed * 1000 + next(counter))
+  init = lambda: keras.initializers.HeNormal(
+      seed=None if seed is None else seed * 1000 + next(counter))
   image = keras.Input((image_size, image_size, channels), dtype=tf.float32, name="image")
   x = keras.layers.Conv2D(widths[0], 3, padding="same", use_bias=False, kernel_initializer=init(),
                           name="stem_conv")(image)

@@ -14,7 +14,8 @@ TF_CPP_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] ", re.M)
 def _train_stderr(*flags):
   """stderr of tf-codistill-train stopped by a configuration error, once TF is imported."""
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-  done = subprocess.run([sys.executable, "-m", "tf_codistill.bin.train", "--model_dir=/nonexistent/x",
+  done = subprocess.run([sys.executable, "-m", "tf_codistill.bin.train",
+                         "--model_dir=/nonexistent/x",
                          "--gin_bindings=trainer.train.no_such_parameter = 1", *flags],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert done.returncode == 2, done.stderr[-2000:]

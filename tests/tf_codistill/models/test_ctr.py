@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from tf_codistill import quantization
-from tf_codistill import weight_codecs
+from tf_codistill.exchange import weight_codecs
 from tf_codistill.models import ctr
+from tf_codistill.teachers import quantization
 
 
 def _weights(seed=None, global_seed=None):
@@ -140,7 +140,7 @@ def test_a_run_resumed_with_the_other_teacher_form_restores_no_teacher(tmp_path,
   # Clone and stacked teachers are keyed apart in a checkpoint: the clone's first table would
   # otherwise restore into the stacked table's key, or the stacked one be left at zeros while
   # teacher_steps said it was loaded.
-  from tf_codistill.model import CodistillModel
+  from tf_codistill.training.model import CodistillModel
 
   def codistill(stacked, seed):
     student = ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16, 8), seed=seed)

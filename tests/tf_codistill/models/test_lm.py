@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_codistill.model import clone_architecture
 from tf_codistill.models import lm
+from tf_codistill.training.model import clone_architecture
 
 
 def test_shapes_and_a_clone_with_copied_weights_agrees():

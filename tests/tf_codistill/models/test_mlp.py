@@ -18,7 +18,8 @@ def test_logits_over_the_classes_from_images():
   model, _ = _weights(seed=1)
   assert model({"image": tf.zeros([5, 8, 8, 1])}).shape == (5, 10)
   # Flatten, two hidden layers and the logits: a restored teacher computes what the peer did.
-  assert [type(l).__name__ for l in model.layers[1:]] == ["Flatten", "Dense", "Dense", "Dense"]
+  assert ([type(layer).__name__ for layer in model.layers[1:]]
+          == ["Flatten", "Dense", "Dense", "Dense"])
 
 
 def test_unseeded_weights_follow_the_global_seed_so_retrains_differ():

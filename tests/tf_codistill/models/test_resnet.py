@@ -3,12 +3,13 @@
 import numpy as np
 import tensorflow as tf
 
-from tf_codistill.model import clone_architecture
 from tf_codistill.models import resnet
+from tf_codistill.training.model import clone_architecture
 
 
 def test_shapes_downsampling_and_clone():
-  model = resnet.resnet(10, image_size=28, channels=1, widths=(8, 16, 32), blocks_per_stage=2, seed=0)
+  model = resnet.resnet(10, image_size=28, channels=1, widths=(8, 16, 32), blocks_per_stage=2,
+                        seed=0)
   image = tf.random.stateless_uniform([3, 28, 28, 1], seed=[0, 1])
   logits = model({"image": image}, training=False)
   assert logits.shape == (3, 10)

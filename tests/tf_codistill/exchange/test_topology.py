@@ -1,0 +1,61 @@
+"""Tests of the teacher graphs: all-to-all and ring teacher selection for n = 2..8 groups."""
+
+import pytest
+
+from tf_codistill.exchange import topology
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+def test_all_to_all_is_every_other_group(n):
+  for group in range(n):
+    assert topology.teacher_groups(group, n, "all_to_all") == [g for g in range(n) if g != group]
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+def test_ring_is_the_predecessor_only_and_every_group_teaches_once(n):
+  teachers = [topology.teacher_groups(group, n, "ring") for group in range(n)]
+  assert teachers == [[(group - 1) % n] for group in range(n)]
+  assert sorted(t for [t] in teachers) == list(range(n))
+
+
+def test_four_groups_explicitly():
+  assert topology.teacher_groups(0, 4, "ring") == [3]
+  assert topology.teacher_groups(2, 4, "ring") == [1]
+  assert topology.teacher_groups(2, 4, "all_to_all") == [0, 1, 3]
+
+
+def test_two_groups_ring_equals_all_to_all():
+  for group in range(2):
+    assert topology.teacher_groups(group, 2, "ring") == topology.teacher_groups(group, 2)
+
+
+def test_bad_arguments_fail():
+  with pytest.raises(ValueError, match="teacher_graph='star'"):
+    topology.teacher_groups(0, 3, "star")
+  with pytest.raises(ValueError, match="num_groups >= 2"):
+    topology.teacher_groups(0, 1)
+  with pytest.raises(ValueError, match="group=3 is out of range"):
+    topology.teacher_groups(3, 3)
+
+
+def test_trainer_refuses_unknown_graph_and_precision_naming_the_binding(tmp_path):
+  from tf_codistill.training import trainer
+  with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_graph='star'"):
+    trainer.train(str(tmp_path), teacher_graph="star", train_files=["x"], eval_files=["y"])
+  with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_precision='int4'"):
+    trainer.train(str(tmp_path), teacher_precision="int4", train_files=["x"], eval_files=["y"])
+  with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_fn is bound"):
+    trainer.train(str(tmp_path), teacher_precision="bfloat16", teacher_fn=lambda s: s,
+                  train_files=["x"], eval_files=["y"])
+
+
+def test_a_teacher_fn_that_does_not_fit_the_model_is_a_configuration_error():
+  # A permanent failure (exit status of a configuration error), not one a restart would retry.
+  from tf_codistill.models import ctr
+  from tf_codistill.models import mlp
+  from tf_codistill.training import trainer
+  assert trainer.teacher_factory(None, mlp.mlp(num_classes=3)) is None
+  make = trainer.teacher_factory(ctr.ctr_teacher, mlp.mlp(num_classes=3))
+  with pytest.raises(trainer.ConfigurationError,
+                     match="trainer.train.teacher_fn: .* is not a models.ctr_model"):
+    make()

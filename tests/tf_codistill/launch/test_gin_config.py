@@ -1,0 +1,33 @@
+"""Gin parsing: includes resolve without error noise; a missing include still fails clearly."""
+
+import logging
+
+import gin
+import pytest
+
+from tf_codistill.launch import gin_config as config
+
+
+def test_includes_resolve_without_path_not_found_errors(tmp_path, caplog):
+  suite = tmp_path / "suite.gin"
+  (tmp_path / "_shared.gin").write_text("trainer.train.batch_size = 64\n")
+  suite.write_text("include '_shared.gin'\ninclude 'criteo/common.gin'\n")
+  gin.clear_config()
+  try:
+    with caplog.at_level(logging.INFO):
+      config.parse_gin([str(suite)])
+    assert gin.query_parameter("trainer.train.batch_size") == 512  # common.gin came last
+  finally:
+    gin.clear_config()
+  assert not [r for r in caplog.records if "Path not found" in r.getMessage()]
+
+
+def test_a_missing_include_is_a_config_error_naming_it(tmp_path):
+  suite = tmp_path / "suite.gin"
+  suite.write_text("include 'no_such_file.gin'\n")
+  gin.clear_config()
+  try:
+    with pytest.raises(config.ConfigError, match="no_such_file.gin"):
+      config.parse_gin([str(suite)])
+  finally:
+    gin.clear_config()

@@ -1,0 +1,195 @@
+"""Launcher pieces: group shapes, ports on 127.0.0.1, task commands, gin, and the launch binary's
+flags."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from tf_codistill import layout
+from tf_codistill.launch import gin_config as config
+from tf_codistill.launch import launcher
+from tf_codistill.training import strategies
+
+import testing_utils
+
+REPO = testing_utils.REPO
+
+
+@pytest.mark.parametrize("strategy,workers,ps,message", [
+    ("one_device", 1, 0, "--workers_per_group and --ps_per_group must be 0"),
+    ("mirrored", 0, 1, "--workers_per_group and --ps_per_group must be 0"),
+    ("multi_worker_mirrored", 1, 1, "--ps_per_group must be 0"),
+    ("parameter_server", 0, 1, "--workers_per_group >= 1"),
+    ("parameter_server", 2, 0, "--ps_per_group >= 1"),
+    ("horovod", 0, 0, "is not one of"),
+])
+def test_group_shape_rejects_impossible_clusters(strategy, workers, ps, message):
+  with pytest.raises(ValueError, match=message):
+    launcher.GroupShape(strategy, workers, ps)
+
+
+def test_cluster_spec_uses_distinct_free_ports_on_localhost_only():
+  spec = launcher.cluster_spec(launcher.GroupShape("parameter_server", 3, 2))
+  assert {k: len(v) for k, v in spec.items()} == {"chief": 1, "worker": 3, "ps": 2}
+  addresses = [a for tasks in spec.values() for a in tasks]
+  assert all(a.startswith("127.0.0.1:") for a in addresses)
+  assert len(set(addresses)) == len(addresses)
+  assert launcher.cluster_spec(launcher.GroupShape("one_device")) == {}
+
+
+def test_groups_of_one_launch_never_share_a_port():
+  taken = set()
+  shape = launcher.GroupShape("parameter_server", 4, 2)
+  ports = [int(a.rsplit(":", 1)[1]) for _ in range(20)
+           for tasks in launcher.cluster_spec(shape, taken).values() for a in tasks]
+  assert len(ports) == 20 * 7 and len(set(ports)) == len(ports) and taken == set(ports)
+  # Outside the range the kernel gives outgoing connections, which could take a port first.
+  assert not set(ports) & set(launcher._ephemeral_ports())
+
+
+def test_every_task_resolves_its_role_from_the_generated_tf_config():
+  shape = launcher.GroupShape("parameter_server", 2, 1)
+  spec = launcher.cluster_spec(shape)
+  roles = {task: strategies.task_info("parameter_server",
+                                      {"cluster": spec,
+                                       "task": {"type": task[0], "index": task[1]}})
+           for task in shape.tasks()}
+  assert [t for t, info in roles.items() if info.is_chief] == [("chief", 0)]
+  assert [t for t, info in roles.items() if info.serves_only] == [
+      ("worker", 0), ("worker", 1), ("ps", 0)]
+  assert {info.num_workers for info in roles.values()} == {2}
+
+
+def test_train_command_passes_group_exchange_and_gin():
+  cmd = launcher.train_command("/m/group_1", 1, 2, "/m/exchange", ["a.gin"], ["x.y = 1"])
+  assert cmd[:3] == [sys.executable, "-m", "tf_codistill.bin.train"]
+  assert cmd[3:] == ["--model_dir=/m/group_1", "--group=1", "--num_groups=2",
+                     "--exchange_dir=/m/exchange", "--gin_file=a.gin", "--gin_bindings=x.y = 1"]
+
+
+@pytest.mark.parametrize("name,strategy,workers,ps,batch", [
+    ("sync_1workers", "multi_worker_mirrored", 0, 0, 512),
+    ("sync_2workers", "multi_worker_mirrored", 1, 0, 1024),
+    ("sync_4workers", "multi_worker_mirrored", 3, 0, 2048),
+    ("async_1workers", "parameter_server", 1, 1, 512),
+    ("async_2workers", "parameter_server", 2, 1, 512),
+    ("async_4workers", "parameter_server", 4, 2, 512),
+    ("codistill_2way_sync", "multi_worker_mirrored", 1, 0, 1024),
+    ("codistill_2way_async", "parameter_server", 2, 1, 512),
+])
+def test_sync_and_async_configs_give_the_group_shape(name, strategy, workers, ps, batch):
+  gin.clear_config()
+  try:
+    config.parse_gin([os.path.join(REPO, "gin", "criteo", f"{name}.gin")])
+    assert gin.query_parameter("trainer.train.strategy") == strategy
+    assert gin.query_parameter("trainer.train.batch_size") == batch
+    assert launcher.group_shape(strategy) == launcher.GroupShape(strategy, workers, ps)
+    if name.startswith("codistill"):
+      assert gin.query_parameter("trainer.train.codistill") is True
+    else:  # trains alone: the trainer's default
+      with pytest.raises(ValueError, match="no value bound for parameter 'codistill'"):
+        gin.query_parameter("trainer.train.codistill")
+    # Explicit arguments (the launcher's flags) override the gin bindings.
+    assert launcher.group_shape(strategy, workers_per_group=5).workers == 5
+  finally:
+    gin.clear_config()
+
+
+def test_launch_with_impossible_shape_is_a_usage_error_naming_the_flag(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",
+       f"--gin_file={REPO}/gin/criteo/async_2workers.gin", "--ps_per_group=0"],
+      capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert proc.returncode == 2  # a configuration error: one line, exit status 2
+  assert "--strategy=parameter_server needs --workers_per_group >= 1 and --ps_per_group >= 1" \
+      in proc.stderr
+  assert not glob.glob(f"{tmp_path}/m/group_*")
+
+
+def test_pinned_groups_get_disjoint_equal_shares_of_the_cpus():
+  assert launcher.split_cpus(2, {0, 1, 2, 3}) == [{0, 1}, {2, 3}]
+  assert launcher.split_cpus(2, {4, 5, 6}) == [{4}, {5}]  # the odd CPU is left idle
+  assert launcher.split_cpus(1) == [os.sched_getaffinity(0)]
+  with pytest.raises(ValueError, match=r"--pin_groups needs a CPU per group: 3 groups, 2 CPUs"):
+    launcher.split_cpus(3, {0, 1})
+
+
+def test_pin_groups_with_fewer_cpus_than_groups_is_a_usage_error(tmp_path):
+  groups = len(os.sched_getaffinity(0)) + 1
+  proc = subprocess.run(
+      [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",
+       f"--gin_file={REPO}/gin/criteo/codistill_2way.gin", f"--num_groups={groups}",
+       "--pin_groups"], capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert f"--pin_groups needs a CPU per group: {groups} groups" in proc.stderr
+  assert not glob.glob(f"{tmp_path}/m/group_*")
+
+
+def test_launch_with_only_train_files_bound_is_a_usage_error_naming_the_binding(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",
+       f"--gin_file={REPO}/gin/criteo/codistill_2way_async.gin",
+       "--gin_bindings=trainer.train.train_files = ['data/train-*']"],
+      capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert proc.returncode == 2  # a configuration error: one line, exit status 2
+  assert "trainer.train.train_files is bound but trainer.train.eval_files is not" in proc.stderr
+  assert not glob.glob(f"{tmp_path}/m/group_*")
+
+
+def test_launch_without_data_trains_on_generated_sample_data(tmp_path):
+  model_dir = tmp_path / "m"
+  proc = subprocess.run(
+      [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
+       "--num_groups=1", f"--gin_file={REPO}/gin/criteo/baseline.gin",
+       "--gin_bindings=trainer.train.train_steps = 20",
+       "--gin_bindings=trainer.train.steps_per_epoch = 10",
+       "--gin_bindings=trainer.train.eval_steps = 2", "--gin_bindings=NUM_BUCKETS = 1000"],
+      capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"generated Criteo-format sample data in {model_dir}/data" in proc.stderr
+  assert sorted(os.listdir(model_dir / "data")) == [
+      "eval-00000-of-00001.tsv"] + [f"train-{i:05d}-of-00004.tsv" for i in range(4)]
+  results = json.loads((model_dir / "group_0" / "results.json").read_text())
+  assert results["steps"] == 20
+  # What the launcher did, as structured events.
+  events = launcher.read_events(str(model_dir))
+  assert [(e["event"], e.get("group")) for e in events] == [
+      ("network", None), ("launched", 0), ("finished", 0)]
+  assert not events[0]["isolated"]  # one process per group: no server to isolate
+  assert events[1]["task"] == "chief" and events[1]["index"] == 0 and events[1]["address"] is None
+  assert events[1]["log"] == layout.group_run(str(model_dir), 0).task_log("chief", 0)
+  assert launcher.task_pids(events) == {(0, "chief", 0): events[1]["pid"]}
+  assert events[1]["monotonic"] <= events[2]["monotonic"]
+
+
+def test_event_log_is_read_back_without_a_line_still_being_written(tmp_path):
+  log = launcher.EventLog(layout.launch_events(str(tmp_path)))
+  log.write("launched", group=1, task="worker", index=0, pid=11)
+  log.write("restarted", group=1, task="worker", index=0, status=-9, scope="task", restart=1,
+            max_restarts=3)
+  log.write("launched", group=1, task="worker", index=0, pid=12)
+  with open(log.path, "a") as f:
+    f.write('{"event": "launch')  # a line the launcher is writing right now
+  events = launcher.read_events(str(tmp_path))
+  assert [e["event"] for e in events] == ["launched", "restarted", "launched"]
+  assert events[1]["scope"] == "task" and events[1]["status"] == -9
+  assert launcher.task_pids(events) == {(1, "worker", 0): 12}
+  assert launcher.read_events(str(tmp_path / "nothing")) == []
+
+
+def test_servers_on_this_machines_network_only_with_allow_exposed_ports(tmp_path, criteo_dir):
+  args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",
+          f"--gin_file={REPO}/gin/criteo/async_2workers.gin", "--noisolate_network",
+          f"--gin_bindings=trainer.train.train_files = ['{criteo_dir}/train-*']",
+          f"--gin_bindings=trainer.train.eval_files = ['{criteo_dir}/eval-*']"]
+  proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]  # a configuration error, before any task
+  assert ("tf-codistill-launch: error: isolate_network is off: the tasks' TF servers would listen "
+          "on every interface of this machine") in proc.stderr
+  assert "--allow_exposed_ports" in proc.stderr
+  assert not glob.glob(f"{tmp_path}/m/group_*")

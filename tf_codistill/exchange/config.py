@@ -1,0 +1,121 @@
+"""``Exchange``: where and how one group exchanges models with its peers.
+
+The settings a ``CodistillModel`` needs for codistillation (directory, own group, peers, publish
+interval and format, versions kept, poll interval, teacher precision), checked when they are
+made; ``training.codistill_hooks`` turns them into the work ``fit`` does between steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, List, Optional, Sequence
+
+import gin
+
+from tf_codistill.errors import ConfigurationError
+from tf_codistill.exchange import lean_versions
+from tf_codistill.exchange import topology
+
+# teacher_precision -> the tf_keras dtype policy of the teacher copies (int8: of their layers
+# that are not quantized, see quantization.py).
+PRECISIONS = {"float32": "float32", "bfloat16": "bfloat16", "mixed_bfloat16": "mixed_bfloat16",
+              "int8": "float32"}
+
+
+# The nice increments a loading thread may take (Linux's range of nice values above 0).
+LOADER_NICE_RANGE = (0, 19)
+
+
+@gin.configurable(module="tfc")
+@dataclasses.dataclass(frozen=True)
+class Exchange:
+  """Where and how one group of a codistillation job exchanges models with its peers.
+
+  Attributes:
+    directory: the exchange directory every group of the job shares (local, ``gs://``, ...).
+    group: this group's index, in ``[0, num_groups)``.
+    num_groups: how many groups train side by side (>= 2).
+    teacher_graph: ``all_to_all`` (distill from every other group) or ``ring`` (from the
+      predecessor only); ignored when ``peers`` is given.
+    peers: the groups to distill from, if not given by ``teacher_graph``.
+    publish_every_steps: the chief publishes the student every this many optimizer steps (K).
+    keep_last: published versions of this group kept in the directory (older ones are removed).
+    poll_interval_s: how often the background thread looks for newer peer versions.
+    loader_nice: how much lower than training that thread runs (a Linux nice increment, 0 to
+      19). 0 by default: 10 saved no throughput in a 2-core parameter-server group and made
+      loads slower (the thread shares the Python GIL with the training loop).
+    teacher_precision: ``float32``; ``bfloat16`` (teacher variables and compute in bfloat16:
+      half the memory, read by key from peers' float32 versions and cast: restoring.py);
+      ``mixed_bfloat16`` (float32 variables, bfloat16 compute); ``int8`` (Embedding and Dense
+      weights as int8 codes with per-row scales, under a third of the memory: quantization.py).
+    publish_format: how versions are published: whole SavedModels (the default), or lean
+      versions with bfloat16/int8 weights and row deltas (``tfc.PublishFormat``); readers
+      accept every format.
+    wait_for_first_teachers_s: at the first step where a teacher can count (the later of the
+      model's ``burn_in_steps`` and ``publish_every_steps``, when the peers' first versions are
+      due), hold training up to this many seconds until every peer's first version is loaded
+      (0: never wait; not under ParameterServerStrategy, whose steps are not held by hooks).
+      Every training process waits on its own: in a MultiWorkerMirrored group keep it below the
+      collectives' timeout (``strategies.make_strategy.timeout_seconds``).
+    input_spec: the student's input spec (a ``tf.TensorSpec`` or a dict of them), needed only
+      when ``fit`` is not given a ``tf.data.Dataset`` and the model was never called.
+
+  Raises:
+    ConfigurationError: a value that cannot work, named by its field.
+  """
+  directory: str
+  group: int
+  num_groups: int = 2
+  teacher_graph: str = "all_to_all"
+  peers: Optional[Sequence[int]] = None
+  publish_every_steps: int = 100
+  keep_last: int = 2
+  poll_interval_s: float = 2.0
+  loader_nice: int = 0
+  teacher_precision: str = "float32"
+  publish_format: lean_versions.PublishFormat = lean_versions.PublishFormat()
+  wait_for_first_teachers_s: float = 0.0
+  input_spec: Any = None
+
+  def __post_init__(self):
+    if not self.directory:
+      raise ConfigurationError("Exchange.directory is empty: give the shared exchange directory")
+    if self.teacher_precision not in PRECISIONS:
+      raise ConfigurationError(f"Exchange.teacher_precision={self.teacher_precision!r} is not "
+                               f"one of {list(PRECISIONS)}")
+    for name in ("publish_every_steps", "keep_last"):
+      if getattr(self, name) < 1:
+        raise ConfigurationError(f"Exchange.{name}={getattr(self, name)} must be >= 1")
+    if self.poll_interval_s <= 0:
+      raise ConfigurationError(f"Exchange.poll_interval_s={self.poll_interval_s} must be > 0")
+    low, high = LOADER_NICE_RANGE
+    if not low <= self.loader_nice <= high:
+      raise ConfigurationError(f"Exchange.loader_nice={self.loader_nice} must be in "
+                               f"[{low}, {high}]")
+    if not 0 <= self.wait_for_first_teachers_s <= threading.TIMEOUT_MAX:
+      raise ConfigurationError(f"Exchange.wait_for_first_teachers_s="
+                               f"{self.wait_for_first_teachers_s} must be >= 0 and finite")
+    try:
+      peers = topology.teacher_groups(self.group, self.num_groups, self.teacher_graph)
+      peers = self.peer_groups()
+    except ValueError as e:
+      raise ConfigurationError(f"Exchange: {e}") from None
+    if self.group in peers or any(not 0 <= p < self.num_groups for p in peers) or not peers:
+      raise ConfigurationError(f"Exchange.peers={list(peers)} must be other groups of "
+                               f"range({self.num_groups}) than group {self.group}")
+
+  def peer_groups(self) -> List[int]:
+    """The groups this group distills from, in ascending order."""
+    if self.peers is not None:
+      return sorted(int(p) for p in self.peers)
+    return topology.teacher_groups(self.group, self.num_groups, self.teacher_graph)
+
+  @property
+  def num_teachers(self) -> int:
+    return len(self.peer_groups())
+
+  def teacher_dtype_policy(self) -> Optional[str]:
+    """The dtype policy of teacher copies (None: the student's own)."""
+    policy = PRECISIONS[self.teacher_precision]
+    return None if policy == "float32" else policy

@@ -1,0 +1,107 @@
+"""A local codistillation job, checked once and run: what ``tf-codistill-launch`` does.
+
+``launch_job`` parses the gin configuration, validates every group's ``TrainConfig`` (the same
+``trainer.validate`` each task runs again before training), checks that the job and exchange
+directories are writable, generates sample data when no data is bound, and then runs the groups
+with ``launcher.launch``. What it refuses is a ``ConfigurationError`` naming the flag or gin
+binding, raised before any process starts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import gin
+import tensorflow as tf
+from absl import logging
+
+from tf_codistill import layout
+from tf_codistill.errors import ConfigurationError
+from tf_codistill.exchange import directory as exchange
+from tf_codistill.launch import demo
+from tf_codistill.launch import gin_config as config
+from tf_codistill.launch import launcher
+from tf_codistill.training import trainer
+
+
+def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] = (),
+               gin_bindings: Sequence[str] = (), exchange_dir: Optional[str] = None,
+               strategy: Optional[str] = None, workers_per_group: Optional[int] = None,
+               ps_per_group: Optional[int] = None, teacher_graph: Optional[str] = None,
+               **launch_options) -> Dict[int, str]:
+  """Checks, then runs, ``num_groups`` groups on this machine; returns each group's directory.
+
+  Args:
+    model_dir: the job's directory; group i writes to ``model_dir/group_<i>``.
+    num_groups: codistillation groups.
+    gin_files, gin_bindings: the configuration every task gets (``trainer.train.*``, ...).
+    exchange_dir: where groups publish and read models (default ``model_dir/exchange``).
+    strategy, workers_per_group, ps_per_group, teacher_graph: override the gin bindings
+      ``trainer.train.strategy``, ``launcher.group_shape.*`` and ``trainer.train.teacher_graph``.
+    **launch_options: ``launcher.launch``'s fault, CPU and network options (``max_restarts``,
+      ``on_group_failure``, ``pin_groups``, ``isolate_network``, ``allow_exposed_ports``).
+
+  Raises:
+    ConfigurationError: a bad flag, binding, directory or group shape, before anything runs.
+    launcher.GroupFailedError: a group failed for good.
+  """
+  config.parse_gin(gin_files, gin_bindings)
+  strategy = strategy or _bound("strategy", "one_device")
+  shape = launcher.group_shape(strategy, **{
+      name: value for name, value in (("workers_per_group", workers_per_group),
+                                      ("ps_per_group", ps_per_group)) if value is not None})
+  files, sample_dir = _data_files(model_dir)
+  overrides: Dict[str, Any] = {"strategy": strategy, **files,
+               **({"teacher_graph": teacher_graph} if teacher_graph else {})}
+  train_config = trainer.TrainConfig(**overrides)
+  shared_exchange = exchange_dir or layout.exchange_dir(model_dir)
+  for group in range(num_groups):
+    trainer.validate(train_config, group=group, num_groups=num_groups,
+                     exchange_dir=shared_exchange)
+  if launch_options.get("pin_groups"):
+    launcher.split_cpus(num_groups)
+  for flag, directory in (("--model_dir", model_dir), ("--exchange_dir", shared_exchange)):
+    _check_writable(flag, directory)
+  if sample_dir:
+    logging.warning("trainer.train.train_files/eval_files are not bound: training on generated "
+                    "Criteo-format sample data in %s (bind them to train on your data)",
+                    sample_dir)
+    demo.sample_data(sample_dir)
+  bindings = list(gin_bindings) + [f"trainer.train.{name} = {value!r}"
+                                   for name, value in overrides.items() if name != "strategy"]
+  return launcher.launch(model_dir, num_groups, exchange_dir=exchange_dir, gin_files=gin_files,
+                         gin_bindings=bindings, shape=shape, **launch_options)
+
+
+def _bound(name: str, default: Optional[str]) -> Optional[str]:
+  """The gin binding ``trainer.train.<name>``, or ``default`` when it is not bound."""
+  try:
+    return gin.query_parameter(f"trainer.train.{name}")
+  except ValueError:
+    return default
+
+
+def _data_files(model_dir: str) -> Tuple[Dict[str, List[str]], Optional[str]]:
+  """The files to bind when no data is bound (generated sample data, and where to generate
+  it); nothing when both are bound; a ConfigurationError when only one is."""
+  bound = [name for name in ("train_files", "eval_files") if _bound(name, None) is not None]
+  if len(bound) == 2:
+    return {}, None
+  if bound:
+    missing = ({"train_files", "eval_files"} - set(bound)).pop()
+    raise ConfigurationError(f"trainer.train.{bound[0]} is bound but trainer.train.{missing} is "
+                             f"not: pass e.g. --gin_bindings=\"trainer.train.{missing} = "
+                             f"['data/{missing.split('_')[0]}-*']\"")
+  data_dir = os.path.abspath(os.path.join(model_dir, "data"))
+  train, evaluation = demo.sample_data_files(data_dir)
+  return {"train_files": train, "eval_files": evaluation}, data_dir
+
+
+def _check_writable(flag: str, directory: str) -> None:
+  try:
+    exchange.check_writable(directory)
+  except (OSError, tf.errors.OpError) as e:
+    reason = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
+    raise ConfigurationError(f"{flag}: cannot write to {directory} ({reason}): make it writable "
+                             "by this job or pass another directory") from e

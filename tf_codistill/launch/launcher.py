@@ -1,0 +1,488 @@
+"""Starts n codistillation groups on this machine, each a real local TF cluster; supervises them.
+
+A group is one process (``one_device``/``mirrored``) or one process per task of its cluster: chief,
+``workers_per_group`` workers and, for ``parameter_server``, ``ps_per_group`` ps tasks. Every task
+runs ``python -m tf_codistill.bin.train`` with its own ``TF_CONFIG`` whose addresses are free ports
+on 127.0.0.1 (outside the kernel's ephemeral range, distinct within the launch); its log is
+``model_dir/group_<i>/<task>_<k>.log``.
+
+Isolation: by default every task of the launch, of every group, runs inside one private network
+namespace with only loopback up (``isolation.NetworkNamespace``): TF's servers listen on all
+interfaces and run whatever graph a client sends, so nothing outside the launch may reach them.
+Where no namespace can be made, or ``isolate_network=False``, the launch refuses to start unless
+``allow_exposed_ports=True``, and then warns what is exposed.
+
+Supervision:
+- a group is done when its chief exits 0; its remaining tasks (parameter-server workers and ps
+  tasks, which serve forever) are then stopped;
+- a parameter-server worker that dies is restarted (the coordinator reschedules its steps
+  meanwhile); any other failed task restarts the whole group, which resumes from its checkpoint;
+  at most ``max_restarts`` restarts per group (default ``DEFAULT_MAX_RESTARTS``);
+- a task that exits with one of ``errors.PERMANENT_EXIT_CODES`` (configuration error, bad input
+  data, non-finite loss) fails its group at once: a restart would fail the same way;
+- a group out of restarts has failed: ``on_group_failure='stop_all'`` stops every group,
+  ``'continue'`` lets its peers finish (they keep their last teacher); either way ``launch``
+  then raises ``GroupFailedError`` naming the group, the task and its log;
+- SIGINT/SIGTERM stop every process started (no orphans).
+
+``pin_groups`` pins each group's tasks to its own share of the CPUs (``split_cpus``).
+
+Everything the launcher does is also written as one JSON object a line to
+``model_dir/launch_events.jsonl`` (``EventLog``; read with ``read_events``): ``network``
+(isolated, namespace_pid), ``launched`` (group,
+task, index, pid, cpus, log, address), ``restarted`` (group, task, index, status, scope ``task`` or
+``group``, restart, max_restarts), ``finished`` and ``failed`` (group, reason), each with
+``time`` (epoch seconds) and ``monotonic`` (CLOCK_MONOTONIC, one clock for every process here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+import gin
+from absl import logging
+
+from tf_codistill import errors
+from tf_codistill import layout
+from tf_codistill.launch import isolation
+
+_GRACE_SECONDS = 10.0
+DEFAULT_MAX_RESTARTS = 3
+_SYNC_WORKER_FINISH_SECONDS = 60.0
+STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
+FAILURE_POLICIES = ("stop_all", "continue")
+
+
+class GroupFailedError(RuntimeError):
+  """A group failed for good (out of restarts)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupShape:
+  """The tasks of one group's cluster."""
+  strategy: str = "one_device"
+  workers: int = 0
+  ps: int = 0
+
+  def __post_init__(self):
+    refuse = errors.ConfigurationError
+    if self.strategy not in STRATEGIES:
+      raise refuse(f"--strategy={self.strategy!r} is not one of {STRATEGIES}")
+    if self.strategy in ("one_device", "mirrored") and (self.workers or self.ps):
+      raise refuse(f"--strategy={self.strategy} runs one process per group: "
+                   "--workers_per_group and --ps_per_group must be 0")
+    if self.strategy == "multi_worker_mirrored" and self.ps:
+      raise refuse("--strategy=multi_worker_mirrored has no ps tasks: --ps_per_group must be 0")
+    if self.strategy == "parameter_server" and (self.workers < 1 or self.ps < 1):
+      raise refuse("--strategy=parameter_server needs --workers_per_group >= 1 and "
+                   "--ps_per_group >= 1")
+
+  def tasks(self) -> List[Tuple[str, int]]:
+    return ([("chief", 0)] + [("worker", k) for k in range(self.workers)]
+            + [("ps", k) for k in range(self.ps)])
+
+  @property
+  def is_cluster(self) -> bool:
+    return self.strategy in ("multi_worker_mirrored", "parameter_server")
+
+
+@gin.configurable(module="launcher", denylist=["strategy"])
+def group_shape(strategy: str, workers_per_group: int = 0, ps_per_group: int = 0) -> GroupShape:
+  """The shape of every group: gin files such as ``gin/criteo/sync_2workers.gin`` bind it.
+
+  ``workers_per_group`` counts worker tasks besides the chief (a synchronous chief trains too,
+  so ``multi_worker_mirrored`` has ``workers_per_group + 1`` replicas; a parameter-server chief
+  only coordinates). Launcher flags, when given, override these bindings.
+  """
+  return GroupShape(strategy, workers_per_group, ps_per_group)
+
+
+def _ephemeral_ports() -> range:
+  """The kernel's range for outgoing connections' local ports (Linux; a common default else)."""
+  try:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+      low, high = (int(x) for x in f.read().split())
+    return range(low, high + 1)
+  except (OSError, ValueError):
+    return range(32768, 61000)
+
+
+def free_port(taken: Set[int]) -> int:
+  """A port that is free on 127.0.0.1 now, outside the ephemeral range and ``taken`` (joins it).
+
+  Outside the ephemeral range, the outgoing connections of tasks already running cannot take
+  the port in the seconds before its server binds it (bind(0) ports are ephemeral ones).
+  """
+  ephemeral = _ephemeral_ports()
+  if ephemeral.start > 11000:
+    candidates = range(10000, ephemeral.start)
+  elif ephemeral.stop < 64536:
+    candidates = range(ephemeral.stop, 65536)
+  else:  # the ephemeral range is (nearly) everything: take what is free
+    candidates = range(10000, 65536)
+  for _ in range(200):
+    port = random.choice(candidates)
+    if port in taken:
+      continue
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+      try:
+        s.bind(("127.0.0.1", port))
+      except OSError:
+        continue
+    taken.add(port)
+    return port
+  raise RuntimeError(f"no free port on 127.0.0.1 in {candidates} after 200 tries")
+
+
+def cluster_spec(shape: GroupShape, taken: Optional[Set[int]] = None) -> Dict[str, List[str]]:
+  """A TF cluster for ``shape`` on unused 127.0.0.1 ports ({} for a single process).
+
+  ``taken``: ports handed out earlier in the same launch (other groups' tasks, which may not
+  have bound theirs yet); the new ports are added to it.
+  """
+  if not shape.is_cluster:
+    return {}
+  taken = set() if taken is None else taken
+  spec: Dict[str, List[str]] = {}
+  for task_type, _ in shape.tasks():
+    spec.setdefault(task_type, []).append(f"127.0.0.1:{free_port(taken)}")
+  return spec
+
+
+def train_command(model_dir: str, group: int, num_groups: int, exchange_dir: str,
+                  gin_files: Sequence[str], gin_bindings: Sequence[str]) -> List[str]:
+  """The command line of one task of one group."""
+  cmd = [sys.executable, "-m", "tf_codistill.bin.train", f"--model_dir={model_dir}",
+         f"--group={group}", f"--num_groups={num_groups}", f"--exchange_dir={exchange_dir}"]
+  cmd += [f"--gin_file={f}" for f in gin_files]
+  cmd += [f"--gin_bindings={b}" for b in gin_bindings]
+  return cmd
+
+
+def log_tail(path: str, lines: int = 15) -> str:
+  """The last ``lines`` lines of a task log (of at most its last 8 KiB); '' if unreadable."""
+  try:
+    with open(path, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - 8192))
+      text = f.read().decode("utf-8", "replace")
+  except OSError:
+    return ""
+  return "\n".join(text.splitlines()[-lines:])
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+  try:
+    os.killpg(proc.pid, sig)
+  except ProcessLookupError:
+    pass
+
+
+def stop_processes(procs: Sequence[subprocess.Popen], grace: float = _GRACE_SECONDS) -> None:
+  """SIGTERM every live process (and its children), SIGKILL what is left after ``grace``."""
+  for proc in procs:
+    if proc.poll() is None:
+      _signal_group(proc, signal.SIGTERM)
+  deadline = time.monotonic() + grace
+  for proc in procs:
+    try:
+      proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      _signal_group(proc, signal.SIGKILL)
+      proc.wait()
+
+
+def split_cpus(num_groups: int, cpus: Optional[Set[int]] = None) -> List[Set[int]]:
+  """Disjoint, equal shares of ``cpus`` (default: the CPUs this process may run on), one per
+  group, as if each group had its own machine."""
+  ordered = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+  if len(ordered) < num_groups:
+    raise errors.ConfigurationError(f"--pin_groups needs a CPU per group: {num_groups} groups, "
+                                    f"{len(ordered)} CPUs ({','.join(map(str, ordered))})")
+  share = len(ordered) // num_groups
+  return [set(ordered[g * share:(g + 1) * share]) for g in range(num_groups)]
+
+
+class EventLog:
+  """Appends the launcher's events to ``path`` as JSON lines, one complete line per event."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self._lock = threading.Lock()
+
+  def write(self, event: str, **fields) -> None:
+    record = {"event": event, "time": time.time(), "monotonic": time.monotonic(), **fields}
+    with self._lock, open(self.path, "a") as f:
+      f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_events(model_dir: str) -> List[dict]:
+  """The events a launch into ``model_dir`` has written so far (a line being written is left
+  for the next read)."""
+  path = layout.launch_events(model_dir)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f.read().split("\n")[:-1] if line]
+
+
+def task_pids(events: Sequence[dict]) -> Dict[Tuple[int, str, int], int]:
+  """(group, task type, index) -> the newest pid launched for it."""
+  return {(e["group"], e["task"], e["index"]): e["pid"] for e in events
+          if e["event"] == "launched"}
+
+
+class _Group:
+  """The processes of one group and its restart bookkeeping."""
+
+  def __init__(self, index: int, num_groups: int, shape: GroupShape, model_dir: str,
+               exchange_dir: str, gin_files: Sequence[str], gin_bindings: Sequence[str],
+               ports: Set[int], events: EventLog, cpus: Optional[Set[int]] = None,
+               network: Optional[isolation.NetworkNamespace] = None):
+    self.index = index
+    self.network = network  # the launch's private network namespace (None: this machine's)
+    self.events = events
+    self.cpus = cpus  # CPUs every task of the group is pinned to (None: not pinned)
+    self.ports = ports  # every port of this launch, shared by its groups
+    self.shape = shape
+    self.dir = layout.group_dir(model_dir, index)
+    self.command = train_command(self.dir, index, num_groups, exchange_dir, gin_files,
+                                 [*gin_bindings, f"trainer.train.strategy = '{shape.strategy}'"])
+    self.procs: Dict[Tuple[str, int], subprocess.Popen] = {}
+    self.cluster: Dict[str, List[str]] = {}
+    self.restarts = 0
+    self.chief_done_at: Optional[float] = None
+    self.done = False
+    self.failed: Optional[str] = None
+
+  def log_path(self, task: Tuple[str, int]) -> str:
+    return layout.RunDir(self.dir).task_log(*task)
+
+  def start_all(self) -> None:
+    os.makedirs(self.dir, exist_ok=True)
+    self.cluster = cluster_spec(self.shape, self.ports)
+    self.chief_done_at = None
+    for task in self.shape.tasks():
+      self.start(task)
+
+  def start(self, task: Tuple[str, int]) -> None:
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    if self.cluster:
+      env["TF_CONFIG"] = json.dumps({"cluster": self.cluster,
+                                    "task": {"type": task[0], "index": task[1]}})
+    cpus = self.cpus
+    # Pinned in the child before it starts, so that TF sizes its thread pools for those CPUs.
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    with open(self.log_path(task), "ab") as log:
+      # Own session: a terminal's Ctrl-C reaches the launcher, which stops tasks in order.
+      command = self.network.command(self.command) if self.network else self.command
+      self.procs[task] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=env,
+                                          start_new_session=True, preexec_fn=pin)
+    logging.info("launched group %d %s:%d (pid %d)%s, log %s", self.index, task[0], task[1],
+                 self.procs[task].pid,
+                 f" on CPUs {','.join(map(str, sorted(cpus)))}" if cpus else "",
+                 self.log_path(task))
+    self.events.write("launched", group=self.index, task=task[0], index=task[1],
+                      pid=self.procs[task].pid, cpus=sorted(cpus) if cpus else None,
+                      log=self.log_path(task),
+                      address=self.cluster[task[0]][task[1]] if self.cluster else None)
+
+  def stop_all(self) -> None:
+    stop_processes(list(self.procs.values()))
+
+  def running(self) -> bool:
+    return not self.done and self.failed is None
+
+
+def private_network(isolate_network: bool = True,
+                    allow_exposed_ports: bool = False) -> Optional[isolation.NetworkNamespace]:
+  """The launch's private network namespace, or None where its tasks are to share this
+  machine's network: allowed only with ``allow_exposed_ports`` (then a warning says what is
+  exposed); a ConfigurationError otherwise."""
+  if isolate_network:
+    try:
+      return isolation.NetworkNamespace()
+    except isolation.IsolationError as e:
+      reason = f"no private network namespace can be made here ({e})"
+  else:
+    reason = "isolate_network is off"
+  if not allow_exposed_ports:
+    raise errors.ConfigurationError(
+        f"{reason}: the tasks' TF servers would listen on every interface of this machine and "
+        "run any graph sent to them, unauthenticated. Run as root or allow unprivileged user "
+        "namespaces (sysctl kernel.unprivileged_userns_clone=1), or pass --allow_exposed_ports "
+        "to start them anyway on a machine only you can reach")
+  logging.warning("%s: every task's TF server listens on all interfaces of this machine "
+                  "(its ports are in launch_events.jsonl) and runs any graph sent to it, "
+                  "unauthenticated (--allow_exposed_ports)", reason)
+  return None
+
+
+def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = None,
+           gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = (),
+           shape: GroupShape = GroupShape(), max_restarts: int = DEFAULT_MAX_RESTARTS,
+           on_group_failure: str = "stop_all", poll_seconds: float = 0.5,
+           groups: Optional[Sequence[int]] = None, pin_groups: bool = False,
+           isolate_network: bool = True, allow_exposed_ports: bool = False) -> Dict[int, str]:
+  """Runs ``num_groups`` groups of ``shape`` to completion; returns each group's model dir.
+
+  ``groups`` runs only those of the ``num_groups`` groups here (the others run elsewhere, or
+  are frozen teachers already published to the exchange). ``pin_groups`` pins each group's
+  tasks to its own share of this machine's CPUs (split_cpus). ``isolate_network`` and
+  ``allow_exposed_ports``: see ``private_network``. Raises ConfigurationError on bad arguments,
+  GroupFailedError when a group fails for good.
+  """
+  if num_groups < 1:
+    raise errors.ConfigurationError(f"--num_groups={num_groups} must be >= 1")
+  indices = list(range(num_groups)) if groups is None else list(groups)
+  if not indices or any(not 0 <= g < num_groups for g in indices):
+    raise errors.ConfigurationError(
+        f"groups={groups} must be a non-empty subset of 0..{num_groups - 1}")
+  if on_group_failure not in FAILURE_POLICIES:
+    raise errors.ConfigurationError(
+        f"--on_group_failure={on_group_failure!r} is not one of {FAILURE_POLICIES}")
+  if max_restarts < 0:
+    raise errors.ConfigurationError(f"--max_restarts={max_restarts} must be >= 0")
+  exchange_dir = exchange_dir or layout.exchange_dir(model_dir)
+  os.makedirs(model_dir, exist_ok=True)
+  shares: List[Optional[Set[int]]] = (list(split_cpus(len(indices))) if pin_groups
+                                       else [None] * len(indices))
+  network = private_network(isolate_network, allow_exposed_ports) if shape.is_cluster else None
+  events = EventLog(layout.launch_events(model_dir))
+  events.write("network", isolated=network is not None,
+               namespace_pid=network.pid if network else None)
+  ports: Set[int] = set()
+  running = [_Group(g, num_groups, shape, model_dir, exchange_dir, gin_files, list(gin_bindings),
+                    ports, events, cpus, network) for g, cpus in zip(indices, shares)]
+  try:
+    _run(running, max_restarts, on_group_failure, poll_seconds)
+  finally:
+    if network:
+      network.close()
+  failed = [g.failed for g in running if g.failed]
+  if failed:
+    raise GroupFailedError("\n".join(failed))
+  return {g.index: g.dir for g in running}
+
+
+def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
+         poll_seconds: float) -> None:
+  """Starts the groups and supervises them until each has finished or failed; on SIGINT or
+  SIGTERM, or when a group fails under ``stop_all``, every process started is stopped."""
+
+  def on_signal(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+  # Only the main thread may set handlers; a launch from another thread (benchmarks running
+  # several at once) is stopped by its caller's process ending, or runs to its end.
+  previous = ({s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+              if threading.current_thread() is threading.main_thread() else {})
+  try:
+    for group in groups:
+      group.start_all()
+    while any(g.running() for g in groups):
+      for group in groups:
+        if group.running():
+          _supervise(group, max_restarts)
+          if group.failed and on_group_failure == "stop_all":
+            raise GroupFailedError(group.failed)
+      time.sleep(poll_seconds)
+  finally:
+    stop_processes([p for g in groups for p in g.procs.values()])
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+
+
+def _describe(status: int) -> str:
+  """An exit status as people read it: 'status 1', 'signal SIGKILL'."""
+  if status < 0:
+    try:
+      return f"signal {signal.Signals(-status).name}"
+    except ValueError:
+      return f"signal {-status}"
+  return f"status {status}"
+
+
+def _supervise(group: _Group, max_restarts: int) -> None:
+  """One look at a group's processes: finish, restart or fail it."""
+  chief = group.procs[("chief", 0)]
+  code = chief.poll()
+  if code == 0:
+    # Parameter-server workers and ps tasks serve until stopped; sync workers end by themselves,
+    # give or take their clean-up.
+    finishing = [task for task, proc in group.procs.items()
+                 if proc.poll() is None and group.shape.strategy == "multi_worker_mirrored"]
+    if group.chief_done_at is None:
+      group.chief_done_at = time.monotonic()
+    if finishing and time.monotonic() - group.chief_done_at < _SYNC_WORKER_FINISH_SECONDS:
+      return
+    if finishing:
+      logging.warning("group %d: %s still running %.0fs after the chief finished; their stacks "
+                      "go to their logs, then they are stopped", group.index,
+                      ", ".join(f"{t}:{k}" for t, k in finishing), _SYNC_WORKER_FINISH_SECONDS)
+      for task in finishing:
+        group.procs[task].send_signal(signal.SIGUSR1)  # tf-codistill-train dumps its stacks
+      time.sleep(1.0)
+    logging.info("group %d finished", group.index)
+    group.events.write("finished", group=group.index)
+    group.done = True
+    group.stop_all()
+    return
+  # Synchronous workers finish by themselves (status 0) just before their chief.
+  dead = [(task, proc.returncode) for task, proc in group.procs.items()
+          if proc.poll() not in (None, 0)]
+  if not dead:
+    return
+  task, status = dead[0]
+  log = group.log_path(task)
+  permanent = [(t, code) for t, code in dead if code in errors.PERMANENT_EXIT_CODES]
+  if permanent:
+    task, status = permanent[0]
+    log = group.log_path(task)
+    group.failed = (f"group {group.index} {task[0]}:{task[1]} stopped on a "
+                    f"{errors.PERMANENT_EXIT_CODES[status]} (exit status {status}), not restarted; "
+                    f"log {log}:\n{log_tail(log)}")
+    logging.error("%s", group.failed)
+    group.events.write("failed", group=group.index, task=task[0], index=task[1], status=status,
+                       reason=group.failed.splitlines()[0])
+    group.stop_all()
+    return
+  if group.restarts >= max_restarts:
+    group.failed = (f"group {group.index} {task[0]}:{task[1]} exited with status {status}; "
+                    f"log {log}:\n{log_tail(log)}")
+    logging.error("%s", group.failed)
+    group.events.write("failed", group=group.index, task=task[0], index=task[1], status=status,
+                       reason=group.failed.splitlines()[0])
+    group.stop_all()
+    return
+  group.restarts += 1
+  why = _describe(status)
+  worker_only = (group.shape.strategy == "parameter_server"
+                 and all(t[0] == "worker" for t, _ in dead))
+  group.events.write("restarted", group=group.index, task=task[0], index=task[1], status=status,
+                     scope="task" if worker_only else "group", restart=group.restarts,
+                     max_restarts=max_restarts)
+  if worker_only:
+    logging.warning("group %d: %s:%d exited with %s; restarting it (restart %d/%d); training "
+                    "goes on meanwhile (the coordinator reschedules its steps)", group.index,
+                    task[0], task[1], why, group.restarts, max_restarts)
+    for worker, _ in dead:
+      group.start(worker)
+    return
+  logging.warning("group %d: %s:%d exited with %s; restarting the group from its last "
+                  "checkpoint (restart %d/%d)", group.index, task[0], task[1], why,
+                  group.restarts, max_restarts)
+  group.stop_all()
+  group.start_all()

@@ -14,6 +14,7 @@ import time
 from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
+import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
@@ -114,6 +115,15 @@ class ThreadDriver(keras.callbacks.Callback):
       self._thread.join()
     for hook in self.hooks:
       hook.on_end(self.model, current_step(self.model))
+
+
+def driver_for(strategy: tf.distribute.Strategy,
+               hooks: Sequence[StepHook]) -> keras.callbacks.Callback:
+  """The one driver of ``hooks`` under ``strategy``: a polling thread under parameter servers
+  (tf_keras allows no batch-level callbacks there), batch callbacks otherwise."""
+  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    return ThreadDriver(hooks)
+  return BatchDriver(hooks)
 
 
 class StepLimit(keras.callbacks.Callback):

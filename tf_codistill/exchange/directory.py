@@ -41,6 +41,8 @@ import tf_keras as keras
 from absl import logging
 from tensorflow.core.protobuf import saved_model_pb2
 
+from tf_codistill.errors import ConfigurationError
+
 MARKER = "COMPLETE"
 SIGNATURE_KEY = "serving_default"
 OUTPUT_KEY = "logits"
@@ -339,14 +341,23 @@ def check_contained(exchange_dir: str, version: Version) -> None:
                                   "the exchange directory are not followed")
 
 
-def check_writable(directory: str) -> None:
-  """Creates ``directory`` if needed and writes and deletes a probe file in it; raises
-  tf.errors.OpError or OSError if that is not possible."""
-  tf.io.gfile.makedirs(directory)
-  probe = os.path.join(directory, f"{_TMP_PREFIX}probe-{uuid.uuid4().hex}")
-  with tf.io.gfile.GFile(probe, "w") as f:
-    f.write("probe")
-  tf.io.gfile.remove(probe)
+def check_writable(directory: str, setting: str) -> None:
+  """Creates ``directory`` if needed and writes and deletes a probe file in it.
+
+  Raises:
+    ConfigurationError: that is not possible, naming ``setting`` (the flag or field that gave
+      the directory) and the reason.
+  """
+  try:
+    tf.io.gfile.makedirs(directory)
+    probe = os.path.join(directory, f"{_TMP_PREFIX}probe-{uuid.uuid4().hex}")
+    with tf.io.gfile.GFile(probe, "w") as f:
+      f.write("probe")
+    tf.io.gfile.remove(probe)
+  except (tf.errors.OpError, OSError) as e:
+    reason = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
+    raise ConfigurationError(f"{setting}: cannot write to {directory} ({reason}): make it "
+                             "writable by this job or pass another directory") from None
 
 
 def read_signature(path: str) -> Dict[str, Dict[str, tf.TensorSpec]]:

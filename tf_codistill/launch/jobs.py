@@ -13,7 +13,6 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gin
-import tensorflow as tf
 from absl import logging
 
 from tf_codistill import layout
@@ -62,7 +61,7 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
   if launch_options.get("pin_groups"):
     launcher.split_cpus(num_groups)
   for flag, directory in (("--model_dir", model_dir), ("--exchange_dir", shared_exchange)):
-    _check_writable(flag, directory)
+    exchange.check_writable(directory, flag)
   if sample_dir:
     logging.warning("trainer.train.train_files/eval_files are not bound: training on generated "
                     "Criteo-format sample data in %s (bind them to train on your data)",
@@ -98,10 +97,3 @@ def _data_files(model_dir: str) -> Tuple[Dict[str, List[str]], Optional[str]]:
   return {"train_files": train, "eval_files": evaluation}, data_dir
 
 
-def _check_writable(flag: str, directory: str) -> None:
-  try:
-    exchange.check_writable(directory)
-  except (OSError, tf.errors.OpError) as e:
-    reason = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
-    raise ConfigurationError(f"{flag}: cannot write to {directory} ({reason}): make it writable "
-                             "by this job or pass another directory") from e

@@ -1,6 +1,6 @@
 """Codistillation inside ``model.fit``: the hooks that publish the student and refresh teachers.
 
-A ``CodistillModel`` given an ``Exchange`` adds the callback of ``exchange_hooks`` to every
+A ``CodistillModel`` given an ``Exchange`` runs the hooks of ``exchange_hooks`` in every
 ``fit``: the chief publishes the student every ``publish_every_steps`` steps (off the training
 thread), and every training process loads the peers' newest complete versions in a background
 thread and swaps them in between two steps. Under ``ParameterServerStrategy``, where tf_keras
@@ -10,10 +10,10 @@ allows no batch-level callbacks, the same work runs from a thread polling the st
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
-import tf_keras as keras
 
 from tf_codistill import step_hooks
 from tf_codistill.errors import ConfigurationError
@@ -23,7 +23,7 @@ from tf_codistill.exchange import publishing
 from tf_codistill.exchange.config import Exchange
 from tf_codistill.teachers import pool as teachers_lib
 
-PROBE_EXAMPLES = 8
+PROBE_EXAMPLES = 64  # real inputs a published or loaded model must predict finite values on
 
 
 def batched_spec(structure) -> Any:
@@ -68,12 +68,21 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return True
 
 
+@dataclasses.dataclass(frozen=True)
+class HookOptions:
+  """What a caller of ``CodistillModel.fit`` may lend the exchange's hooks: real inputs a model
+  must predict finite values on (``probe``), a summary writer for the teacher refreshes, and the
+  local copy of the student to publish from (by default a new one)."""
+  probe: Any = None
+  summary_writer: Optional[tf.summary.SummaryWriter] = None
+  local_copy: Optional[publishing.LocalCopy] = None
+
+
 @dataclasses.dataclass
 class ExchangeHooks:
-  """The work ``fit`` does for codistillation, and the callback that runs it between steps."""
+  """The work ``fit`` does for codistillation between steps, and what it measured."""
   refresh: teachers_lib.TeacherRefresh
   publisher: Optional[publishing.ExchangePublisher]  # the chief's only
-  callback: Optional[keras.callbacks.Callback]
   first_wait: Optional[teachers_lib.FirstTeachersWait] = None
 
   @property
@@ -81,14 +90,39 @@ class ExchangeHooks:
     optional = [self.publisher, self.first_wait]  # the wait after this group's own publish
     return [self.refresh] + [hook for hook in optional if hook is not None]
 
+  def stop(self) -> None:
+    """Stops loading teachers and waits for a publish in flight (training stopped early)."""
+    self.refresh.pool.stop()
+    if self.publisher is not None:
+      self.publisher.drain()
 
-def exchange_hooks(model, exchange: Exchange, input_spec, probe=None,
-                   summary_writer: Optional[tf.summary.SummaryWriter] = None,
-                   local: Optional[publishing.LocalCopy] = None) -> ExchangeHooks:
+  def statistics(self) -> Dict[str, Any]:
+    """Teacher loads and rejections, publishes and their failures, the first teachers' wait."""
+    stats: Dict[str, Any] = {"teacher_loads": self.refresh.swaps,
+                             "teacher_rejections": self.refresh.pool.rejections}
+    if self.publisher is not None:
+      seconds = self.publisher.publish_seconds
+      stats.update(publishes=len(seconds), publish_failures=self.publisher.failures,
+                   publish_refused_non_finite=self.publisher.refused,
+                   publish_seconds_median=float(np.median(seconds)) if seconds else None)
+    stats["first_teachers_wait_s"] = self.first_wait and self.first_wait.waited_seconds
+    return stats
+
+  def windows(self) -> Dict[str, Sequence[Tuple[float, float]]]:
+    """When each teacher refresh (load off-thread .. swap), publish (snapshot .. written) and the
+    wait for the first teachers ran."""
+    windows: Dict[str, Sequence[Tuple[float, float]]] = {"refresh": self.refresh.windows}
+    windows["publish"] = self.publisher.windows if self.publisher is not None else []
+    if self.first_wait is not None:
+      windows["first_teachers_wait"] = self.first_wait.windows
+    return windows
+
+
+def exchange_hooks(model, exchange: Exchange, input_spec,
+                   options: HookOptions = HookOptions()) -> ExchangeHooks:
   """Builds the teacher refresh (every training process) and the publisher (the chief) of a
-  built CodistillModel, driven after every batch, or from a polling thread under parameter
-  servers (tf_keras allows no batch-level callbacks there). The publisher writes from ``local``
-  (a local copy of the student; by default a new one).
+  built CodistillModel; ``CodistillModel.fit`` runs them with the caller's hooks through one
+  driver. The publisher writes from ``options.local_copy`` (by default a new local copy).
 
   Raises:
     ConfigurationError: the chief cannot write to its group's exchange directory, or a wait for
@@ -105,32 +139,34 @@ def exchange_hooks(model, exchange: Exchange, input_spec, probe=None,
     output_shape = [None] + model(sample).shape.as_list()[1:]
   pool = teachers_lib.TeacherPool(exchange.directory, exchange.peer_groups(), model, input_spec,
                                   output_shape, poll_interval_s=exchange.poll_interval_s,
-                                  probe=probe, loader_nice=exchange.loader_nice)
-  refresh = teachers_lib.TeacherRefresh(pool, summary_writer)
+                                  probe=options.probe, loader_nice=exchange.loader_nice)
+  refresh = teachers_lib.TeacherRefresh(pool, options.summary_writer)
   publisher = None
   if is_chief(model.distribute_strategy):
-    own = exchange_lib.group_dir(exchange.directory, exchange.group)
-    try:
-      exchange_lib.check_writable(own)
-    except (tf.errors.OpError, OSError) as e:
-      raise ConfigurationError(f"Exchange.directory: cannot write to {own}: {e}") from None
-    if local is None:
-      local = publishing.LocalCopy(model.student, model.copy_student(),
-                                      before_snapshot=model.flush_fusion)
-      local.model(sample)
-    writer = None
-    if exchange.publish_format.lean:
-      writer = lean_versions.LeanWriter(
-          exchange.publish_format, [w.name for w in local.model.weights],
-          exchange_lib.expected_signature(input_spec, output_shape))
-    publisher = publishing.ExchangePublisher(
-        local, exchange.directory, exchange.group, exchange.publish_every_steps, input_spec,
-        keep_last=exchange.keep_last, probe=probe, writer=writer)
-  hooks = ExchangeHooks(refresh, publisher, callback=None)
+    publisher = _publisher(model, exchange, input_spec, output_shape, sample, options)
+  hooks = ExchangeHooks(refresh, publisher)
   if exchange.wait_for_first_teachers_s > 0:
     hooks.first_wait = teachers_lib.FirstTeachersWait(
         refresh, max(model.burn_in_steps, exchange.publish_every_steps),
         exchange.wait_for_first_teachers_s)
-  hooks.callback = (step_hooks.ThreadDriver(hooks.hooks) if parameter_server
-                    else step_hooks.BatchDriver(hooks.hooks))
   return hooks
+
+
+def _publisher(model, exchange: Exchange, input_spec, output_shape, sample,
+               options: HookOptions) -> publishing.ExchangePublisher:
+  """The chief's publisher, after checking that it can write to its group's directory."""
+  exchange_lib.check_writable(exchange_lib.group_dir(exchange.directory, exchange.group),
+                              "Exchange.directory")
+  local = options.local_copy
+  if local is None:
+    local = publishing.LocalCopy(model.student, model.copy_student(),
+                                 before_snapshot=model.flush_fusion)
+    local.model(sample)
+  writer = None
+  if exchange.publish_format.lean:
+    writer = lean_versions.LeanWriter(
+        exchange.publish_format, [w.name for w in local.model.weights],
+        exchange_lib.expected_signature(input_spec, output_shape))
+  return publishing.ExchangePublisher(
+      local, exchange.directory, exchange.group, exchange.publish_every_steps, input_spec,
+      keep_last=exchange.keep_last, probe=options.probe, writer=writer)

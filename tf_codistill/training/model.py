@@ -21,6 +21,7 @@ the exchange gives it the peers' versions, instead of restoring values it cannot
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -30,6 +31,7 @@ import tf_keras as keras
 
 from tf_codistill import errors
 from tf_codistill import losses
+from tf_codistill import step_hooks
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import directory as exchange_lib
 from tf_codistill.optim import comm
@@ -291,28 +293,48 @@ class CodistillModel(keras.Model):
                                  self._features_spec), training=False)
     return copy
 
-  def fit(self, x=None, *args, callbacks=None,
-          exchange_hooks: Optional["codistill_hooks.ExchangeHooks"] = None, **kwargs):
+  def fit(self, x=None, *args, callbacks=None, hooks: Sequence[step_hooks.StepHook] = (),
+          exchange_options: codistill_hooks.HookOptions = codistill_hooks.HookOptions(),
+          **kwargs):
     """tf_keras ``fit``. With forward fusion, pending updates are flushed at epoch and train end
-    and before validation (``fused_models.FusionFlush`` runs first). With an ``exchange``, the chief
-    publishes the student and every process refreshes its teachers between steps
-    (``codistill_hooks.exchange_hooks``, built here unless ``exchange_hooks`` is given, e.g. with
-    a probe batch and a summary writer of the caller's); ``self.exchange_hooks`` holds them.
+    and before validation (``fused_models.FusionFlush`` runs first). With an ``exchange``, the
+    chief publishes the student and every process refreshes its teachers between steps
+    (``codistill_hooks.exchange_hooks``, given ``exchange_options``); ``self.exchange_hooks``
+    holds them. ``hooks`` (the caller's ``StepHook``s) run before them in the same driver: after
+    every batch, or from one polling thread under parameter servers. A NaN/Inf loss a hook
+    raises from that thread is raised here after ``fit``; on one, teacher loads stop and a
+    publish in flight is waited for.
 
     Raises:
       ConfigurationError: with an ``exchange``, the input spec is unknown (``x`` is not a
         ``tf.data.Dataset``, the model was never called and ``Exchange.input_spec`` is unset)
         or the exchange directory is not writable.
+      NonFiniteLossError: a hook stopped training at a NaN/Inf loss.
     """
     callbacks = list(callbacks or [])
     if self._fusion is not None and self._fusion.mode == "forward":
       callbacks.insert(0, fused_models.FusionFlush(self._fusion))
+    run = list(hooks)
+    self.exchange_hooks = None
     if self.exchange is not None:
-      self.exchange_hooks = exchange_hooks or self._exchange_hooks(x)
-      callbacks.append(self.exchange_hooks.callback)
-    return super().fit(x, *args, callbacks=callbacks, **kwargs)
+      self.exchange_hooks = self._exchange_hooks(x, exchange_options)
+      run += self.exchange_hooks.hooks
+    driver = step_hooks.driver_for(self.distribute_strategy, run) if run else None
+    if driver is not None:
+      callbacks.append(driver)
+    try:
+      history = super().fit(x, *args, callbacks=callbacks, **kwargs)
+      error = getattr(driver, "error", None)
+      if error is not None:
+        raise error
+    except errors.NonFiniteLossError:
+      if self.exchange_hooks is not None:
+        self.exchange_hooks.stop()
+      raise
+    return history
 
-  def _exchange_hooks(self, x) -> "codistill_hooks.ExchangeHooks":
+  def _exchange_hooks(self, x, options: codistill_hooks.HookOptions
+                      ) -> codistill_hooks.ExchangeHooks:
     exchange = self.exchange
     assert exchange is not None  # fit builds hooks only for a model given an Exchange
     spec = (exchange.input_spec or codistill_hooks.features_spec(x) or self._features_spec)
@@ -320,8 +342,10 @@ class CodistillModel(keras.Model):
       raise errors.ConfigurationError(
           "CodistillModel.fit: the student's input spec is unknown: fit on a tf.data.Dataset, "
           "call the model once on a batch, or set Exchange.input_spec")
+    if options.probe is None:
+      options = dataclasses.replace(options, probe=codistill_hooks.probe_batch(x))
     return codistill_hooks.exchange_hooks(self, exchange, codistill_hooks.batched_spec(spec),
-                                          codistill_hooks.probe_batch(x))
+                                          options)
 
   def _trackable_children(self, save_type: str = "checkpoint", **kwargs) -> dict:
     """Keras' children, in checkpoints with the teachers' state under keys that name its form."""

@@ -57,7 +57,6 @@ OPTIMIZERS = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD,
 ConfigurationError = errors.ConfigurationError
 DataError = criteo.DataError
 NonFiniteLossError = errors.NonFiniteLossError
-PROBE_EXAMPLES = 64
 _MALFORMED_RE = re.compile(r"(malformed [^\[\]\n]*? (line|row|record) [^\]\n]*)")
 _MALFORMED_AT_RE = re.compile(r" (?:line|row|record) (.+?):\d+: ")  # the file of a message
 _RESCAN_BATCH = 1024
@@ -245,13 +244,12 @@ class _Data:
 class _Callbacks:
   """What ``fit`` runs, and the parts of it the results are read from."""
   fit: List[keras.callbacks.Callback]
-  driver: keras.callbacks.Callback
   evaluation: monitoring.LocalEvaluation
+  hooks: List[step_hooks.StepHook] = dataclasses.field(default_factory=list)  # run by fit
   initial_epoch: int = 0
   summary_writer: Optional[tf.summary.SummaryWriter] = None
   step_summaries: Optional[monitoring.StepSummaries] = None
   step_timer: Optional[Union[step_timing.StepTimer, step_timing.ClosureTimer]] = None
-  exchange: Optional[codistill_hooks.ExchangeHooks] = None
 
 
 class GroupTrainer:
@@ -291,7 +289,7 @@ class GroupTrainer:
     data = self.build_data()
     model, local = self.build_model(distribution, data)
     callbacks = self.build_callbacks(model, local, data)
-    history = self.fit(model, data, callbacks)
+    history = self.fit(model, data, local, callbacks)
     model.flush_fusion()
     digest = weights_digest(model.student)
     logging.info("final student weights digest (%s:%d): %s", self.info.task_type or "local",
@@ -306,9 +304,10 @@ class GroupTrainer:
     filesystems.ensure_filesystems([self.model_dir, self.exchange_dir, *config.train_files,
                                     *config.eval_files])
     if self.info.is_chief:
-      _check_writable("--model_dir", self.model_dir)
+      exchange.check_writable(self.model_dir, "--model_dir")
       if config.codistill:
-        _check_writable("--exchange_dir", exchange.group_dir(self.shared_exchange, self.group))
+        exchange.check_writable(exchange.group_dir(self.shared_exchange, self.group),
+                                "--exchange_dir")
     if config.intra_op_threads:
       tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
     if config.inter_op_threads:
@@ -337,7 +336,7 @@ class GroupTrainer:
       evaluation = _open_files("eval_files", lambda: config.dataset_fn(
           list(config.eval_files), config.batch_size, bad_line_counter=bad_lines))
       # A few real examples: published models and loaded teachers must predict finite values.
-      probe = tf.nest.map_structure(lambda t: t[:PROBE_EXAMPLES], next(iter(evaluation))[0])
+      probe = codistill_hooks.probe_batch(evaluation)
       _check_train_data(_open_files("train_files", lambda: train_dataset(repeat=False)),
                         config.train_files, group, num_groups, config.data_split)
       bad_lines.reset()  # the checks read lines the training reads again
@@ -359,7 +358,7 @@ class GroupTrainer:
       reducer = (comm.GradientReducer(config.allreduce_dtype)
                  if config.allreduce_dtype != "float32" else None)
       model = CodistillModel(
-          student, exchange=self.exchange_config(),
+          student, exchange=self.exchange_config(data.input_spec),
           teacher_factory=teacher_factory(config.teacher_fn, student),
           alpha=config.alpha,
           burn_in_steps=config.burn_in_steps, output=self.task.output,
@@ -387,8 +386,9 @@ class GroupTrainer:
       raise ConfigurationError("codistillation needs --exchange_dir")
     return self.exchange_dir
 
-  def exchange_config(self) -> Optional[exchange_config.Exchange]:
-    """Where and how this group exchanges models (None without codistillation)."""
+  def exchange_config(self, input_spec: Any = None) -> Optional[exchange_config.Exchange]:
+    """Where and how this group exchanges models (None without codistillation); ``input_spec``
+    is the student's (``fit`` under parameter servers reads no dataset to find it)."""
     config = self.config
     if not config.codistill:
       return None
@@ -397,7 +397,7 @@ class GroupTrainer:
         publish_every_steps=config.exchange_every_steps, keep_last=config.keep_last,
         poll_interval_s=config.poll_interval_s, teacher_precision=config.teacher_precision,
         publish_format=config.publish_format,
-        wait_for_first_teachers_s=config.wait_for_first_teachers_s)
+        wait_for_first_teachers_s=config.wait_for_first_teachers_s, input_spec=input_spec)
 
   def _predictions_of(self, data: _Data) -> tf.data.Dataset:
     batches = self.config.prediction_batches
@@ -443,7 +443,7 @@ class GroupTrainer:
     config = self.config
     evaluation = monitoring.LocalEvaluation(local, data.evaluation, self.task.task_loss(),
                                             self.task.metrics, config.eval_steps)
-    callbacks = _Callbacks(fit=[], driver=None, evaluation=evaluation)
+    callbacks = _Callbacks(fit=[], evaluation=evaluation)
     hooks: List[step_hooks.StepHook] = []
     epoch_callbacks: List[keras.callbacks.Callback] = []
     if self.info.is_chief:
@@ -457,24 +457,20 @@ class GroupTrainer:
     else:
       epoch_callbacks.insert(0, fused_models.BackupAndRestore(
           self.run_dir.backup, model.flush_fusion, save_freq=config.checkpoint_every_steps))
-    if model.exchange is not None:
-      callbacks.exchange = codistill_hooks.exchange_hooks(
-          model, model.exchange, data.input_spec, data.probe, callbacks.summary_writer,
-          local=local)
     guard = step_hooks.NonFiniteGuard()
     if parameter_server:
-      # The guard runs first in the polling thread; it makes the driver stop training.
-      callbacks.driver = step_hooks.ThreadDriver([guard] + hooks)
-      callbacks.fit = epoch_callbacks + [callbacks.driver]
+      # The guard runs first in fit's polling thread; it makes the driver stop training.
+      callbacks.hooks = [guard] + hooks
+      callbacks.fit = epoch_callbacks
     else:
       # The guard comes first: a NaN step is never checkpointed (BackupAndRestore) or published.
-      callbacks.driver = step_hooks.BatchDriver(hooks)
-      callbacks.fit = [guard] + epoch_callbacks + [callbacks.driver]
+      callbacks.hooks = hooks
+      callbacks.fit = [guard] + epoch_callbacks
     callbacks.fit.append(step_hooks.StepLimit(config.train_steps, config.steps_per_epoch))
     return callbacks
 
-  def fit(self, model: CodistillModel, data: _Data, callbacks: _Callbacks
-          ) -> keras.callbacks.History:
+  def fit(self, model: CodistillModel, data: _Data, local: publishing.LocalCopy,
+          callbacks: _Callbacks) -> keras.callbacks.History:
     """``model.fit`` for exactly ``train_steps`` steps; a NaN/Inf loss raises
     NonFiniteLossError saying what was kept."""
     config = self.config
@@ -487,15 +483,10 @@ class GroupTrainer:
                             steps_per_epoch=config.steps_per_epoch,
                             initial_epoch=callbacks.initial_epoch, callbacks=callbacks.fit,
                             verbose=config.verbose if self.info.is_chief else 0,
-                            exchange_hooks=callbacks.exchange)
-      error = getattr(callbacks.driver, "error", None)
-      if error is not None:
-        raise error
+                            hooks=callbacks.hooks,
+                            exchange_options=codistill_hooks.HookOptions(
+                                data.probe, callbacks.summary_writer, local))
     except NonFiniteLossError as e:
-      if callbacks.exchange is not None:
-        callbacks.exchange.refresh.pool.stop()
-        if callbacks.exchange.publisher is not None:
-          callbacks.exchange.publisher.drain()
       raise NonFiniteLossError(_non_finite_message(
           str(e), self.model_dir, self.exchange_dir, self.group, config.strategy,
           config.codistill and self.info.is_chief), e.step) from None
@@ -534,7 +525,7 @@ class GroupTrainer:
     exchange.write_atomically(run.results, json.dumps(results, indent=2, sort_keys=True))
     if config.save_step_timeline and callbacks.step_timer is not None:
       exchange.write_atomically(run.step_timeline, json.dumps(
-          callbacks.step_timer.timeline(_windows(callbacks.exchange))))
+          callbacks.step_timer.timeline(_windows(model.exchange_hooks))))
     logging.info("group %d done: %s steps=%d", self.group,
                  " ".join(f"{k}={v:.4f}" for k, v in sorted(self.task.results(final).items())),
                  step)
@@ -558,18 +549,12 @@ class GroupTrainer:
         "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
         **extra,
     }
-    hooks, timer = callbacks.exchange, callbacks.step_timer
-    if hooks is not None and hooks.publisher is not None:  # the chief's results
-      refresh, publisher = hooks.refresh, hooks.publisher
+    hooks, timer = model.exchange_hooks, callbacks.step_timer
+    if hooks is not None:
       results.update(
-          teacher_loads=refresh.swaps, teacher_rejections=refresh.pool.rejections,
+          **hooks.statistics(),
           teacher_steps=[int(s) for s in model.teacher_steps.numpy()],
           final_teacher_staleness=float(model.teacher_staleness().numpy()),
-          publishes=len(publisher.publish_seconds), publish_failures=publisher.failures,
-          publish_refused_non_finite=publisher.refused,
-          publish_seconds_median=(float(np.median(publisher.publish_seconds))
-                                  if publisher.publish_seconds else None),
-          first_teachers_wait_s=hooks.first_wait and hooks.first_wait.waited_seconds,
           # Step times of steps overlapping a refresh, a publish, an epoch end, or nothing.
           step_time_ms=timer.quantiles_ms(_windows(hooks)) if timer is not None else None)
     return results
@@ -577,16 +562,8 @@ class GroupTrainer:
 
 def _windows(hooks: Optional[codistill_hooks.ExchangeHooks]
              ) -> Dict[str, Sequence[Tuple[float, float]]]:
-  """When each teacher refresh (load off-thread .. swap), publish (snapshot .. written) and the
-  wait for the first teachers ran."""
-  if hooks is None:
-    return {}
-  windows: Dict[str, Sequence[Tuple[float, float]]] = {
-      "refresh": hooks.refresh.windows,
-      "publish": hooks.publisher.windows if hooks.publisher is not None else []}
-  if hooks.first_wait is not None:
-    windows["first_teachers_wait"] = hooks.first_wait.windows
-  return windows
+  """The exchange hooks' windows (refreshes, publishes, the first teachers' wait), if any."""
+  return {} if hooks is None else hooks.windows()
 
 
 def _consumed(config: TrainConfig, step: int, data: _Data) -> Dict[str, Any]:
@@ -612,15 +589,6 @@ def weights_digest(model: keras.Model) -> str:
   for value in model.get_weights():
     digest.update(np.ascontiguousarray(value).tobytes())
   return digest.hexdigest()
-
-
-def _check_writable(flag: str, directory: str) -> None:
-  try:
-    exchange.check_writable(directory)
-  except (tf.errors.OpError, OSError) as e:
-    reason = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
-    raise ConfigurationError(f"{flag}: cannot write to {directory} ({reason}): make it writable "
-                             "by this job or pass another directory") from None
 
 
 def _open_files(name: str, make: Callable[[], tf.data.Dataset]) -> tf.data.Dataset:

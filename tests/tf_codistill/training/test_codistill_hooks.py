@@ -1,4 +1,4 @@
-"""codistillation: the Exchange configuration, and fit publishing and refreshing by itself."""
+"""codistill_hooks: the Exchange configuration, and fit publishing and refreshing by itself."""
 
 import logging
 import os
@@ -11,6 +11,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 import tf_codistill as tfc
+from tf_codistill import step_hooks
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.training import codistill_hooks
 
@@ -185,3 +186,51 @@ def test_public_names_resolve():
   with pytest.raises(AttributeError, match="no attribute 'Trainer'"):
     tfc.Trainer  # noqa: B018
   assert codistill_hooks.is_chief(tf.distribute.get_strategy())
+
+
+class _Steps(step_hooks.StepHook):
+  """Records the steps a driver ran it at."""
+  reads_logs = False
+
+  def __init__(self):
+    self.steps = []
+
+  def on_step(self, model, step, logs):
+    self.steps.append(step)
+
+
+def test_fit_runs_the_callers_hooks_and_the_exchange_through_one_driver(tmp_path, monkeypatch):
+  drivers = []
+  make = step_hooks.driver_for
+  monkeypatch.setattr(step_hooks, "driver_for",
+                      lambda strategy, hooks: drivers.append(list(hooks)) or make(strategy, hooks))
+  mine = _Steps()
+  model = _compiled(tfc.CodistillModel(small_net(), alpha=1.0, exchange=tfc.Exchange(
+      str(tmp_path), 0, publish_every_steps=5, poll_interval_s=0.05)))
+  model.fit(_data(), epochs=1, steps_per_epoch=10, verbose=0, hooks=[mine])
+  hooks = model.exchange_hooks
+  assert len(drivers) == 1  # one driver: the caller's hook first, then the exchange's
+  assert drivers[0] == [mine, hooks.refresh, hooks.publisher]
+  assert mine.steps == list(range(1, 11))
+  stats = hooks.statistics()
+  assert stats["publishes"] >= 1 and stats["publish_failures"] == 0
+  assert stats["teacher_loads"] == 0 and stats["first_teachers_wait_s"] is None
+  assert set(hooks.windows()) == {"refresh", "publish"}
+
+
+def test_a_non_finite_loss_stops_the_teacher_loads_and_waits_for_the_publish(tmp_path):
+  class Stop(step_hooks.StepHook):
+    reads_logs = False
+
+    def on_step(self, model, step, logs):
+      if step == 6:
+        raise tfc.NonFiniteLossError("loss is NaN at step 6", step)
+
+  model = _compiled(tfc.CodistillModel(small_net(), alpha=1.0, exchange=tfc.Exchange(
+      str(tmp_path), 0, publish_every_steps=5, poll_interval_s=0.05)))
+  with pytest.raises(tfc.NonFiniteLossError, match="step 6"):
+    model.fit(_data(), epochs=1, steps_per_epoch=20, verbose=0, hooks=[Stop()])
+  pool = model.exchange_hooks.refresh.pool
+  assert pool._stop.is_set() and not pool._thread.is_alive()
+  # The publish of step 5 finished before fit returned: its version is complete.
+  assert [v.step for v in exchange.list_versions(str(tmp_path), 0)] == [5]

@@ -1,4 +1,4 @@
-"""trainer.train in this process: the step count asked for is the step count run."""
+"""trainer.train in this process: the steps asked for, the outputs, what the exchange did."""
 
 import functools
 import json
@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from data_pipelines import criteo
 from tf_codistill import layout
+from tf_codistill.exchange import directory as exchange
 from tf_codistill.models import ctr
 from tf_codistill.training import trainer
 
@@ -72,3 +73,22 @@ def test_a_malformed_file_is_reported_at_its_first_bad_line_whatever_its_kind(tm
     with trainer._data_errors(criteo.make_dataset):
       for _ in shuffled([path], 32, seed=seed):
         pass
+
+
+def test_a_codistilling_group_publishes_and_writes_what_its_exchange_did(tmp_path, criteo_dir):
+  exchange_dir = str(tmp_path / "exchange")
+  results = trainer.train(
+      str(tmp_path / "run"), group=0, num_groups=2, exchange_dir=exchange_dir,
+      train_files=[f"{criteo_dir}/train-*"], eval_files=[f"{criteo_dir}/eval-*"],
+      dataset_fn=functools.partial(criteo.make_dataset, num_buckets=1000),
+      model_fn=functools.partial(ctr.ctr_model, num_buckets=1000, embedding_dim=4,
+                                 hidden_units=(16,)),
+      codistill=True, exchange_every_steps=10, batch_size=32, train_steps=30,
+      steps_per_epoch=30, eval_steps=1, checkpoint_every_steps=30, verbose=0)
+  # No peer ever published: the group trained on its task loss and published on its cadence.
+  assert results["teacher_loads"] == 0 and results["teacher_groups"] == [1]
+  assert results["publishes"] >= 1 and results["publish_failures"] == 0
+  assert results["publish_refused_non_finite"] == 0
+  assert "other" in results["step_time_ms"]  # steps overlapping no exchange work
+  steps = [v.step for v in exchange.list_versions(exchange_dir, 0)]
+  assert steps and steps[0] == 30  # the final step is always published

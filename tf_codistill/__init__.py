@@ -43,7 +43,7 @@ _PUBLIC = {
     "parse_gin": "tf_codistill.launch.gin_config",
     "run_demo": "tf_codistill.launch.demo",
     "export": "tf_codistill.training.model",
-    "TrainConfig": "tf_codistill.training.trainer",
+    "TrainConfig": "tf_codistill.training.train_config",
     "train": "tf_codistill.training.trainer",
     "GroupTrainer": "tf_codistill.training.trainer",
     "launch": "tf_codistill.launch.launcher",

@@ -26,7 +26,7 @@ from data_pipelines import adult
 from data_pipelines import criteo
 from data_pipelines import images
 from data_pipelines import text_lm
-from tf_codistill.training import trainer
+from tf_codistill.training import inputs
 
 from testing_utils import GOOD_LINES
 from testing_utils import collect
@@ -354,8 +354,8 @@ def test_image_empty_file_is_an_error_naming_it_or_skipped_with_a_warning(tmp_pa
 
 def _trainer_error(dataset_fn, dataset):
   """The DataError the trainer makes of iterating ``dataset`` (from ``dataset_fn``)."""
-  with pytest.raises(trainer.DataError) as info:
-    with trainer._data_errors(dataset_fn):
+  with pytest.raises(inputs.DataError) as info:
+    with inputs.data_errors(dataset_fn):
       for _ in dataset:
         pass
   return str(info.value)

@@ -1,7 +1,7 @@
 """A local codistillation job, checked once and run: what ``tf-codistill-launch`` does.
 
 ``launch_job`` parses the gin configuration, validates every group's ``TrainConfig`` (the same
-``trainer.validate`` each task runs again before training), checks that the job and exchange
+``train_config.validate`` each task runs again before training), checks that the job and exchange
 directories are writable, generates sample data when no data is bound, and then runs the groups
 with ``launcher.launch``. What it refuses is a ``ConfigurationError`` naming the flag or gin
 binding, raised before any process starts.
@@ -21,7 +21,7 @@ from tf_codistill.exchange import directory as exchange
 from tf_codistill.launch import demo
 from tf_codistill.launch import gin_config as config
 from tf_codistill.launch import launcher
-from tf_codistill.training import trainer
+from tf_codistill.training import train_config as train_config_lib
 
 
 def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] = (),
@@ -53,10 +53,10 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
   files, sample_dir = _data_files(model_dir)
   overrides: Dict[str, Any] = {"strategy": strategy, **files,
                **({"teacher_graph": teacher_graph} if teacher_graph else {})}
-  train_config = trainer.TrainConfig(**overrides)
+  train_config = train_config_lib.TrainConfig(**overrides)
   shared_exchange = exchange_dir or layout.exchange_dir(model_dir)
   for group in range(num_groups):
-    trainer.validate(train_config, group=group, num_groups=num_groups,
+    train_config_lib.validate(train_config, group=group, num_groups=num_groups,
                      exchange_dir=shared_exchange)
   if launch_options.get("pin_groups"):
     launcher.split_cpus(num_groups)

@@ -53,9 +53,9 @@ def test_a_teacher_fn_that_does_not_fit_the_model_is_a_configuration_error():
   # A permanent failure (exit status of a configuration error), not one a restart would retry.
   from tf_codistill.models import ctr
   from tf_codistill.models import mlp
-  from tf_codistill.training import trainer
-  assert trainer.teacher_factory(None, mlp.mlp(num_classes=3)) is None
-  make = trainer.teacher_factory(ctr.ctr_teacher, mlp.mlp(num_classes=3))
-  with pytest.raises(trainer.ConfigurationError,
+  from tf_codistill.training import train_config
+  assert train_config.teacher_factory(None, mlp.mlp(num_classes=3)) is None
+  make = train_config.teacher_factory(ctr.ctr_teacher, mlp.mlp(num_classes=3))
+  with pytest.raises(train_config.ConfigurationError,
                      match="trainer.train.teacher_fn: .* is not a models.ctr_model"):
     make()

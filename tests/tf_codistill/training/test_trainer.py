@@ -1,19 +1,18 @@
 """trainer.train in this process: the steps asked for, the outputs, what the exchange did."""
 
+import dataclasses
 import functools
 import json
 import os
 
 import pytest
-import tensorflow as tf
 
 from data_pipelines import criteo
 from tf_codistill import layout
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.models import ctr
+from tf_codistill.training import train_config
 from tf_codistill.training import trainer
-
-import testing_utils
 
 
 def test_train_steps_are_honoured_when_not_a_whole_number_of_epochs(tmp_path, criteo_dir):
@@ -37,7 +36,6 @@ def test_train_steps_are_honoured_when_not_a_whole_number_of_epochs(tmp_path, cr
     assert json.load(f)["steps"] == 70
 
 
-
 def test_results_say_how_much_training_data_the_group_read(tmp_path, criteo_dir):
   results = trainer.train(
       str(tmp_path / "run"), train_files=[f"{criteo_dir}/train-*"],
@@ -49,30 +47,6 @@ def test_results_say_how_much_training_data_the_group_read(tmp_path, criteo_dir)
       checkpoint_every_steps=20, verbose=0)
   assert results["batch_size"] == 32 and results["data_split"] == "disjoint"
   assert results["train_examples"] == 20 * 32 and results["train_targets"] == 20 * 32
-
-
-def test_a_malformed_file_is_reported_at_its_first_bad_line_whatever_its_kind(tmp_path):
-  lines = [testing_utils.GOOD_LINES[0]] * 300
-  lines[50] = "1\t2\t3"  # line 51: a short row
-  lines[155] = b"\xff\xfe" + testing_utils.GOOD_LINES[0].encode()  # line 156: not UTF-8
-  path = testing_utils.write_lines(tmp_path / "train-00000-of-00001.tsv", lines)
-  shuffled = functools.partial(criteo.make_dataset, shuffle_buffer=300, num_buckets=10)
-
-  def first_error(seed):
-    try:
-      for _ in shuffled([path], 32, seed=seed):
-        pass
-    except tf.errors.InvalidArgumentError as e:
-      return e.message
-    return ""
-
-  # A shuffle that meets line 156 first: the pipeline alone names it, the trainer line 51.
-  seed = next(s for s in range(50) if f"{path}:156:" in first_error(s))
-  with pytest.raises(criteo.DataError, match=rf"{path}:51: expected 40 tab-separated fields, "
-                                             rf"got 3; fix the line"):
-    with trainer._data_errors(criteo.make_dataset):
-      for _ in shuffled([path], 32, seed=seed):
-        pass
 
 
 def test_a_codistilling_group_publishes_and_writes_what_its_exchange_did(tmp_path, criteo_dir):
@@ -92,3 +66,18 @@ def test_a_codistilling_group_publishes_and_writes_what_its_exchange_did(tmp_pat
   assert "other" in results["step_time_ms"]  # steps overlapping no exchange work
   steps = [v.step for v in exchange.list_versions(exchange_dir, 0)]
   assert steps and steps[0] == 30  # the final step is always published
+
+
+def test_the_exchange_config_carries_the_trainers_settings_and_none_without_codistillation():
+  config = train_config.TrainConfig(train_files=["x"], eval_files=["y"], codistill=True,
+                                    exchange_every_steps=7, keep_last=3, teacher_graph="ring")
+  group = trainer.GroupTrainer(config, "/tmp/unused", group=1, num_groups=3,
+                               exchange_dir="/tmp/exchange")
+  exchange = group.exchange_config()
+  assert (exchange.directory, exchange.group, exchange.num_groups) == ("/tmp/exchange", 1, 3)
+  assert exchange.publish_every_steps == 7 and exchange.keep_last == 3
+  assert group.peers == [0]  # the ring's predecessor
+  alone = trainer.GroupTrainer(dataclasses.replace(config, codistill=False), "/tmp/unused")
+  assert alone.exchange_config() is None and alone.peers == []
+  with pytest.raises(train_config.ConfigurationError, match="needs --exchange_dir"):
+    trainer.GroupTrainer(config, "/tmp/unused", group=0, num_groups=2).exchange_config()

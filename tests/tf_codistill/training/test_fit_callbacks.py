@@ -1,0 +1,82 @@
+"""fit's callbacks per strategy: the guard before anything that saves, the step limit last,
+the chief's monitoring only on the chief."""
+
+import dataclasses
+import functools
+
+import pytest
+import tensorflow as tf
+
+from data_pipelines import criteo
+from tf_codistill import step_hooks
+from tf_codistill.models import ctr
+from tf_codistill.optim import fused_models
+from tf_codistill.training import checkpointing
+from tf_codistill.training import fit_callbacks
+from tf_codistill.training import monitoring
+from tf_codistill.training import step_timing
+from tf_codistill.training import strategies
+from tf_codistill.training import train_config
+from tf_codistill.training import trainer
+
+CHIEF = strategies.TaskInfo("one_device", None, 0, 1, 0)
+PS_CHIEF = strategies.TaskInfo("parameter_server", "chief", 0, 1, 1)
+MWM_WORKER = strategies.TaskInfo("multi_worker_mirrored", "worker", 1, 2, 0)
+
+
+@pytest.fixture(scope="module")
+def built(criteo_dir, tmp_path_factory):
+  config = train_config.TrainConfig(
+      train_files=[f"{criteo_dir}/train-*"], eval_files=[f"{criteo_dir}/eval-*"],
+      dataset_fn=functools.partial(criteo.make_dataset, num_buckets=100),
+      model_fn=functools.partial(ctr.ctr_model, num_buckets=100, embedding_dim=2,
+                                 hidden_units=(4,)),
+      batch_size=16, train_steps=40, steps_per_epoch=20)
+  group = trainer.GroupTrainer(config, str(tmp_path_factory.mktemp("run")))
+  data = group.build_data()
+  model, local = group.build_model(tf.distribute.get_strategy(), data)
+  return config, group, model, local, data
+
+
+def _build(built, info, **settings):
+  config, group, model, local, data = built
+  where = fit_callbacks.GroupTask(0, group.run_dir, info, group.task)
+  return fit_callbacks.build(dataclasses.replace(config, **settings), where, model, local, data)
+
+
+def _kinds(objects):
+  return [type(o) for o in objects]
+
+
+def test_synchronous_chief_guards_before_backup_and_limits_steps_last(built):
+  callbacks = _build(built, CHIEF)
+  kinds = _kinds(callbacks.fit)
+  assert kinds[:2] == [step_hooks.NonFiniteGuard, fused_models.BackupAndRestore]
+  assert kinds[-1] is step_hooks.StepLimit
+  assert monitoring.LocalEvaluation in kinds and monitoring.ProgressLog in kinds
+  assert _kinds(callbacks.hooks) == [monitoring.Heartbeat, monitoring.StepSummaries,
+                                     step_timing.StepTimer]
+  assert callbacks.summary_writer is not None and callbacks.initial_epoch == 0
+
+
+def test_parameter_server_chief_runs_the_guard_first_in_the_polling_thread(built):
+  callbacks = _build(built, PS_CHIEF, strategy="parameter_server")
+  assert _kinds(callbacks.hooks)[0] is step_hooks.NonFiniteGuard
+  kinds = _kinds(callbacks.fit)
+  assert kinds[0] is checkpointing.EpochCheckpoint and step_hooks.NonFiniteGuard not in kinds
+  assert step_timing.ClosureTimer in kinds and kinds[-1] is step_hooks.StepLimit
+  assert isinstance(callbacks.step_timer, step_timing.ClosureTimer)
+
+
+def test_a_worker_that_is_not_the_chief_only_guards_backs_up_and_counts(built):
+  callbacks = _build(built, MWM_WORKER, strategy="multi_worker_mirrored")
+  assert _kinds(callbacks.fit) == [step_hooks.NonFiniteGuard, fused_models.BackupAndRestore,
+                                   step_hooks.StepLimit]
+  assert callbacks.hooks == [] and callbacks.summary_writer is None
+
+
+def test_optional_callbacks_come_with_their_settings(built):
+  callbacks = _build(built, CHIEF, max_wall_seconds=30.0, save_eval_predictions=True,
+                     prediction_history=True)
+  assert step_hooks.WallClockLimit in _kinds(callbacks.hooks)
+  assert monitoring.PredictionHistory in _kinds(callbacks.fit)

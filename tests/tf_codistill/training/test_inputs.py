@@ -1,0 +1,77 @@
+"""A group's input: pipelines checked before training, malformed records named by first line."""
+
+import functools
+
+import pytest
+import tensorflow as tf
+
+from data_pipelines import criteo
+from tf_codistill.training import inputs
+from tf_codistill.training import train_config
+
+import testing_utils
+
+
+def _config(criteo_dir, **settings):
+  return train_config.TrainConfig(**{
+      "train_files": [f"{criteo_dir}/train-*"], "eval_files": [f"{criteo_dir}/eval-*"],
+      "dataset_fn": functools.partial(criteo.make_dataset, num_buckets=100), "batch_size": 16,
+      **settings})
+
+
+def _first_batch(data):
+  features, _ = next(iter(data.train(repeat=False)))
+  return [x.numpy().tolist() for x in tf.nest.flatten(features)]
+
+
+def test_a_group_gets_its_own_shard_and_a_probe_of_real_examples(criteo_dir):
+  config = _config(criteo_dir, shuffle_buffer=0)
+  first, second = inputs.build(config, 0, 2), inputs.build(config, 1, 2)
+  assert _first_batch(first) != _first_batch(second)  # disjoint shards
+  same = inputs.build(_config(criteo_dir, shuffle_buffer=0, data_split="same"), 1, 2)
+  assert _first_batch(same) == _first_batch(first)
+  # The checks read examples; the counter of skipped lines starts again for training.
+  assert first.bad_lines.count == 0
+  tf.nest.assert_same_structure(first.sample, first.input_spec)
+  tf.nest.assert_same_structure(first.probe, first.input_spec)
+  assert len(list(first.predictions(2))) == 2
+  assert len(list(first.predictions(None))) == len(list(first.evaluation))
+
+
+def test_missing_files_name_the_binding(tmp_path, criteo_dir):
+  with pytest.raises(inputs.errors.ConfigurationError, match=r"trainer.train.eval_files: "):
+    inputs.build(_config(criteo_dir, eval_files=[str(tmp_path / "none-*")]), 0, 1)
+  with pytest.raises(inputs.errors.ConfigurationError, match=r"trainer.train.train_files: "):
+    inputs.build(_config(criteo_dir, train_files=[str(tmp_path / "none-*")]), 0, 1)
+
+
+def test_a_shard_without_one_valid_example_is_a_data_error(tmp_path, criteo_dir):
+  bad = testing_utils.write_lines(tmp_path / "train-00000-of-00001.tsv", ["1\t2\t3"] * 10)
+  skipping = functools.partial(criteo.make_dataset, num_buckets=100, bad_lines="skip")
+  with pytest.raises(inputs.DataError, match=r"group 1's shard of 2 holds no valid example"):
+    inputs.build(_config(criteo_dir, train_files=[bad], dataset_fn=skipping), 1, 2)
+
+
+def test_a_malformed_file_is_reported_at_its_first_bad_line_whatever_its_kind(tmp_path):
+  lines = [testing_utils.GOOD_LINES[0]] * 300
+  lines[50] = "1\t2\t3"  # line 51: a short row
+  lines[155] = b"\xff\xfe" + testing_utils.GOOD_LINES[0].encode()  # line 156: not UTF-8
+  path = testing_utils.write_lines(tmp_path / "train-00000-of-00001.tsv", lines)
+  shuffled = functools.partial(criteo.make_dataset, shuffle_buffer=300, num_buckets=10)
+
+  def first_error(seed):
+    try:
+      for _ in shuffled([path], 32, seed=seed):
+        pass
+    except tf.errors.InvalidArgumentError as e:
+      return e.message
+    return ""
+
+  # A shuffle that meets line 156 first: the pipeline alone names it, the trainer line 51.
+  seed = next(s for s in range(50) if f"{path}:156:" in first_error(s))
+  with pytest.raises(criteo.DataError, match=rf"{path}:51: expected 40 tab-separated fields, "
+                                             rf"got 3; fix the line, or bind "
+                                             rf"criteo.make_dataset.bad_lines = 'skip'"):
+    with inputs.data_errors(criteo.make_dataset):
+      for _ in shuffled([path], 32, seed=seed):
+        pass

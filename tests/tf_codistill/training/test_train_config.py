@@ -1,0 +1,49 @@
+"""TrainConfig's one check: each setting that cannot work is named before anything runs."""
+
+import pytest
+
+from tf_codistill.training import train_config
+
+FILES = dict(train_files=["x"], eval_files=["y"])
+
+
+@pytest.mark.parametrize("settings, where, message", [
+    ({}, dict(group=0, num_groups=0), r"--num_groups=0 must be >= 1"),
+    ({}, dict(group=2, num_groups=2), r"--group=2 is out of range for --num_groups=2"),
+    ({"codistill": True}, dict(group=0, num_groups=1), r"codistillation needs --num_groups >= 2"),
+    ({"codistill": True}, dict(group=0, num_groups=2, exchange_dir=None),
+     r"codistillation needs --exchange_dir"),
+    ({"data_split": "half"}, {}, r"trainer.train.data_split='half' is not one of"),
+    ({"optimizer": "lamb"}, {}, r"trainer.train.optimizer='lamb' is not one of"),
+    ({"train_steps": 0}, {}, r"trainer.train.train_steps=0 must be >= 1"),
+    ({"exchange_every_steps": 0}, {}, r"trainer.train.exchange_every_steps=0 must be >= 1"),
+    ({"strategy": "parameter_server", "wait_for_first_teachers_s": 5.0}, {},
+     r"wait_for_first_teachers_s cannot hold a parameter_server group"),
+    ({"strategy": "multi_worker_mirrored", "max_wall_seconds": 60.0}, {},
+     r"max_wall_seconds cannot end a multi_worker_mirrored group"),
+    ({"teacher_graph": "star"}, {}, r"trainer.train.teacher_graph='star'"),
+    ({"teacher_precision": "int4"}, {}, r"trainer.train.teacher_precision='int4'"),
+    ({"fusion": "fast"}, {}, r"trainer.train.fusion='fast'"),
+    ({"allreduce_dtype": "float16"}, {}, r"allreduce_dtype='float16' needs a synchronous group"),
+    ({"train_files": []}, {}, r"trainer.train.train_files is empty: bind it"),
+    ({"eval_files": []}, {}, r"trainer.train.eval_files is empty: bind it"),
+])
+def test_validate_names_the_setting_that_cannot_work(settings, where, message):
+  config = train_config.TrainConfig(**{**FILES, **settings})
+  where = {"group": 0, "num_groups": 2, "exchange_dir": "/tmp/exchange", **where}
+  with pytest.raises(train_config.ConfigurationError, match=message):
+    train_config.validate(config, **where)
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored", "multi_worker_mirrored",
+                                      "parameter_server"])
+def test_the_defaults_with_files_are_valid_under_every_strategy(strategy):
+  config = train_config.TrainConfig(strategy=strategy, **FILES)
+  train_config.validate(config, group=0, num_groups=1, exchange_dir=None)
+  codistilling = train_config.TrainConfig(strategy=strategy, codistill=True, **FILES)
+  train_config.validate(codistilling, group=1, num_groups=2, exchange_dir="/tmp/exchange")
+
+
+def test_every_optimizer_name_builds_its_keras_optimizer():
+  for name, make in train_config.OPTIMIZERS.items():
+    assert make(learning_rate=0.1).learning_rate.numpy() == pytest.approx(0.1), name

@@ -1,0 +1,113 @@
+"""What a group's ``fit`` runs besides the exchange: checkpoints, evaluation, monitoring, the
+NaN guard and the exact step limit, each placed where its strategy needs it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Tuple, Union
+
+import tensorflow as tf
+import tf_keras as keras
+
+from tf_codistill import layout
+from tf_codistill import step_hooks
+from tf_codistill.exchange import publishing
+from tf_codistill.optim import fused_models
+from tf_codistill.training import checkpointing
+from tf_codistill.training import monitoring
+from tf_codistill.training import results as results_lib
+from tf_codistill.training import step_timing
+from tf_codistill.training import strategies
+from tf_codistill.training import tasks as tasks_lib
+from tf_codistill.training.inputs import GroupData
+from tf_codistill.training.model import CodistillModel
+from tf_codistill.training.train_config import TrainConfig
+
+
+@dataclasses.dataclass
+class FitCallbacks:
+  """What ``fit`` runs, and the parts of it the results are read from."""
+  fit: List[keras.callbacks.Callback]
+  evaluation: monitoring.LocalEvaluation
+  hooks: List[step_hooks.StepHook] = dataclasses.field(default_factory=list)  # run by fit
+  initial_epoch: int = 0
+  summary_writer: Optional[tf.summary.SummaryWriter] = None
+  step_summaries: Optional[monitoring.StepSummaries] = None
+  step_timer: Optional[Union[step_timing.StepTimer, step_timing.ClosureTimer]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupTask:
+  """Which group this process trains, and its place in the group's cluster."""
+  group: int
+  run_dir: layout.RunDir
+  info: strategies.TaskInfo
+  task: tasks_lib.Task
+
+
+def build(config: TrainConfig, where: GroupTask, model: CodistillModel,
+          local: publishing.LocalCopy, data: GroupData) -> FitCallbacks:
+  """The callbacks and step hooks of ``fit``: the chief's monitoring, checkpoints (a
+  parameter-server group's own, BackupAndRestore otherwise), the guard, the step limit."""
+  evaluation = monitoring.LocalEvaluation(local, data.evaluation, where.task.task_loss(),
+                                          where.task.metrics, config.eval_steps)
+  callbacks = FitCallbacks(fit=[], evaluation=evaluation)
+  hooks: List[step_hooks.StepHook] = []
+  epoch_callbacks: List[keras.callbacks.Callback] = []
+  if where.info.is_chief:
+    hooks, epoch_callbacks = _chief_callbacks(config, where, local, data, callbacks)
+  parameter_server = config.strategy == "parameter_server"
+  if parameter_server:
+    checkpoints = checkpointing.EpochCheckpoint(where.run_dir.checkpoints, model,
+                                                before_save=model.flush_fusion)
+    callbacks.initial_epoch = checkpoints.restore() // config.steps_per_epoch
+    epoch_callbacks.insert(0, checkpoints)
+  else:
+    epoch_callbacks.insert(0, fused_models.BackupAndRestore(
+        where.run_dir.backup, model.flush_fusion, save_freq=config.checkpoint_every_steps))
+  guard = step_hooks.NonFiniteGuard()
+  if parameter_server:
+    # The guard runs first in fit's polling thread; it makes the driver stop training.
+    callbacks.hooks = [guard] + hooks
+    callbacks.fit = epoch_callbacks
+  else:
+    # The guard comes first: a NaN step is never checkpointed (BackupAndRestore) or published.
+    callbacks.hooks = hooks
+    callbacks.fit = [guard] + epoch_callbacks
+  callbacks.fit.append(step_hooks.StepLimit(config.train_steps, config.steps_per_epoch))
+  return callbacks
+
+
+def _chief_callbacks(config: TrainConfig, where: GroupTask, local: publishing.LocalCopy,
+                     data: GroupData, callbacks: FitCallbacks
+                     ) -> Tuple[List[step_hooks.StepHook], List[keras.callbacks.Callback]]:
+  """The chief's step hooks (heartbeat, step timing, summaries) and epoch callbacks."""
+  run, info = where.run_dir, where.info
+  callbacks.summary_writer = tf.summary.create_file_writer(run.step_summaries)
+  callbacks.step_summaries = monitoring.StepSummaries(
+      callbacks.summary_writer, config.batch_size, config.summary_every_steps,
+      counters={results_lib.SKIPPED_LINES_TAG: lambda: data.bad_lines.count})
+  hooks: List[step_hooks.StepHook] = [
+      monitoring.Heartbeat(run.heartbeat, config.heartbeat_every_s,
+                           f"{info.task_type or 'chief'}:{info.task_id}"),
+      callbacks.step_summaries]
+  parameter_server = config.strategy == "parameter_server"
+  if parameter_server:  # each scheduled step, timed as it finishes (a batch callback)
+    callbacks.step_timer = step_timing.ClosureTimer(config.steps_per_execution)
+  else:
+    callbacks.step_timer = step_timing.StepTimer(config.steps_per_epoch)
+    hooks.append(callbacks.step_timer)
+  if config.max_wall_seconds is not None:
+    hooks.append(step_hooks.WallClockLimit(config.max_wall_seconds))
+  epoch_callbacks: List[keras.callbacks.Callback] = [
+      callbacks.evaluation,
+      keras.callbacks.TensorBoard(run.tensorboard, update_freq="epoch"),
+      monitoring.ProgressLog(run.progress, where.group, config.train_steps,
+                             rates=callbacks.step_summaries.examples_per_sec)]
+  if parameter_server:
+    epoch_callbacks.append(callbacks.step_timer)
+  if config.save_eval_predictions and config.prediction_history:
+    epoch_callbacks.append(monitoring.PredictionHistory(
+        local, data.predictions(config.prediction_batches), where.task.output,
+        run.prediction_history, results_lib.save_npz))
+  return hooks, epoch_callbacks

@@ -1,0 +1,135 @@
+"""A group's input: its training and evaluation pipelines, checked before training, and
+malformed records reported by file and first bad line."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import tensorflow as tf
+
+from data_pipelines import criteo
+from tf_codistill import errors
+from tf_codistill.training import codistill_hooks
+from tf_codistill.training.train_config import TrainConfig
+
+DataError = criteo.DataError
+_MALFORMED_RE = re.compile(r"(malformed [^\[\]\n]*? (line|row|record) [^\]\n]*)")
+_MALFORMED_AT_RE = re.compile(r" (?:line|row|record) (.+?):\d+: ")  # the file of a message
+_RESCAN_BATCH = 1024
+
+
+@dataclasses.dataclass
+class GroupData:
+  """A group's input: its training pipeline (a function of the input context), evaluation set,
+  probe batch of real inputs, input spec and counter of skipped records."""
+  train: Callable[..., tf.data.Dataset]
+  evaluation: tf.data.Dataset
+  probe: Any
+  input_spec: Any
+  bad_lines: criteo.BadLineCounter
+
+  @property
+  def sample(self):
+    """Zeros of the input spec's shape: builds a model's variables without reading data."""
+    return codistill_hooks.sample_batch(self.input_spec)
+
+  def predictions(self, batches: Optional[int]) -> tf.data.Dataset:
+    """The evaluation batches whose predictions are kept (all of them when ``batches`` is None)."""
+    return self.evaluation if batches is None else self.evaluation.take(batches)
+
+
+def build(config: TrainConfig, group: int, num_groups: int) -> GroupData:
+  """The group's pipelines, checked: files exist, the evaluation set and this group's shard
+  of the training data hold valid examples."""
+  bad_lines = criteo.BadLineCounter()
+
+  def train_dataset(context: Optional[tf.distribute.InputContext] = None,
+                    repeat: bool = True) -> tf.data.Dataset:
+    pipelines, pipeline = ((context.num_input_pipelines, context.input_pipeline_id)
+                           if context else (1, 0))
+    batch = context.get_per_replica_batch_size(config.batch_size) if context \
+        else config.batch_size
+    groups, index = (num_groups, group) if config.data_split == "disjoint" else (1, 0)
+    return config.dataset_fn(
+        list(config.train_files), batch, shard_index=index * pipelines + pipeline,
+        num_shards=groups * pipelines, repeat=repeat, shuffle_buffer=config.shuffle_buffer,
+        seed=config.seed * 7919 + group * 101 + pipeline,
+        bad_line_counter=None if context else bad_lines)
+
+  with data_errors(config.dataset_fn):
+    evaluation = open_files("eval_files", lambda: config.dataset_fn(
+        list(config.eval_files), config.batch_size, bad_line_counter=bad_lines))
+    # A few real examples: published models and loaded teachers must predict finite values.
+    probe = codistill_hooks.probe_batch(evaluation)
+    check_train_data(open_files("train_files", lambda: train_dataset(repeat=False)),
+                     config.train_files, group, num_groups, config.data_split)
+    bad_lines.reset()  # the checks read lines the training reads again
+  return GroupData(train_dataset, evaluation, probe, evaluation.element_spec[0], bad_lines)
+
+
+def open_files(name: str, make: Callable[[], tf.data.Dataset]) -> tf.data.Dataset:
+  """``make()``, with a missing file or pattern reported as the binding to fix."""
+  try:
+    return make()
+  except FileNotFoundError as e:
+    raise errors.ConfigurationError(f"trainer.train.{name}: {str(e).splitlines()[0]}") from None
+
+
+@contextlib.contextmanager
+def data_errors(dataset_fn: Callable[..., tf.data.Dataset]) -> Iterator[None]:
+  """Turns a malformed-record error from ``dataset_fn``'s pipeline into DataError naming file and
+  line (or row, or record) and the binding that skips such records."""
+  try:
+    yield
+  except tf.errors.InvalidArgumentError as e:
+    match = _MALFORMED_RE.search(e.message or "")
+    if not match:
+      raise
+    kind = match.group(2)
+    first = first_malformed(dataset_fn, match.group(1).strip())
+    raise DataError(f"{first}; fix the {kind}, or bind "
+                    f"{bad_lines_binding(dataset_fn)} = 'skip' to skip malformed {kind}s"
+                    ) from None
+  except DataError as e:
+    raise DataError(str(e).splitlines()[0]) from None  # without gin's "In call to" line
+
+
+def first_malformed(dataset_fn: Callable[..., tf.data.Dataset], message: str) -> str:
+  """The message for the first malformed record of the file ``message`` names, in file order.
+
+  Shuffled, interleaved batches fail on whichever bad record a batch meets first; reading that
+  file alone, in order and unshuffled, up to its first failing batch names its first bad record
+  (``message`` if the file cannot be read again).
+  """
+  where = _MALFORMED_AT_RE.search(message)
+  if not where:
+    return message
+  try:
+    for _ in dataset_fn([where.group(1)], _RESCAN_BATCH):
+      pass
+  except tf.errors.InvalidArgumentError as e:
+    match = _MALFORMED_RE.search(e.message or "")
+    if match:
+      return match.group(1).strip()
+  except Exception:  # pylint: disable=broad-except
+    pass  # the file cannot be read again here (an unbound gin parameter, gone): keep the first
+  return message
+
+
+def bad_lines_binding(dataset_fn: Callable[..., tf.data.Dataset]) -> str:
+  """``dataset_fn``'s bad_lines gin binding, e.g. ``criteo.make_dataset.bad_lines``."""
+  module = getattr(dataset_fn, "__module__", "").rsplit(".", 1)[-1]
+  return f"{module}.{getattr(dataset_fn, '__name__', 'dataset_fn')}.bad_lines"
+
+
+def check_train_data(dataset: tf.data.Dataset, train_files: Sequence[str], group: int,
+                      num_groups: int, data_split: str) -> None:
+  """Raises DataError if this group's training shard yields no example (every line bad)."""
+  for _ in dataset.take(1):
+    return
+  shard = f"group {group}'s shard of {num_groups}" if data_split == "disjoint" else "the data"
+  raise DataError(f"trainer.train.train_files {list(train_files)}: {shard} holds no valid "
+                  "example (empty files, or every line malformed and skipped)")

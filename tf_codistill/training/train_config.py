@@ -1,0 +1,210 @@
+"""How one group trains (``trainer.train.*``): the typed configuration and its one check."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Sequence, Union
+
+import gin
+import tensorflow as tf
+import tf_keras as keras
+
+from data_pipelines import criteo
+from tf_codistill import errors
+from tf_codistill.exchange import config as exchange_config
+from tf_codistill.exchange import lean_versions
+from tf_codistill.exchange import topology
+from tf_codistill.models import ctr
+from tf_codistill.optim import comm
+from tf_codistill.optim import fusion as fusion_lib
+from tf_codistill.training import tasks as tasks_lib
+
+DATA_SPLITS = ("disjoint", "same")
+OPTIMIZERS = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD,
+              "adagrad": keras.optimizers.Adagrad, "rmsprop": keras.optimizers.RMSprop}
+PRECISIONS = exchange_config.PRECISIONS
+ConfigurationError = errors.ConfigurationError
+
+# Learning-rate schedules for trainer.train.learning_rate, e.g.
+#   trainer.train.learning_rate = @schedules.PiecewiseConstantDecay()
+#   schedules.PiecewiseConstantDecay.boundaries = [1000]
+#   schedules.PiecewiseConstantDecay.values = [1e-3, 1e-4]
+for _schedule in (keras.optimizers.schedules.PiecewiseConstantDecay,
+                  keras.optimizers.schedules.ExponentialDecay,
+                  keras.optimizers.schedules.CosineDecay):
+  gin.external_configurable(_schedule, module="schedules")
+
+
+
+@gin.configurable("train", module="trainer")
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """How one group trains: every ``trainer.train.<name>`` gin binding, typed; ``validate``
+  checks it once, in the launcher for every group and in every task.
+
+  ``strategy`` is one of strategies.KINDS; with a cluster it is read from TF_CONFIG, and workers
+  and ps tasks of a parameter-server group only serve. With ``codistill=True`` the group's chief
+  publishes to the exchange directory every ``exchange_every_steps`` steps and every training
+  task distills from the other groups' newest published versions: of every other group
+  (``teacher_graph='all_to_all'``) or of its predecessor only (``'ring'``), run in
+  ``teacher_precision`` (or built by ``teacher_fn(student)``, e.g. ``@models.ctr_teacher``, whose
+  own layers set the precision), each version published as ``publish_format`` (a SavedModel, or a
+  lean version: ``@tfc.PublishFormat()``, lean_versions.py); ``wait_for_first_teachers_s`` holds a
+  group that runs ahead until its peers' first versions are loaded (exchange_config.Exchange).
+  ``data_split='disjoint'`` gives each group (and each of its input pipelines) its own shard of
+  ``train_files``; ``batch_size`` is the global batch of one step; exactly ``train_steps`` steps
+  run, evaluated every ``steps_per_epoch``.
+  ``task`` (default ``tasks.BinaryTask()``) sets the loss, metrics and results keys;
+  ``prediction_batches`` caps the eval batches whose predictions ``save_eval_predictions`` keeps
+  (``eval_predictions.npz``; with ``prediction_history`` also at every evaluation, for churn vs
+  loss). ``fusion`` ('none', 'kernels', 'backward', 'forward') fuses the optimizer's updates
+  (fusion.py);
+  ``allreduce_dtype`` is the precision of a synchronous group's gradient all-reduce (comm.py).
+  ``intra_op_threads`` and ``inter_op_threads`` (0: TF's default) size this task's thread pools,
+  also a serving task's. The chief writes ``heartbeat.json`` every ``heartbeat_every_s``;
+  ``max_wall_seconds`` ends training early, as if ``train_steps`` were reached (not for
+  ``multi_worker_mirrored``); ``save_step_timeline`` writes every timed step interval (under
+  parameter servers one per scheduled step, step_timing.ClosureTimer) and refresh/publish window
+  (benchmarks/soak.py). Files: layout.RunDir.
+  """
+  strategy: str = "one_device"
+  train_files: Sequence[str] = ()
+  eval_files: Sequence[str] = ()
+  dataset_fn: Callable[..., tf.data.Dataset] = criteo.make_dataset
+  model_fn: Callable[[], keras.Model] = ctr.ctr_model
+  task: Optional[tasks_lib.Task] = None
+  batch_size: int = 512
+  train_steps: int = 1000
+  steps_per_epoch: int = 250
+  steps_per_execution: int = 1
+  eval_steps: Optional[int] = None
+  shuffle_buffer: int = 10_000
+  optimizer: str = "adam"
+  learning_rate: Union[float, keras.optimizers.schedules.LearningRateSchedule] = 1e-3
+  codistill: bool = False
+  alpha: float = 1.0
+  burn_in_steps: int = 0
+  distill_kind: str = "xent"
+  temperature: float = 1.0
+  teacher_graph: str = "all_to_all"
+  teacher_precision: str = "float32"
+  teacher_fn: Optional[Callable[[keras.Model], keras.Model]] = None
+  publish_format: lean_versions.PublishFormat = lean_versions.PublishFormat()
+  exchange_every_steps: int = 100
+  keep_last: int = 2
+  poll_interval_s: float = 2.0
+  wait_for_first_teachers_s: float = 0.0
+  data_split: str = "disjoint"
+  label_smoothing: float = 0.0
+  smoothing_prior: str = "uniform"
+  checkpoint_every_steps: int = 500
+  summary_every_steps: int = 50
+  seed: int = 0
+  save_eval_predictions: bool = False
+  prediction_batches: Optional[int] = None
+  prediction_history: bool = False
+  fusion: str = "none"
+  allreduce_dtype: str = "float32"
+  jit_compile: bool = False
+  intra_op_threads: int = 0
+  inter_op_threads: int = 0
+  heartbeat_every_s: float = 5.0
+  max_wall_seconds: Optional[float] = None
+  save_step_timeline: bool = False
+  verbose: int = 2
+
+
+def validate(config: TrainConfig, *, group: int, num_groups: int,
+             exchange_dir: Optional[str]) -> None:
+  """Raises ConfigurationError naming the first setting of group ``group`` that cannot work.
+
+  The one check of a configuration: the launcher runs it for every group before starting any,
+  and every task before it trains.
+  """
+  _validate(group, num_groups, config.codistill, exchange_dir, config.data_split,
+            config.optimizer)
+  _validate_comm(config.strategy, config.fusion, config.allreduce_dtype)
+  _validate_numbers(train_steps=config.train_steps, steps_per_epoch=config.steps_per_epoch,
+                    batch_size=config.batch_size, steps_per_execution=config.steps_per_execution,
+                    exchange_every_steps=config.exchange_every_steps, keep_last=config.keep_last,
+                    checkpoint_every_steps=config.checkpoint_every_steps)
+  if config.wait_for_first_teachers_s and config.strategy == "parameter_server":
+    raise ConfigurationError("trainer.train.wait_for_first_teachers_s cannot hold a "
+                             "parameter_server group (its steps are scheduled regardless of "
+                             "hooks): unbind it")
+  if config.max_wall_seconds is not None and config.strategy == "multi_worker_mirrored":
+    raise ConfigurationError("trainer.train.max_wall_seconds cannot end a multi_worker_mirrored "
+                             "group (its workers would wait for the chief): unbind it")
+  if config.teacher_graph not in topology.GRAPHS:
+    raise ConfigurationError(
+        f"trainer.train.teacher_graph={config.teacher_graph!r} is not one of {topology.GRAPHS}")
+  if config.teacher_precision not in PRECISIONS:
+    raise ConfigurationError(f"trainer.train.teacher_precision={config.teacher_precision!r} is "
+                             f"not one of {list(PRECISIONS)}")
+  if config.teacher_fn is not None and config.teacher_precision != "float32":
+    raise ConfigurationError(
+        f"trainer.train.teacher_precision={config.teacher_precision!r} applies to cloned "
+        "teachers, and trainer.train.teacher_fn is bound: set the precision in teacher_fn's own "
+        "bindings (e.g. models.ctr_teacher.dtype_policy) and unbind teacher_precision")
+  for name in ("train_files", "eval_files"):
+    if not getattr(config, name):
+      raise ConfigurationError(
+          f"trainer.train.{name} is empty: bind it, e.g. "
+          f"--gin_bindings=\"trainer.train.{name} = ['data/{name.split('_')[0]}-*']\"")
+
+
+def teacher_factory(teacher_fn: Optional[Callable[[keras.Model], keras.Model]],
+                    student: keras.Model) -> Optional[Callable[[], keras.Model]]:
+  """CodistillModel's ``teacher_factory`` from ``trainer.train.teacher_fn``: a teacher_fn that
+  cannot build a teacher of this student raises ConfigurationError naming the binding (a
+  permanent failure, not one a restart fixes)."""
+  if teacher_fn is None:
+    return None
+
+  def make() -> keras.Model:
+    try:
+      return teacher_fn(student)
+    except ValueError as e:
+      raise ConfigurationError(f"trainer.train.teacher_fn: {e}") from None
+  return make
+
+
+def _validate_numbers(**values: int) -> None:
+  for name, value in values.items():
+    if value < 1:
+      raise ConfigurationError(f"trainer.train.{name}={value} must be >= 1")
+
+
+def _validate_comm(strategy: str, fusion: str, allreduce_dtype: str) -> None:
+  if fusion not in fusion_lib.MODES:
+    raise ConfigurationError(f"trainer.train.fusion={fusion!r} is not one of {fusion_lib.MODES}")
+  if fusion == "forward" and strategy == "parameter_server":
+    raise ConfigurationError(
+        "trainer.train.fusion='forward' cannot run under strategy='parameter_server': "
+        "asynchronous workers would overwrite each other's pending gradients; use 'backward'")
+  if allreduce_dtype not in comm.DTYPES:
+    raise ConfigurationError(f"trainer.train.allreduce_dtype={allreduce_dtype!r} is not one of "
+                             f"{sorted(comm.DTYPES)}")
+  if allreduce_dtype != "float32" and strategy not in ("mirrored", "multi_worker_mirrored"):
+    raise ConfigurationError(
+        f"trainer.train.allreduce_dtype={allreduce_dtype!r} needs a synchronous group "
+        f"(strategy='multi_worker_mirrored' or 'mirrored'); strategy={strategy!r} has no "
+        "gradient all-reduce")
+
+
+def _validate(group: int, num_groups: int, codistill: bool, exchange_dir: Optional[str],
+              data_split: str, optimizer: str) -> None:
+  if num_groups < 1:
+    raise ConfigurationError(f"--num_groups={num_groups} must be >= 1")
+  if not 0 <= group < num_groups:
+    raise ConfigurationError(f"--group={group} is out of range for --num_groups={num_groups}")
+  if codistill and num_groups < 2:
+    raise ConfigurationError("codistillation needs --num_groups >= 2 (or bind "
+                             "trainer.train.codistill = False)")
+  if codistill and not exchange_dir:
+    raise ConfigurationError("codistillation needs --exchange_dir")
+  if data_split not in DATA_SPLITS:
+    raise ConfigurationError(f"trainer.train.data_split={data_split!r} is not one of {DATA_SPLITS}")
+  if optimizer not in OPTIMIZERS:
+    raise ConfigurationError(f"trainer.train.optimizer={optimizer!r} is not one of "
+                             f"{sorted(OPTIMIZERS)}")

@@ -42,7 +42,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("train_steps", 300, "Training steps per cluster arm.")
   flags.DEFINE_integer("batch_per_worker", 512, "Examples per worker step.")
   flags.DEFINE_integer("train_rows", 200_000, "Generated training rows.")
-  flags.DEFINE_integer("exchange_every_steps", 100, "Codistillation's default exchange interval.")
+  flags.DEFINE_integer("publish_every_steps", 100, "Codistillation's default exchange interval.")
   flags.DEFINE_integer("lean_steps", 3000, "Training steps whose snapshots the publish formats "
                        "are measured on (benchmarks/lean_exchange.py; 0: not measured).")
   flags.DEFINE_multi_integer("lean_intervals", [100, 1000], "Exchange intervals K of the publish "
@@ -203,7 +203,7 @@ def _goal_rows(summary: dict) -> List[List[str]]:
           "codistill_traffic_reduction_k1000": f"`{fmt}` versions at K=1000",
           "codistill_traffic_reduction_exact_deltas": f"`{EXACT_FORMAT}` versions at K=100",
           "codistill_traffic_reduction_saved_model":
-              f"SavedModel versions at K={summary['config']['exchange_every_steps']}"}
+              f"SavedModel versions at K={summary['config']['publish_every_steps']}"}
   rows = []
   for name, value in summary["goals"].items():
     met = summary["goal_verdicts"].get(name, {}).get("met")
@@ -252,7 +252,7 @@ def _formats_section(summary: dict) -> List[str]:
 def write_report(summary: dict, path: str) -> None:
   """report.md: the regenerating command, the bytes table, the cluster throughput and the goal."""
   cfg, table = summary["config"], summary["bytes"]
-  k = cfg["exchange_every_steps"]
+  k = cfg["publish_every_steps"]
   lines = [
       "# Benchmark suite `comm`", "",
       "Bytes one worker sends per step in a synchronous group's gradient all-reduce (computed "
@@ -331,13 +331,13 @@ def main(argv):
       write_report(json.load(f), os.path.join(os.path.dirname(FLAGS.out), "report.md"))
     return
   load_before = os.getloadavg()
-  table = bytes_table(FLAGS.batch_per_worker, FLAGS.exchange_every_steps)
+  table = bytes_table(FLAGS.batch_per_worker, FLAGS.publish_every_steps)
   print(f"\nbytes sent per worker per step (batch {FLAGS.batch_per_worker} per worker); "
-        f"codistillation publishes SavedModel/{FLAGS.exchange_every_steps} per step")
+        f"codistillation publishes SavedModel/{FLAGS.publish_every_steps} per step")
   print(f"{'model':<8} {'n':>2} " + " ".join(f"{v:>10}" for v in VARIANTS)
         + f" {'dense f32':>10} {'codistill':>10} {'reduction':>10}")
   for name, entry in table.items():
-    codistill = entry["codistill"][str(FLAGS.exchange_every_steps)]["bytes_per_step"]
+    codistill = entry["codistill"][str(FLAGS.publish_every_steps)]["bytes_per_step"]
     for w in WORKERS:
       sent = entry["allreduce"][str(w)]
       print(f"{name:<8} {w:>2} " + " ".join(f"{sent[v]['bytes_per_step'] / 1e3:>8.0f}kB"
@@ -371,7 +371,7 @@ def main(argv):
       "config": {"batch_per_worker": FLAGS.batch_per_worker, "workers": list(WORKERS),
                  "variants": {k: {"allreduce_dtype": d, "bytes_per_pack": p}
                               for k, (d, p) in VARIANTS.items()},
-                 "exchange_every_steps": FLAGS.exchange_every_steps,
+                 "publish_every_steps": FLAGS.publish_every_steps,
                  "train_steps": FLAGS.train_steps, "rounds": FLAGS.rounds,
                  "lean_steps": FLAGS.lean_steps, "lean_intervals": list(FLAGS.lean_intervals),
                  "headline_format": HEADLINE_FORMAT,
@@ -387,7 +387,7 @@ def main(argv):
   }
   machine.write_json(FLAGS.out, summary)
   write_report(summary, os.path.join(os.path.dirname(FLAGS.out), "report.md"))
-  print(f"codistill_traffic_reduction (ctr, 2 workers, K={FLAGS.exchange_every_steps}, "
+  print(f"codistill_traffic_reduction (ctr, 2 workers, K={FLAGS.publish_every_steps}, "
         f"{HEADLINE_FORMAT}): {_x(headline)}; SavedModel {saved_model:.1f}x; wrote {FLAGS.out}")
 
 

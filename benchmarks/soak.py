@@ -136,7 +136,7 @@ def _group_record(launch: standalone.Launch, group: int) -> dict:
   }
 
 
-def run_soak(work_dir: str, duration_s: float, exchange_every_steps: int = 40,
+def run_soak(work_dir: str, duration_s: float, publish_every_steps: int = 40,
              poll_interval_s: float = 0.5, steps_per_epoch: int = 2000, sample_s: float = 5.0,
              warmup_s: Optional[float] = None, strategy: str = "parameter_server",
              pin_groups: bool = True) -> dict:
@@ -152,7 +152,7 @@ def run_soak(work_dir: str, duration_s: float, exchange_every_steps: int = 40,
            else [])
   bindings = list(BINDINGS) + standalone.ctr_data_bindings(data) + [
       f"trainer.train.max_wall_seconds = {float(duration_s)}",
-      f"trainer.train.exchange_every_steps = {exchange_every_steps}",
+      f"trainer.train.publish_every_steps = {publish_every_steps}",
       f"trainer.train.poll_interval_s = {poll_interval_s}",
       f"trainer.train.steps_per_epoch = {steps_per_epoch}"]
   launch = standalone.Launch(standalone.launch_args(
@@ -176,7 +176,7 @@ def run_soak(work_dir: str, duration_s: float, exchange_every_steps: int = 40,
   if warmup_s is None:
     warmup_s = min(180.0, 0.25 * duration_s)
   return {"exit_code": code, "duration_s": duration_s, "wall_s": round(wall, 1),
-          "strategy": strategy, "exchange_every_steps": exchange_every_steps,
+          "strategy": strategy, "publish_every_steps": publish_every_steps,
           "group_cpus": {str(g): sorted(c) for g, c in cpus.items()},
           "poll_interval_s": poll_interval_s, "sample_s": sample_s, "warmup_s": warmup_s,
           "groups": {str(g): _group_record(launch, g) for g in (0, 1)},
@@ -342,7 +342,7 @@ def markdown_row(summary: dict) -> str:
 def _define_flags() -> None:
   """Flags of the script (defined only when run as one, so importing defines none)."""
   flags.DEFINE_float("duration_s", 1200.0, "Training time (trainer.train.max_wall_seconds).")
-  flags.DEFINE_integer("exchange_every_steps", 40, "Publish interval (steps).")
+  flags.DEFINE_integer("publish_every_steps", 40, "Publish interval (steps).")
   flags.DEFINE_float("poll_interval_s", 0.5, "How often each task looks for new teachers.")
   flags.DEFINE_float("sample_s", 5.0, "RSS sampling interval.")
   flags.DEFINE_string("strategy", "parameter_server", "Each group's strategy.")
@@ -363,7 +363,7 @@ def main(argv):
     return
   work = standalone.work_dir("soak")
   started = time.time()
-  run = run_soak(work, FLAGS.duration_s, FLAGS.exchange_every_steps, FLAGS.poll_interval_s,
+  run = run_soak(work, FLAGS.duration_s, FLAGS.publish_every_steps, FLAGS.poll_interval_s,
                  sample_s=FLAGS.sample_s, strategy=FLAGS.strategy, pin_groups=FLAGS.pin_groups)
   summary = {"command": "python -m benchmarks.soak " + " ".join(sys.argv[1:]),
              "cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),

@@ -95,11 +95,11 @@ def saved_model_bytes(path: str) -> int:
   return total
 
 
-def codistill_bytes(model: keras.Model, input_spec, exchange_every_steps: int) -> Dict[str, float]:
+def codistill_bytes(model: keras.Model, input_spec, publish_every_steps: int) -> Dict[str, float]:
   """What a codistillation group publishes per step: its SavedModel (as published to the
-  exchange directory) once every ``exchange_every_steps`` steps."""
+  exchange directory) once every ``publish_every_steps`` steps."""
   with tempfile.TemporaryDirectory() as tmp:
     exchange.save_model(model, os.path.join(tmp, "model"), input_spec)
     size = saved_model_bytes(os.path.join(tmp, "model"))
-  return {"saved_model_bytes": float(size), "exchange_every_steps": exchange_every_steps,
-          "bytes_per_step": size / exchange_every_steps}
+  return {"saved_model_bytes": float(size), "publish_every_steps": publish_every_steps,
+          "bytes_per_step": size / publish_every_steps}

@@ -24,7 +24,7 @@ SMALL_BINDINGS = (
     "trainer.train.batch_size = 120",
     "trainer.train.train_steps = 240",
     "trainer.train.steps_per_epoch = 80",
-    "trainer.train.exchange_every_steps = 40",
+    "trainer.train.publish_every_steps = 40",
     "trainer.train.burn_in_steps = 40",
     "trainer.train.poll_interval_s = 0.2",
     "trainer.train.shuffle_buffer = 1000",
@@ -154,6 +154,31 @@ def project_model(name):
   return ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16,), seed=0), "sigmoid", {
       "dense": tf.random.stateless_uniform([8, 13], [1, 2]),
       "categorical": tf.random.stateless_uniform([8, 26], [1, 2], 0, 100, tf.int64)}
+
+
+def restored_lm_teacher(exchange_dir, teacher_precision, probe=False):
+  """A float32 LM peer published as group 1 at step 40, and a student distilling from it in
+  ``teacher_precision`` whose pool restored and activated that version: (peer, output, x,
+  model, teacher)."""
+  import tensorflow as tf
+
+  from tf_codistill.exchange import directory as exchange
+  from tf_codistill.exchange.config import Exchange
+  from tf_codistill.teachers import pool as teachers
+  from tf_codistill.training.model import CodistillModel
+  peer, output, x = project_model("lm")
+  spec = {"tokens": tf.TensorSpec([None, 20], tf.int32)}
+  exchange.publish(peer, str(exchange_dir), 1, 40, spec)
+  student, _, _ = project_model("lm")
+  model = CodistillModel(student, exchange=Exchange(str(exchange_dir), group=0,
+                                                    teacher_precision=teacher_precision),
+                         output="softmax")
+  model(x)
+  pool = teachers.TeacherPool(str(exchange_dir), [1], model, spec, [None, 20, 200],
+                              probe=x if probe else None)
+  assert pool.poll_once() == 1 and pool.rejections == 0
+  model.activate_teacher(0, 40)
+  return peer, output, x, model, model.active_teacher(0)
 
 
 def student_and_pool(exchange_dir, peers=(1,), poll_interval_s=0.05, probe=None,

@@ -73,7 +73,7 @@ def test_publish_formats_are_measured_on_versions_read_back_and_reported(tmp_pat
   summary = {"command": "python -m benchmarks.comm", "bytes": table, "goals": goals,
              "goal_verdicts": {}, "cluster_throughput": {}, "publish_formats": lean,
              "load_avg_before": [0.1] * 3, "load_avg_after": [0.2] * 3,
-             "config": {"exchange_every_steps": 100, "variants": {}, "workers": [2],
+             "config": {"publish_every_steps": 100, "variants": {}, "workers": [2],
                         "batch_per_worker": 16, "tensorflow": "2.17.1",
                         "headline_format": comm_suite.HEADLINE_FORMAT}}
   comm_suite.write_report(summary, str(tmp_path / "report.md"))

@@ -50,7 +50,7 @@ def test_packing_changes_the_number_of_collectives_not_the_bytes():
 def test_codistill_bytes_is_the_saved_model_over_the_interval():
   model = _model()
   spec = {"ids": tf.TensorSpec([None, 2], tf.int64), "num": tf.TensorSpec([None, 3])}
-  result = traffic.codistill_bytes(model, spec, exchange_every_steps=100)
+  result = traffic.codistill_bytes(model, spec, publish_every_steps=100)
   weights = sum(w.size * 4 for w in model.get_weights())
   assert weights < result["saved_model_bytes"] < weights + 2_000_000
   assert result["bytes_per_step"] == result["saved_model_bytes"] / 100

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 COMMON = (
     "trainer.train.train_steps = 120",
     "trainer.train.steps_per_epoch = 40",
-    "trainer.train.exchange_every_steps = 40",
+    "trainer.train.publish_every_steps = 40",
     "trainer.train.burn_in_steps = 40",
     "trainer.train.poll_interval_s = 0.2",
     # On a loaded machine one group can finish all its steps before its peer's first publish.

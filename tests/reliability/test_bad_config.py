@@ -70,7 +70,7 @@ CASES = {
         "launch", ["--workers_per_group=1", "--ps_per_group=1"], "codistill_2way.gin",
         ["trainer.train.strategy = 'parameter_server'",
          "trainer.train.wait_for_first_teachers_s = 30.0"],
-        {}, "trainer.train.wait_for_first_teachers_s cannot hold a parameter_server group"),
+        {}, "trainer.train.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group"),
     "exchange_dir_not_writable_launch": (
         "launch", ["--exchange_dir={locked}/exchange"], "codistill_2way.gin", [], {},
         "--exchange_dir: cannot write to {locked}/exchange"),

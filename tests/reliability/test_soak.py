@@ -76,7 +76,7 @@ def test_teacher_reloads_on_parameter_servers_leave_memory_flat(tmp_path):
 
 
 def _run(tmp_path, duration_s, warmup_s, rss_tolerance_mib=40.0):
-  run = soak.run_soak(str(tmp_path), duration_s, exchange_every_steps=40, poll_interval_s=0.5,
+  run = soak.run_soak(str(tmp_path), duration_s, publish_every_steps=40, poll_interval_s=0.5,
                       sample_s=2.0, warmup_s=warmup_s)
   verdict = soak.judge(run, rss_tolerance_mib=rss_tolerance_mib)
   shown = json.dumps({"verdict": verdict, "groups": run["groups"]}, indent=1)[:6000]

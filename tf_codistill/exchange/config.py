@@ -105,6 +105,13 @@ class Exchange:
       raise ConfigurationError(f"Exchange.peers={list(peers)} must be other groups of "
                                f"range({self.num_groups}) than group {self.group}")
 
+  def check_strategy(self, parameter_server: bool) -> None:
+    """Raises ConfigurationError if this exchange cannot work under the group's strategy."""
+    if parameter_server and self.wait_for_first_teachers_s > 0:
+      raise ConfigurationError(
+          "Exchange.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group (its "
+          "steps are scheduled regardless of hooks): set it to 0")
+
   def peer_groups(self) -> List[int]:
     """The groups this group distills from, in ascending order."""
     if self.peers is not None:

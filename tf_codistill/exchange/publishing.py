@@ -75,7 +75,7 @@ class ExchangePublisher(StepHook):
                input_spec, *, keep_last: int = 2, probe=None,
                writer: Optional[lean_versions.LeanWriter] = None):
     if every_steps < 1:
-      raise ValueError(f"exchange_every_steps={every_steps} must be >= 1")
+      raise ValueError(f"publish_every_steps={every_steps} must be >= 1")
     self.probe = exchange.ProbeForward(probe)  # the published model must predict finite values
     self.writer = writer  # writes lean versions; None: SavedModels
     self.refused = 0  # snapshots not published because they were not finite

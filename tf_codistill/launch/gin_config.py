@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import logging
 import os
+import re
 import typing
 from typing import Any, Iterator, Optional, Sequence
 
@@ -27,6 +28,7 @@ from tf_codistill.models import mlp  # noqa: F401
 from tf_codistill.models import resnet  # noqa: F401
 from tf_codistill.training import strategies  # noqa: F401
 from tf_codistill.training import tasks  # noqa: F401
+from tf_codistill.training import train_config
 from tf_codistill.training import trainer  # noqa: F401
 
 REPO_GIN_DIR = os.path.join(
@@ -72,6 +74,9 @@ def parse_gin(gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = ()) -
       gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
                                           finalize_config=False)
   except (ValueError, TypeError, SyntaxError, IOError) as e:
+    renamed = re.search(r"'trainer\.train' doesn't have a parameter named '(\w+)'", str(e))
+    if renamed:
+      train_config.check_renamed([renamed.group(1)])
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ConfigError(f"gin configuration error: {first}") from e
   check_bound_types()

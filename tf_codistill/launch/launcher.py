@@ -405,6 +405,17 @@ def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
       signal.signal(s, handler)
 
 
+def _fail(group: _Group, task: Tuple[str, int], status: int, what: str) -> None:
+  """Marks ``group`` failed for good because ``task`` ``what``: logged with its log's tail,
+  recorded in the events, every task stopped."""
+  log = group.log_path(task)
+  group.failed = f"group {group.index} {task[0]}:{task[1]} {what}; log {log}:\n{log_tail(log)}"
+  logging.error("%s", group.failed)
+  group.events.write("failed", group=group.index, task=task[0], index=task[1], status=status,
+                     reason=group.failed.splitlines()[0])
+  group.stop_all()
+
+
 def _describe(status: int) -> str:
   """An exit status as people read it: 'status 1', 'signal SIGKILL'."""
   if status < 0:
@@ -446,26 +457,14 @@ def _supervise(group: _Group, max_restarts: int) -> None:
   if not dead:
     return
   task, status = dead[0]
-  log = group.log_path(task)
   permanent = [(t, code) for t, code in dead if code in errors.PERMANENT_EXIT_CODES]
   if permanent:
     task, status = permanent[0]
-    log = group.log_path(task)
-    group.failed = (f"group {group.index} {task[0]}:{task[1]} stopped on a "
-                    f"{errors.PERMANENT_EXIT_CODES[status]} (exit status {status}), not restarted; "
-                    f"log {log}:\n{log_tail(log)}")
-    logging.error("%s", group.failed)
-    group.events.write("failed", group=group.index, task=task[0], index=task[1], status=status,
-                       reason=group.failed.splitlines()[0])
-    group.stop_all()
+    _fail(group, task, status, f"stopped on a {errors.PERMANENT_EXIT_CODES[status]} (exit status "
+                               f"{status}), not restarted")
     return
   if group.restarts >= max_restarts:
-    group.failed = (f"group {group.index} {task[0]}:{task[1]} exited with status {status}; "
-                    f"log {log}:\n{log_tail(log)}")
-    logging.error("%s", group.failed)
-    group.events.write("failed", group=group.index, task=task[0], index=task[1], status=status,
-                       reason=group.failed.splitlines()[0])
-    group.stop_all()
+    _fail(group, task, status, f"exited with status {status}")
     return
   group.restarts += 1
   why = _describe(status)

@@ -16,7 +16,6 @@ import numpy as np
 import tensorflow as tf
 
 from tf_codistill import step_hooks
-from tf_codistill.errors import ConfigurationError
 from tf_codistill.exchange import directory as exchange_lib
 from tf_codistill.exchange import lean_versions
 from tf_codistill.exchange import publishing
@@ -128,12 +127,8 @@ def exchange_hooks(model, exchange: Exchange, input_spec,
     ConfigurationError: the chief cannot write to its group's exchange directory, or a wait for
       the first teachers is asked for under parameter servers.
   """
-  parameter_server = isinstance(model.distribute_strategy,
-                                tf.distribute.experimental.ParameterServerStrategy)
-  if parameter_server and exchange.wait_for_first_teachers_s > 0:
-    raise ConfigurationError(
-        "Exchange.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group (its "
-        "steps are scheduled regardless of hooks): set it to 0")
+  exchange.check_strategy(isinstance(model.distribute_strategy,
+                                     tf.distribute.experimental.ParameterServerStrategy))
   sample = sample_batch(input_spec)
   with model.distribute_strategy.scope():  # student and teacher variables exist from here on
     output_shape = [None] + model(sample).shape.as_list()[1:]

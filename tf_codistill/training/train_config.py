@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Callable, Optional, Sequence, Union
+import re
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import gin
 import tensorflow as tf
@@ -13,7 +15,6 @@ from data_pipelines import criteo
 from tf_codistill import errors
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import lean_versions
-from tf_codistill.exchange import topology
 from tf_codistill.models import ctr
 from tf_codistill.optim import comm
 from tf_codistill.optim import fusion as fusion_lib
@@ -22,8 +23,9 @@ from tf_codistill.training import tasks as tasks_lib
 DATA_SPLITS = ("disjoint", "same")
 OPTIMIZERS = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD,
               "adagrad": keras.optimizers.Adagrad, "rmsprop": keras.optimizers.RMSprop}
-PRECISIONS = exchange_config.PRECISIONS
 ConfigurationError = errors.ConfigurationError
+# Settings that were renamed: old trainer.train name -> new one (an old name is an error).
+RENAMED = {"exchange_every_steps": "publish_every_steps"}
 
 # Learning-rate schedules for trainer.train.learning_rate, e.g.
 #   trainer.train.learning_rate = @schedules.PiecewiseConstantDecay()
@@ -44,7 +46,7 @@ class TrainConfig:
 
   ``strategy`` is one of strategies.KINDS; with a cluster it is read from TF_CONFIG, and workers
   and ps tasks of a parameter-server group only serve. With ``codistill=True`` the group's chief
-  publishes to the exchange directory every ``exchange_every_steps`` steps and every training
+  publishes to the exchange directory every ``publish_every_steps`` steps and every training
   task distills from the other groups' newest published versions: of every other group
   (``teacher_graph='all_to_all'``) or of its predecessor only (``'ring'``), run in
   ``teacher_precision`` (or built by ``teacher_fn(student)``, e.g. ``@models.ctr_teacher``, whose
@@ -90,7 +92,7 @@ class TrainConfig:
   teacher_precision: str = "float32"
   teacher_fn: Optional[Callable[[keras.Model], keras.Model]] = None
   publish_format: lean_versions.PublishFormat = lean_versions.PublishFormat()
-  exchange_every_steps: int = 100
+  publish_every_steps: int = 100
   keep_last: int = 2
   poll_interval_s: float = 2.0
   wait_for_first_teachers_s: float = 0.0
@@ -114,6 +116,15 @@ class TrainConfig:
   verbose: int = 2
 
 
+def check_renamed(names: Sequence[str]) -> None:
+  """Raises ConfigurationError for a setting given by a name it no longer has."""
+  for name in names:
+    if name in RENAMED:
+      raise ConfigurationError(
+          f"trainer.train.{name} is now trainer.train.{RENAMED[name]} (the same setting as "
+          f"tfc.Exchange.{RENAMED[name]}): rename the binding")
+
+
 def validate(config: TrainConfig, *, group: int, num_groups: int,
              exchange_dir: Optional[str]) -> None:
   """Raises ConfigurationError naming the first setting of group ``group`` that cannot work.
@@ -126,21 +137,14 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
   _validate_comm(config.strategy, config.fusion, config.allreduce_dtype)
   _validate_numbers(train_steps=config.train_steps, steps_per_epoch=config.steps_per_epoch,
                     batch_size=config.batch_size, steps_per_execution=config.steps_per_execution,
-                    exchange_every_steps=config.exchange_every_steps, keep_last=config.keep_last,
                     checkpoint_every_steps=config.checkpoint_every_steps)
-  if config.wait_for_first_teachers_s and config.strategy == "parameter_server":
-    raise ConfigurationError("trainer.train.wait_for_first_teachers_s cannot hold a "
-                             "parameter_server group (its steps are scheduled regardless of "
-                             "hooks): unbind it")
+  if config.codistill:  # tfc.Exchange checks its own settings
+    exchange = exchange_for(config, exchange_dir or "", group, num_groups)
+    with _as_bindings():
+      exchange.check_strategy(config.strategy == "parameter_server")
   if config.max_wall_seconds is not None and config.strategy == "multi_worker_mirrored":
     raise ConfigurationError("trainer.train.max_wall_seconds cannot end a multi_worker_mirrored "
                              "group (its workers would wait for the chief): unbind it")
-  if config.teacher_graph not in topology.GRAPHS:
-    raise ConfigurationError(
-        f"trainer.train.teacher_graph={config.teacher_graph!r} is not one of {topology.GRAPHS}")
-  if config.teacher_precision not in PRECISIONS:
-    raise ConfigurationError(f"trainer.train.teacher_precision={config.teacher_precision!r} is "
-                             f"not one of {list(PRECISIONS)}")
   if config.teacher_fn is not None and config.teacher_precision != "float32":
     raise ConfigurationError(
         f"trainer.train.teacher_precision={config.teacher_precision!r} applies to cloned "
@@ -151,6 +155,30 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
       raise ConfigurationError(
           f"trainer.train.{name} is empty: bind it, e.g. "
           f"--gin_bindings=\"trainer.train.{name} = ['data/{name.split('_')[0]}-*']\"")
+
+
+def exchange_for(config: TrainConfig, directory: str, group: int, num_groups: int,
+                 input_spec: Any = None) -> exchange_config.Exchange:
+  """The group's ``tfc.Exchange`` from its ``trainer.train.*`` settings; the Exchange checks
+  them, and its errors name the trainer.train binding to change."""
+  with _as_bindings():
+    return exchange_config.Exchange(
+        directory, group, num_groups, config.teacher_graph,
+        publish_every_steps=config.publish_every_steps, keep_last=config.keep_last,
+        poll_interval_s=config.poll_interval_s, teacher_precision=config.teacher_precision,
+        publish_format=config.publish_format,
+        wait_for_first_teachers_s=config.wait_for_first_teachers_s, input_spec=input_spec)
+
+
+@contextlib.contextmanager
+def _as_bindings() -> Iterator[None]:
+  """Renames ``Exchange.<field>`` in an Exchange's ConfigurationError to its gin binding."""
+  try:
+    yield
+  except ConfigurationError as e:
+    message = re.sub(r"\bExchange\.(\w+)", r"trainer.train.\1", str(e))
+    message = re.sub(r"\bExchange: (\w+)=", r"trainer.train.\1=", message)
+    raise ConfigurationError(message.replace("set it to 0", "unbind it")) from None
 
 
 def teacher_factory(teacher_fn: Optional[Callable[[keras.Model], keras.Model]],

@@ -34,10 +34,12 @@ from tf_codistill.training import inputs
 from tf_codistill.training import results as results_lib
 from tf_codistill.training import strategies
 from tf_codistill.training import tasks as tasks_lib
+from tf_codistill.training import train_config
 from tf_codistill.training.model import CodistillModel
 from tf_codistill.training.model import clone_architecture
 from tf_codistill.training.train_config import OPTIMIZERS
 from tf_codistill.training.train_config import TrainConfig
+from tf_codistill.training.train_config import exchange_for
 from tf_codistill.training.train_config import teacher_factory
 from tf_codistill.training.train_config import validate
 
@@ -59,6 +61,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   also raised mid-training). A NaN/Inf loss raises NonFiniteLossError naming the step, before
   that step is checkpointed or published.
   """
+  train_config.check_renamed(list(settings))
   config = TrainConfig(**settings)
   validate(config, group=group, num_groups=num_groups, exchange_dir=exchange_dir)
   return GroupTrainer(config, model_dir, group, num_groups, exchange_dir).run()
@@ -181,12 +184,7 @@ class GroupTrainer:
     config = self.config
     if not config.codistill:
       return None
-    return exchange_config.Exchange(
-        self.shared_exchange, self.group, self.num_groups, config.teacher_graph,
-        publish_every_steps=config.exchange_every_steps, keep_last=config.keep_last,
-        poll_interval_s=config.poll_interval_s, teacher_precision=config.teacher_precision,
-        publish_format=config.publish_format,
-        wait_for_first_teachers_s=config.wait_for_first_teachers_s, input_spec=input_spec)
+    return exchange_for(config, self.shared_exchange, self.group, self.num_groups, input_spec)
 
   def fit(self, model: CodistillModel, data: inputs.GroupData, local: publishing.LocalCopy,
           callbacks: fit_callbacks.FitCallbacks) -> keras.callbacks.History:

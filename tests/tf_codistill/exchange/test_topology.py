@@ -40,10 +40,12 @@ def test_bad_arguments_fail():
 
 def test_trainer_refuses_unknown_graph_and_precision_naming_the_binding(tmp_path):
   from tf_codistill.training import trainer
+  codistilling = dict(group=0, num_groups=2, exchange_dir=str(tmp_path / "exchange"),
+                      codistill=True, train_files=["x"], eval_files=["y"])
   with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_graph='star'"):
-    trainer.train(str(tmp_path), teacher_graph="star", train_files=["x"], eval_files=["y"])
+    trainer.train(str(tmp_path), teacher_graph="star", **codistilling)
   with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_precision='int4'"):
-    trainer.train(str(tmp_path), teacher_precision="int4", train_files=["x"], eval_files=["y"])
+    trainer.train(str(tmp_path), teacher_precision="int4", **codistilling)
   with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_fn is bound"):
     trainer.train(str(tmp_path), teacher_precision="bfloat16", teacher_fn=lambda s: s,
                   train_files=["x"], eval_files=["y"])

@@ -31,3 +31,22 @@ def test_a_missing_include_is_a_config_error_naming_it(tmp_path):
       config.parse_gin([str(suite)])
   finally:
     gin.clear_config()
+
+
+def test_a_renamed_setting_names_its_new_name_in_gin_files_and_bindings(tmp_path):
+  suite = tmp_path / "old.gin"
+  suite.write_text("trainer.train.batch_size = 64\ntrainer.train.exchange_every_steps = 50\n")
+  message = (r"trainer.train.exchange_every_steps is now trainer.train.publish_every_steps "
+             r"\(the same setting as tfc.Exchange.publish_every_steps\): rename the binding")
+  gin.clear_config()
+  try:
+    with pytest.raises(config.errors.ConfigurationError, match=message):
+      config.parse_gin([str(suite)])
+    gin.clear_config()
+    with pytest.raises(config.errors.ConfigurationError, match=message):
+      config.parse_gin([], ["trainer.train.exchange_every_steps = 50"])
+    gin.clear_config()
+    config.parse_gin([], ["trainer.train.publish_every_steps = 50"])
+    assert gin.query_parameter("trainer.train.publish_every_steps") == 50
+  finally:
+    gin.clear_config()

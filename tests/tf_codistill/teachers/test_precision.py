@@ -6,13 +6,11 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tf_codistill import losses
-from tf_codistill.exchange import directory as exchange
-from tf_codistill.exchange.config import Exchange
-from tf_codistill.teachers import pool as teachers
 from tf_codistill.training.model import CodistillModel
 from tf_codistill.training.model import clone_architecture
 
 from testing_utils import project_model
+from testing_utils import restored_lm_teacher
 
 # Stated tolerance: bfloat16 keeps 8 bits of mantissa (relative error ~0.4% per operation), so
 # teacher probabilities stay within 0.02 (absolute) of float32 and the mean difference under 0.005.
@@ -57,18 +55,7 @@ def test_codistill_model_with_bfloat16_teachers_trains_in_float32():
 def test_pure_bfloat16_teacher_is_restored_from_a_float32_peer_version(tmp_path):
   # A peer publishes its float32 model as usual; the pool reads its float32 values by key and
   # casts them into the bfloat16 teacher (a checkpoint restores only into its saved dtype).
-  peer, output, x = project_model("lm")
-  spec = {"tokens": tf.TensorSpec([None, 20], tf.int32)}
-  exchange.publish(peer, str(tmp_path), 1, 40, spec)
-  student, _, _ = project_model("lm")
-  model = CodistillModel(student, exchange=Exchange(str(tmp_path), group=0,
-                                                    teacher_precision="bfloat16"),
-                         output="softmax")
-  model(x)
-  pool = teachers.TeacherPool(str(tmp_path), [1], model, spec, [None, 20, 200])
-  assert pool.poll_once() == 1 and pool.rejections == 0
-  model.activate_teacher(0, 40)
-  teacher = model.active_teacher(0)
+  peer, output, x, model, teacher = restored_lm_teacher(tmp_path, "bfloat16")
   assert {w.dtype for w in teacher.weights} == {tf.bfloat16}  # an LSTM LM has no BatchNorm
   for restored, original in zip(teacher.get_weights(), peer.get_weights()):
     np.testing.assert_allclose(restored.astype(np.float32), original, rtol=1e-2, atol=1e-6)

@@ -15,6 +15,7 @@ from tf_codistill.teachers import quantization
 from tf_codistill.training.model import CodistillModel
 
 from testing_utils import project_model
+from testing_utils import restored_lm_teacher
 
 # Stated tolerance: int8 codes keep a relative error of at most 1/254 of each row's largest
 # weight (times 1 + 2^-8: a scale is rounded to a bfloat16 value); through a small model,
@@ -84,17 +85,7 @@ def test_assign_float_weights_refuses_values_that_do_not_fit_naming_the_shape():
 
 
 def test_an_int8_teacher_is_restored_from_a_float32_peer_version(tmp_path):
-  peer, output, x = project_model("lm")
-  spec = {"tokens": tf.TensorSpec([None, 20], tf.int32)}
-  exchange.publish(peer, str(tmp_path), 1, 40, spec)
-  student, _, _ = project_model("lm")
-  model = CodistillModel(student, exchange=Exchange(str(tmp_path), group=0,
-                                                    teacher_precision="int8"), output="softmax")
-  model(x)
-  pool = teachers.TeacherPool(str(tmp_path), [1], model, spec, [None, 20, 200], probe=x)
-  assert pool.poll_once() == 1 and pool.rejections == 0
-  model.activate_teacher(0, 40)
-  teacher = model.active_teacher(0)
+  peer, output, x, model, teacher = restored_lm_teacher(tmp_path, "int8", probe=True)
   assert quantization.is_quantized(teacher)
   reference = losses.probabilities(peer(x, training=False), output).numpy()
   diff = np.abs(model.teacher_target(x).numpy() - reference)

@@ -1,5 +1,7 @@
 """TrainConfig's one check: each setting that cannot work is named before anything runs."""
 
+import dataclasses
+
 import pytest
 
 from tf_codistill.training import train_config
@@ -16,13 +18,18 @@ FILES = dict(train_files=["x"], eval_files=["y"])
     ({"data_split": "half"}, {}, r"trainer.train.data_split='half' is not one of"),
     ({"optimizer": "lamb"}, {}, r"trainer.train.optimizer='lamb' is not one of"),
     ({"train_steps": 0}, {}, r"trainer.train.train_steps=0 must be >= 1"),
-    ({"exchange_every_steps": 0}, {}, r"trainer.train.exchange_every_steps=0 must be >= 1"),
-    ({"strategy": "parameter_server", "wait_for_first_teachers_s": 5.0}, {},
-     r"wait_for_first_teachers_s cannot hold a parameter_server group"),
+    ({"codistill": True, "publish_every_steps": 0}, {},
+     r"trainer.train.publish_every_steps=0 must be >= 1"),
+    ({"codistill": True, "keep_last": 0}, {}, r"trainer.train.keep_last=0 must be >= 1"),
+    ({"codistill": True, "poll_interval_s": 0.0}, {}, r"trainer.train.poll_interval_s=0.0 must be"),
+    ({"codistill": True, "strategy": "parameter_server", "wait_for_first_teachers_s": 5.0}, {},
+     r"trainer.train.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group .* "
+     r"unbind it"),
     ({"strategy": "multi_worker_mirrored", "max_wall_seconds": 60.0}, {},
      r"max_wall_seconds cannot end a multi_worker_mirrored group"),
-    ({"teacher_graph": "star"}, {}, r"trainer.train.teacher_graph='star'"),
-    ({"teacher_precision": "int4"}, {}, r"trainer.train.teacher_precision='int4'"),
+    ({"codistill": True, "teacher_graph": "star"}, {}, r"trainer.train.teacher_graph='star'"),
+    ({"codistill": True, "teacher_precision": "int4"}, {},
+     r"trainer.train.teacher_precision='int4' is not one of"),
     ({"fusion": "fast"}, {}, r"trainer.train.fusion='fast'"),
     ({"allreduce_dtype": "float16"}, {}, r"allreduce_dtype='float16' needs a synchronous group"),
     ({"train_files": []}, {}, r"trainer.train.train_files is empty: bind it"),
@@ -47,3 +54,13 @@ def test_the_defaults_with_files_are_valid_under_every_strategy(strategy):
 def test_every_optimizer_name_builds_its_keras_optimizer():
   for name, make in train_config.OPTIMIZERS.items():
     assert make(learning_rate=0.1).learning_rate.numpy() == pytest.approx(0.1), name
+
+
+def test_a_renamed_setting_is_an_error_naming_its_new_name(tmp_path):
+  from tf_codistill.training import trainer
+  with pytest.raises(train_config.ConfigurationError,
+                     match=r"trainer.train.exchange_every_steps is now "
+                           r"trainer.train.publish_every_steps"):
+    trainer.train(str(tmp_path), exchange_every_steps=50, **FILES)
+  assert set(train_config.RENAMED.values()) <= {f.name for f in
+                                                dataclasses.fields(train_config.TrainConfig)}

@@ -57,7 +57,7 @@ def test_a_codistilling_group_publishes_and_writes_what_its_exchange_did(tmp_pat
       dataset_fn=functools.partial(criteo.make_dataset, num_buckets=1000),
       model_fn=functools.partial(ctr.ctr_model, num_buckets=1000, embedding_dim=4,
                                  hidden_units=(16,)),
-      codistill=True, exchange_every_steps=10, batch_size=32, train_steps=30,
+      codistill=True, publish_every_steps=10, batch_size=32, train_steps=30,
       steps_per_epoch=30, eval_steps=1, checkpoint_every_steps=30, verbose=0)
   # No peer ever published: the group trained on its task loss and published on its cadence.
   assert results["teacher_loads"] == 0 and results["teacher_groups"] == [1]
@@ -70,7 +70,7 @@ def test_a_codistilling_group_publishes_and_writes_what_its_exchange_did(tmp_pat
 
 def test_the_exchange_config_carries_the_trainers_settings_and_none_without_codistillation():
   config = train_config.TrainConfig(train_files=["x"], eval_files=["y"], codistill=True,
-                                    exchange_every_steps=7, keep_last=3, teacher_graph="ring")
+                                    publish_every_steps=7, keep_last=3, teacher_graph="ring")
   group = trainer.GroupTrainer(config, "/tmp/unused", group=1, num_groups=3,
                                exchange_dir="/tmp/exchange")
   exchange = group.exchange_config()

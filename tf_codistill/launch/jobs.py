@@ -57,7 +57,7 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
   shared_exchange = exchange_dir or layout.exchange_dir(model_dir)
   for group in range(num_groups):
     train_config_lib.validate(train_config, group=group, num_groups=num_groups,
-                     exchange_dir=shared_exchange)
+                              exchange_dir=shared_exchange)
   if launch_options.get("pin_groups"):
     launcher.split_cpus(num_groups)
   for flag, directory in (("--model_dir", model_dir), ("--exchange_dir", shared_exchange)):

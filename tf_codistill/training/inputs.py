@@ -126,7 +126,7 @@ def bad_lines_binding(dataset_fn: Callable[..., tf.data.Dataset]) -> str:
 
 
 def check_train_data(dataset: tf.data.Dataset, train_files: Sequence[str], group: int,
-                      num_groups: int, data_split: str) -> None:
+                     num_groups: int, data_split: str) -> None:
   """Raises DataError if this group's training shard yields no example (every line bad)."""
   for _ in dataset.take(1):
     return

@@ -24,8 +24,10 @@ DATA_SPLITS = ("disjoint", "same")
 OPTIMIZERS = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD,
               "adagrad": keras.optimizers.Adagrad, "rmsprop": keras.optimizers.RMSprop}
 ConfigurationError = errors.ConfigurationError
-# Settings that were renamed: old trainer.train name -> new one (an old name is an error).
-RENAMED = {"exchange_every_steps": "publish_every_steps"}
+# Settings that were renamed: old trainer.train name -> (new name, what it is); an old name is
+# an error naming the new one.
+RENAMED = {"exchange_every_steps": ("publish_every_steps",
+                                    "the same setting as tfc.Exchange.publish_every_steps")}
 
 # Learning-rate schedules for trainer.train.learning_rate, e.g.
 #   trainer.train.learning_rate = @schedules.PiecewiseConstantDecay()
@@ -35,7 +37,6 @@ for _schedule in (keras.optimizers.schedules.PiecewiseConstantDecay,
                   keras.optimizers.schedules.ExponentialDecay,
                   keras.optimizers.schedules.CosineDecay):
   gin.external_configurable(_schedule, module="schedules")
-
 
 
 @gin.configurable("train", module="trainer")
@@ -120,9 +121,9 @@ def check_renamed(names: Sequence[str]) -> None:
   """Raises ConfigurationError for a setting given by a name it no longer has."""
   for name in names:
     if name in RENAMED:
+      new, what = RENAMED[name]
       raise ConfigurationError(
-          f"trainer.train.{name} is now trainer.train.{RENAMED[name]} (the same setting as "
-          f"tfc.Exchange.{RENAMED[name]}): rename the binding")
+          f"trainer.train.{name} is now trainer.train.{new} ({what}): rename the binding")
 
 
 def validate(config: TrainConfig, *, group: int, num_groups: int,
@@ -178,7 +179,7 @@ def _as_bindings() -> Iterator[None]:
   except ConfigurationError as e:
     message = re.sub(r"\bExchange\.(\w+)", r"trainer.train.\1", str(e))
     message = re.sub(r"\bExchange: (\w+)=", r"trainer.train.\1=", message)
-    raise ConfigurationError(message.replace("set it to 0", "unbind it")) from None
+    raise ConfigurationError(message) from None
 
 
 def teacher_factory(teacher_fn: Optional[Callable[[keras.Model], keras.Model]],

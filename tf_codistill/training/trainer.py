@@ -37,15 +37,11 @@ from tf_codistill.training import tasks as tasks_lib
 from tf_codistill.training import train_config
 from tf_codistill.training.model import CodistillModel
 from tf_codistill.training.model import clone_architecture
-from tf_codistill.training.train_config import OPTIMIZERS
 from tf_codistill.training.train_config import TrainConfig
-from tf_codistill.training.train_config import exchange_for
-from tf_codistill.training.train_config import teacher_factory
-from tf_codistill.training.train_config import validate
 
 ConfigurationError = errors.ConfigurationError
 NonFiniteLossError = errors.NonFiniteLossError
-__all__ = ["GroupTrainer", "TrainConfig", "train", "validate"]
+__all__ = ["GroupTrainer", "train"]
 
 
 def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
@@ -63,7 +59,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   """
   train_config.check_renamed(list(settings))
   config = TrainConfig(**settings)
-  validate(config, group=group, num_groups=num_groups, exchange_dir=exchange_dir)
+  train_config.validate(config, group=group, num_groups=num_groups, exchange_dir=exchange_dir)
   return GroupTrainer(config, model_dir, group, num_groups, exchange_dir).run()
 
 
@@ -151,13 +147,13 @@ class GroupTrainer:
                  if config.allreduce_dtype != "float32" else None)
       model = CodistillModel(
           student, exchange=self.exchange_config(data.input_spec),
-          teacher_factory=teacher_factory(config.teacher_fn, student),
+          teacher_factory=train_config.teacher_factory(config.teacher_fn, student),
           alpha=config.alpha,
           burn_in_steps=config.burn_in_steps, output=self.task.output,
           distill_kind=config.distill_kind, temperature=config.temperature,
           fusion=config.fusion, reducer=reducer, fusion_binding="trainer.train.fusion")
       try:
-        model.compile(optimizer=OPTIMIZERS[config.optimizer](learning_rate=config.learning_rate),
+        model.compile(optimizer=train_config.OPTIMIZERS[config.optimizer](learning_rate=config.learning_rate),
                       loss=task_loss, metrics=self.task.metrics(),
                       steps_per_execution=config.steps_per_execution,
                       jit_compile=config.jit_compile)
@@ -184,7 +180,8 @@ class GroupTrainer:
     config = self.config
     if not config.codistill:
       return None
-    return exchange_for(config, self.shared_exchange, self.group, self.num_groups, input_spec)
+    return train_config.exchange_for(config, self.shared_exchange, self.group,
+                                     self.num_groups, input_spec)
 
   def fit(self, model: CodistillModel, data: inputs.GroupData, local: publishing.LocalCopy,
           callbacks: fit_callbacks.FitCallbacks) -> keras.callbacks.History:

@@ -8,6 +8,8 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
   ``tf.distribute`` strategy.
 * ``tfc.Exchange``: where and how a group exchanges models with its peers;
   ``tfc.PublishFormat``: whole SavedModels, or lean versions (bfloat16/int8 weights, row deltas).
+* ``tfc.ParameterAveraging``: parameter averaging between the groups every H steps (DiLoCo's
+  outer Nesterov step, or local SGD), beside or instead of distillation (``Exchange.averaging``).
 * ``tfc.prediction_churn``: how much two models' predictions on a dataset differ;
   ``tfc.predict_probabilities`` and ``tfc.pairwise_churn`` do it for SavedModels (exports or
   exchange versions).
@@ -22,8 +24,8 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
 * ``tfc.parse_gin``: gin files and bindings parsed, every bound value checked against its type.
 * ``tfc.run_demo``: the README's demo (a small 2-way job and its baseline, on generated data).
 * ``tfc.ConfigurationError``, ``tfc.DataError``, ``tfc.NonFiniteLossError``,
-  ``tfc.GroupFailedError``: what fails; ``tf_codistill.errors``: the exit statuses of a task that
-  failed for good.
+  ``tfc.GroupFailedError``, ``tfc.AveragingError``: what fails; ``tf_codistill.errors``: the
+  exit statuses of a task that failed for good.
 
 Names are resolved on first use, so importing the package (e.g. by the launcher) stays cheap.
 """
@@ -37,6 +39,8 @@ _PUBLIC = {
     "clone_architecture": "tf_codistill.training.model",
     "Exchange": "tf_codistill.exchange.config",
     "PublishFormat": "tf_codistill.exchange.lean_versions",
+    "ParameterAveraging": "tf_codistill.exchange.averaging",
+    "AveragingError": "tf_codistill.exchange.averaging",
     "prediction_churn": "tf_codistill.metrics",
     "predict_probabilities": "tf_codistill.metrics",
     "pairwise_churn": "tf_codistill.metrics",

@@ -71,6 +71,21 @@ CASES = {
         ["trainer.train.strategy = 'parameter_server'",
          "trainer.train.wait_for_first_teachers_s = 30.0"],
         {}, "trainer.train.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group"),
+    "one_group_with_averaging": (
+        "launch", ["--num_groups=1"], "baseline.gin",
+        ["trainer.train.averaging = @tfc.ParameterAveraging()"], {},
+        "parameter averaging needs --num_groups >= 2 (or unbind trainer.train.averaging)"),
+    "averaging_interval_zero": (
+        "launch", [], "codistill_2way.gin",
+        ["trainer.train.averaging = @tfc.ParameterAveraging()",
+         "tfc.ParameterAveraging.every_steps = 0"], {},
+        "ParameterAveraging.every_steps=0 must be >= 1"),
+    "averaging_unknown_outer_optimizer": (
+        "launch", [], "codistill_2way.gin",
+        ["trainer.train.averaging = @tfc.ParameterAveraging()",
+         "tfc.ParameterAveraging.outer_optimizer = 'adam'"], {},
+        "ParameterAveraging.outer_optimizer='adam' is not one of ['nesterov', 'momentum', "
+        "'average']"),
     "exchange_dir_not_writable_launch": (
         "launch", ["--exchange_dir={locked}/exchange"], "codistill_2way.gin", [], {},
         "--exchange_dir: cannot write to {locked}/exchange"),

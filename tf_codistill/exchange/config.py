@@ -14,6 +14,7 @@ from typing import Any, List, Optional, Sequence
 import gin
 
 from tf_codistill.errors import ConfigurationError
+from tf_codistill.exchange import averaging as averaging_lib
 from tf_codistill.exchange import lean_versions
 from tf_codistill.exchange import topology
 
@@ -60,6 +61,10 @@ class Exchange:
       collectives' timeout (``strategies.make_strategy.timeout_seconds``).
     input_spec: the student's input spec (a ``tf.TensorSpec`` or a dict of them), needed only
       when ``fit`` is not given a ``tf.data.Dataset`` and the model was never called.
+    averaging: parameter averaging between the groups every ``averaging.every_steps`` steps
+      (``tfc.ParameterAveraging``: DiLoCo, local SGD), beside or instead of distillation.
+    distill: whether to distill from peers (publish the student, load teachers); False with
+      ``averaging`` averages parameters only.
 
   Raises:
     ConfigurationError: a value that cannot work, named by its field.
@@ -77,10 +82,17 @@ class Exchange:
   publish_format: lean_versions.PublishFormat = lean_versions.PublishFormat()
   wait_for_first_teachers_s: float = 0.0
   input_spec: Any = None
+  averaging: Optional[averaging_lib.ParameterAveraging] = None
+  distill: bool = True
 
   def __post_init__(self):
     if not self.directory:
       raise ConfigurationError("Exchange.directory is empty: give the shared exchange directory")
+    if not self.distill and self.averaging is None:
+      raise ConfigurationError("Exchange.distill=False and no Exchange.averaging: the groups "
+                               "would exchange nothing")
+    if self.averaging is not None:
+      self.averaging.check_job(self.directory, self.num_groups)
     if self.teacher_precision not in PRECISIONS:
       raise ConfigurationError(f"Exchange.teacher_precision={self.teacher_precision!r} is not "
                                f"one of {list(PRECISIONS)}")
@@ -120,7 +132,8 @@ class Exchange:
 
   @property
   def num_teachers(self) -> int:
-    return len(self.peer_groups())
+    """How many teachers a CodistillModel of this exchange averages (0 without distillation)."""
+    return len(self.peer_groups()) if self.distill else 0
 
   def teacher_dtype_policy(self) -> Optional[str]:
     """The dtype policy of teacher copies (None: the student's own)."""

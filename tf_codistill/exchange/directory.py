@@ -34,7 +34,7 @@ import re
 import threading
 import time
 import uuid
-from typing import Callable, Dict, List, Optional, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
 import tf_keras as keras
@@ -125,13 +125,15 @@ def serving_function(model: keras.Model, input_spec) -> tf.types.experimental.Co
   return serve.get_concrete_function()
 
 
-def _remove_quietly(path: str) -> None:
-  """Best-effort removal of a partly written directory (after a failed write)."""
+def remove_quietly(path: str) -> None:
+  """Best-effort removal of a directory or file (a partly written one, an old round's)."""
   try:
-    if tf.io.gfile.exists(path):
+    if tf.io.gfile.isdir(path):
       tf.io.gfile.rmtree(path)
+    elif tf.io.gfile.exists(path):
+      tf.io.gfile.remove(path)
   except (tf.errors.OpError, OSError) as e:
-    logging.warning("exchange: could not remove %s after a failed write: %s", path, e)
+    logging.warning("exchange: could not remove %s: %s", path, e)
 
 
 def save_model(model: keras.Model, path: str, input_spec) -> None:
@@ -152,7 +154,7 @@ def _write_directory(path: str, write: Callable[[str], None]) -> None:
   try:
     write(tmp)
   except BaseException:
-    _remove_quietly(tmp)
+    remove_quietly(tmp)
     raise
   if tf.io.gfile.exists(path):
     tf.io.gfile.rmtree(path)
@@ -181,10 +183,16 @@ def write_version(exchange_dir: str, group: int, step: int, write: Callable[[str
   final = version_dir(exchange_dir, group, step)
   # Leftovers of an interrupted or failed publish hold space a full disk needs back.
   _remove_stale_tmp(exchange_dir, group)
-  _write_directory(final, write)
-  _write_marker(final, dict(marker, group=group, step=int(step), time=time.time()))
+  write_complete(final, write, dict(marker, group=group, step=int(step)))
   collect_garbage(exchange_dir, group, keep_last)
   return final
+
+
+def write_complete(final: str, write: Callable[[str], None], marker: dict) -> None:
+  """``write(tmp_dir)`` fills a temporary sibling of ``final``, renamed into place, which then
+  gets its COMPLETE marker (``marker`` plus time and file sizes); on failure nothing is left."""
+  _write_directory(final, write)
+  _write_marker(final, dict(marker, time=time.time()))
 
 
 def _write_marker(final: str, marker: dict) -> None:
@@ -193,17 +201,21 @@ def _write_marker(final: str, marker: dict) -> None:
     marker = dict(marker, files=_list_files(final))
     write_atomically(os.path.join(final, MARKER), json.dumps(marker, sort_keys=True))
   except BaseException:
-    _remove_quietly(final)
+    remove_quietly(final)
     raise
 
 
 def _remove_stale_tmp(exchange_dir: str, group: int) -> None:
-  root = group_dir(exchange_dir, group)
+  remove_stale_tmp(group_dir(exchange_dir, group))
+
+
+def remove_stale_tmp(root: str) -> None:
+  """Removes what interrupted writes under ``root`` left (call only as ``root``'s one writer)."""
   if not tf.io.gfile.isdir(root):
     return
   for name in tf.io.gfile.listdir(root):
     if name.rstrip("/").startswith(_TMP_PREFIX):
-      _remove_quietly(os.path.join(root, name.rstrip("/")))
+      remove_quietly(os.path.join(root, name.rstrip("/")))
 
 
 def publish_saved_model(saved_model_path: str, exchange_dir: str, group: int, step: int, *,
@@ -257,16 +269,21 @@ def collect_garbage(exchange_dir: str, group: int, keep_last: int) -> None:
 
 def list_versions(exchange_dir: str, group: int) -> List[Version]:
   """Published versions of ``group`` that carry a completeness marker, newest first."""
-  root = group_dir(exchange_dir, group)
+  return [Version(group, step, path) for step, path in complete_steps(group_dir(exchange_dir,
+                                                                               group))]
+
+
+def complete_steps(root: str) -> List[Tuple[int, str]]:
+  """(step, path) of every ``root/step_<n>`` that carries a completeness marker, newest first."""
   if not tf.io.gfile.isdir(root):
     return []
-  versions = []
+  steps = []
   for name in tf.io.gfile.listdir(root):
     match = _VERSION_RE.match(name.rstrip("/"))
     path = os.path.join(root, name.rstrip("/"))
     if match and tf.io.gfile.exists(os.path.join(path, MARKER)):
-      versions.append(Version(group, int(match.group(1)), path))
-  return sorted(versions, key=lambda v: v.step, reverse=True)
+      steps.append((int(match.group(1)), path))
+  return sorted(steps, reverse=True)
 
 
 def read_marker(version: Version) -> dict:

@@ -1,10 +1,12 @@
-"""Codistillation inside ``model.fit``: the hooks that publish the student and refresh teachers.
+"""The exchange inside ``model.fit``: hooks that publish the student, refresh teachers, average.
 
 A ``CodistillModel`` given an ``Exchange`` runs the hooks of ``exchange_hooks`` in every
 ``fit``: the chief publishes the student every ``publish_every_steps`` steps (off the training
 thread), and every training process loads the peers' newest complete versions in a background
 thread and swaps them in between two steps. Under ``ParameterServerStrategy``, where tf_keras
-allows no batch-level callbacks, the same work runs from a thread polling the step.
+allows no batch-level callbacks, the same work runs from a thread polling the step. With
+``Exchange.averaging`` every training process also takes the parameter-averaging rounds
+(``averaging_hooks``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
+import tf_keras as keras
 
 from tf_codistill import step_hooks
+from tf_codistill.exchange import averaging as averaging_lib
 from tf_codistill.exchange import directory as exchange_lib
 from tf_codistill.exchange import lean_versions
 from tf_codistill.exchange import publishing
 from tf_codistill.exchange.config import Exchange
 from tf_codistill.teachers import pool as teachers_lib
+from tf_codistill.training import averaging_hooks
 
 PROBE_EXAMPLES = 64  # real inputs a published or loaded model must predict finite values on
 
@@ -79,26 +84,44 @@ class HookOptions:
 
 @dataclasses.dataclass
 class ExchangeHooks:
-  """The work ``fit`` does for codistillation between steps, and what it measured."""
-  refresh: teachers_lib.TeacherRefresh
+  """The work ``fit`` does for the exchange between steps, and what it measured: parameter
+  averaging rounds, and for distillation the teacher refresh and the chief's publisher."""
+  refresh: Optional[teachers_lib.TeacherRefresh]  # with distillation only
   publisher: Optional[publishing.ExchangePublisher]  # the chief's only
   first_wait: Optional[teachers_lib.FirstTeachersWait] = None
+  averaging: Optional[averaging_hooks.AveragingRound] = None
+  # Under parameter servers the rounds run from this batch callback instead of a StepHook.
+  scheduled_rounds: Optional[averaging_hooks.ScheduledRounds] = None
 
   @property
   def hooks(self) -> List[step_hooks.StepHook]:
-    optional = [self.publisher, self.first_wait]  # the wait after this group's own publish
-    return [self.refresh] + [hook for hook in optional if hook is not None]
+    # A round first, so that the same step's publish holds the averaged parameters; the wait
+    # for the first teachers after this group's own publish.
+    rounds = self.averaging if self.scheduled_rounds is None else None
+    hooks = [rounds, self.refresh, self.publisher, self.first_wait]
+    return [hook for hook in hooks if hook is not None]
+
+  @property
+  def callbacks(self) -> List[keras.callbacks.Callback]:
+    """Keras callbacks ``fit`` runs beside the hooks' driver."""
+    return [self.scheduled_rounds] if self.scheduled_rounds is not None else []
 
   def stop(self) -> None:
     """Stops loading teachers and waits for a publish in flight (training stopped early)."""
-    self.refresh.pool.stop()
+    if self.refresh is not None:
+      self.refresh.pool.stop()
     if self.publisher is not None:
       self.publisher.drain()
 
   def statistics(self) -> Dict[str, Any]:
-    """Teacher loads and rejections, publishes and their failures, the first teachers' wait."""
-    stats: Dict[str, Any] = {"teacher_loads": self.refresh.swaps,
-                             "teacher_rejections": self.refresh.pool.rejections}
+    """Teacher loads and rejections, publishes and their failures, the first teachers' wait,
+    averaging rounds."""
+    stats: Dict[str, Any] = {}
+    if self.averaging is not None:
+      stats["averaging_rounds"] = self.averaging.statistics()
+    if self.refresh is None:
+      return stats
+    stats.update(teacher_loads=self.refresh.swaps, teacher_rejections=self.refresh.pool.rejections)
     if self.publisher is not None:
       seconds = self.publisher.publish_seconds
       stats.update(publishes=len(seconds), publish_failures=self.publisher.failures,
@@ -110,7 +133,8 @@ class ExchangeHooks:
   def windows(self) -> Dict[str, Sequence[Tuple[float, float]]]:
     """When each teacher refresh (load off-thread .. swap), publish (snapshot .. written) and the
     wait for the first teachers ran."""
-    windows: Dict[str, Sequence[Tuple[float, float]]] = {"refresh": self.refresh.windows}
+    windows: Dict[str, Sequence[Tuple[float, float]]] = {
+        "refresh": self.refresh.windows if self.refresh is not None else []}
     windows["publish"] = self.publisher.windows if self.publisher is not None else []
     if self.first_wait is not None:
       windows["first_teachers_wait"] = self.first_wait.windows
@@ -119,30 +143,42 @@ class ExchangeHooks:
 
 def exchange_hooks(model, exchange: Exchange, input_spec,
                    options: HookOptions = HookOptions()) -> ExchangeHooks:
-  """Builds the teacher refresh (every training process) and the publisher (the chief) of a
-  built CodistillModel; ``CodistillModel.fit`` runs them with the caller's hooks through one
-  driver. The publisher writes from ``options.local_copy`` (by default a new local copy).
+  """Builds the averaging round (with ``exchange.averaging``; every training process), the
+  teacher refresh (every training process) and the publisher (the chief) of a built
+  CodistillModel; ``CodistillModel.fit`` runs them with the caller's hooks through one driver.
+  The publisher writes from ``options.local_copy`` (by default a new local copy).
 
   Raises:
-    ConfigurationError: the chief cannot write to its group's exchange directory, or a wait for
-      the first teachers is asked for under parameter servers.
+    ConfigurationError: the chief cannot write to its group's exchange directory, or the
+      exchange asks for what parameter servers cannot do.
   """
-  exchange.check_strategy(isinstance(model.distribute_strategy,
-                                     tf.distribute.experimental.ParameterServerStrategy))
+  parameter_server = isinstance(model.distribute_strategy,
+                                tf.distribute.experimental.ParameterServerStrategy)
+  exchange.check_strategy(parameter_server)
   sample = sample_batch(input_spec)
   with model.distribute_strategy.scope():  # student and teacher variables exist from here on
     output_shape = [None] + model(sample).shape.as_list()[1:]
+  chief = is_chief(model.distribute_strategy)
+  hooks = ExchangeHooks(None, None)
+  if exchange.averaging is not None:
+    if chief:
+      exchange_lib.check_writable(averaging_lib.root(exchange.directory), "Exchange.directory")
+    hooks.averaging = averaging_hooks.AveragingRound(
+        exchange.averaging, exchange.directory, exchange.group, exchange.num_groups, chief,
+        options.summary_writer, before_read=model.flush_fusion)
+    if parameter_server:
+      hooks.scheduled_rounds = averaging_hooks.ScheduledRounds(hooks.averaging)
+  if not exchange.distill:
+    return hooks
   pool = teachers_lib.TeacherPool(exchange.directory, exchange.peer_groups(), model, input_spec,
                                   output_shape, poll_interval_s=exchange.poll_interval_s,
                                   probe=options.probe, loader_nice=exchange.loader_nice)
-  refresh = teachers_lib.TeacherRefresh(pool, options.summary_writer)
-  publisher = None
-  if is_chief(model.distribute_strategy):
-    publisher = _publisher(model, exchange, input_spec, output_shape, sample, options)
-  hooks = ExchangeHooks(refresh, publisher)
+  hooks.refresh = teachers_lib.TeacherRefresh(pool, options.summary_writer)
+  if chief:
+    hooks.publisher = _publisher(model, exchange, input_spec, output_shape, sample, options)
   if exchange.wait_for_first_teachers_s > 0:
     hooks.first_wait = teachers_lib.FirstTeachersWait(
-        refresh, max(model.burn_in_steps, exchange.publish_every_steps),
+        hooks.refresh, max(model.burn_in_steps, exchange.publish_every_steps),
         exchange.wait_for_first_teachers_s)
   return hooks
 

@@ -319,6 +319,7 @@ class CodistillModel(keras.Model):
     if self.exchange is not None:
       self.exchange_hooks = self._exchange_hooks(x, exchange_options)
       run += self.exchange_hooks.hooks
+      callbacks += self.exchange_hooks.callbacks
     driver = step_hooks.driver_for(self.distribute_strategy, run) if run else None
     if driver is not None:
       callbacks.append(driver)

@@ -3,6 +3,7 @@ files, and the message of a run stopped by a NaN/Inf loss."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -31,6 +32,7 @@ def group_results(config: TrainConfig, *, group: int, num_groups: int,
   return {
       "group": group, "num_groups": num_groups, "strategy": config.strategy,
       "num_workers": info.num_workers, "codistill": config.codistill,
+      "averaging": None if config.averaging is None else dataclasses.asdict(config.averaging),
       "steps": steps, **task.results(final),
       "teacher_graph": config.teacher_graph, "teacher_groups": list(peers),
       "teacher_precision": config.teacher_precision,

@@ -13,6 +13,7 @@ import tf_keras as keras
 
 from data_pipelines import criteo
 from tf_codistill import errors
+from tf_codistill.exchange import averaging as averaging_lib
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import lean_versions
 from tf_codistill.models import ctr
@@ -54,6 +55,8 @@ class TrainConfig:
   own layers set the precision), each version published as ``publish_format`` (a SavedModel, or a
   lean version: ``@tfc.PublishFormat()``, lean_versions.py); ``wait_for_first_teachers_s`` holds a
   group that runs ahead until its peers' first versions are loaded (exchange_config.Exchange).
+  ``averaging`` (``@tfc.ParameterAveraging()``) averages the groups' parameters every
+  ``averaging.every_steps`` steps (DiLoCo, local SGD), with or without ``codistill``.
   ``data_split='disjoint'`` gives each group (and each of its input pipelines) its own shard of
   ``train_files``; ``batch_size`` is the global batch of one step; exactly ``train_steps`` steps
   run, evaluated every ``steps_per_epoch``.
@@ -85,6 +88,7 @@ class TrainConfig:
   optimizer: str = "adam"
   learning_rate: Union[float, keras.optimizers.schedules.LearningRateSchedule] = 1e-3
   codistill: bool = False
+  averaging: Optional[averaging_lib.ParameterAveraging] = None
   alpha: float = 1.0
   burn_in_steps: int = 0
   distill_kind: str = "xent"
@@ -116,6 +120,11 @@ class TrainConfig:
   save_step_timeline: bool = False
   verbose: int = 2
 
+  @property
+  def exchanges(self) -> bool:
+    """Whether the group exchanges anything with its peers (distillation or averaging)."""
+    return self.codistill or self.averaging is not None
+
 
 def check_renamed(names: Sequence[str]) -> None:
   """Raises ConfigurationError for a setting given by a name it no longer has."""
@@ -133,13 +142,13 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
   The one check of a configuration: the launcher runs it for every group before starting any,
   and every task before it trains.
   """
-  _validate(group, num_groups, config.codistill, exchange_dir, config.data_split,
-            config.optimizer)
+  _validate(group, num_groups, config.exchanges, config.codistill, exchange_dir,
+            config.data_split, config.optimizer)
   _validate_comm(config.strategy, config.fusion, config.allreduce_dtype)
   _validate_numbers(train_steps=config.train_steps, steps_per_epoch=config.steps_per_epoch,
                     batch_size=config.batch_size, steps_per_execution=config.steps_per_execution,
                     checkpoint_every_steps=config.checkpoint_every_steps)
-  if config.codistill:  # tfc.Exchange checks its own settings
+  if config.exchanges:  # tfc.Exchange checks its own settings
     exchange = exchange_for(config, exchange_dir or "", group, num_groups)
     with _as_bindings():
       exchange.check_strategy(config.strategy == "parameter_server")
@@ -168,7 +177,8 @@ def exchange_for(config: TrainConfig, directory: str, group: int, num_groups: in
         publish_every_steps=config.publish_every_steps, keep_last=config.keep_last,
         poll_interval_s=config.poll_interval_s, teacher_precision=config.teacher_precision,
         publish_format=config.publish_format,
-        wait_for_first_teachers_s=config.wait_for_first_teachers_s, input_spec=input_spec)
+        wait_for_first_teachers_s=config.wait_for_first_teachers_s, input_spec=input_spec,
+        averaging=config.averaging, distill=config.codistill)
 
 
 @contextlib.contextmanager
@@ -221,17 +231,18 @@ def _validate_comm(strategy: str, fusion: str, allreduce_dtype: str) -> None:
         "gradient all-reduce")
 
 
-def _validate(group: int, num_groups: int, codistill: bool, exchange_dir: Optional[str],
-              data_split: str, optimizer: str) -> None:
+def _validate(group: int, num_groups: int, exchanges: bool, codistill: bool,
+              exchange_dir: Optional[str], data_split: str, optimizer: str) -> None:
   if num_groups < 1:
     raise ConfigurationError(f"--num_groups={num_groups} must be >= 1")
   if not 0 <= group < num_groups:
     raise ConfigurationError(f"--group={group} is out of range for --num_groups={num_groups}")
-  if codistill and num_groups < 2:
-    raise ConfigurationError("codistillation needs --num_groups >= 2 (or bind "
-                             "trainer.train.codistill = False)")
-  if codistill and not exchange_dir:
-    raise ConfigurationError("codistillation needs --exchange_dir")
+  what, undo = ("codistillation", "bind trainer.train.codistill = False") if codistill else (
+      "parameter averaging", "unbind trainer.train.averaging")
+  if exchanges and num_groups < 2:
+    raise ConfigurationError(f"{what} needs --num_groups >= 2 (or {undo})")
+  if exchanges and not exchange_dir:
+    raise ConfigurationError(f"{what} needs --exchange_dir")
   if data_split not in DATA_SPLITS:
     raise ConfigurationError(f"trainer.train.data_split={data_split!r} is not one of {DATA_SPLITS}")
   if optimizer not in OPTIMIZERS:

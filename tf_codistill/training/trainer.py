@@ -118,7 +118,7 @@ class GroupTrainer:
                                     *config.eval_files])
     if self.info.is_chief:
       exchange.check_writable(self.model_dir, "--model_dir")
-      if config.codistill:
+      if config.exchanges:
         exchange.check_writable(exchange.group_dir(self.shared_exchange, self.group),
                                 "--exchange_dir")
     if config.intra_op_threads:
@@ -169,16 +169,17 @@ class GroupTrainer:
 
   @property
   def shared_exchange(self) -> str:
-    """The exchange directory every group shares (validate: codistillation needs one)."""
+    """The exchange directory every group shares (validate: an exchange needs one)."""
     if not self.exchange_dir:
-      raise ConfigurationError("codistillation needs --exchange_dir")
+      raise ConfigurationError("the exchange (codistillation, averaging) needs --exchange_dir")
     return self.exchange_dir
 
   def exchange_config(self, input_spec: Any = None) -> Optional[exchange_config.Exchange]:
-    """Where and how this group exchanges models (None without codistillation); ``input_spec``
-    is the student's (``fit`` under parameter servers reads no dataset to find it)."""
+    """Where and how this group exchanges models (None without codistillation or averaging);
+    ``input_spec`` is the student's (``fit`` under parameter servers reads no dataset to find
+    it)."""
     config = self.config
-    if not config.codistill:
+    if not config.exchanges:
       return None
     return train_config.exchange_for(config, self.shared_exchange, self.group,
                                      self.num_groups, input_spec)

@@ -1,0 +1,125 @@
+"""averaging_hooks: groups as real processes over one exchange directory, bit-identical after every
+round; H=1 local SGD equals one synchronous group at twice the batch; dead, slow, poisoned and
+restarted peers."""
+
+import json
+import subprocess
+import sys
+
+import averaging_group
+import numpy as np
+import pytest
+import tf_keras as keras
+
+from tf_codistill.exchange import averaging
+from tf_codistill.optim import outer
+
+SCRIPT = averaging_group.__file__
+SHAPES = [(4, 8), (8,), (8, 1), (1,)]
+
+
+def _start(tmp_path, group, name=None, **flags):
+  out = str(tmp_path / f"{name or f'group_{group}'}.json")
+  args = [sys.executable, SCRIPT, f"--exchange_dir={tmp_path / 'exchange'}", f"--group={group}",
+          f"--out={out}"] + [f"--{k}={v}" for k, v in flags.items()]
+  return subprocess.Popen(args, stderr=subprocess.PIPE, text=True), out
+
+
+def _finish(started, timeout=300):
+  results = []
+  for process, out in started:
+    _, stderr = process.communicate(timeout=timeout)
+    assert process.returncode == 0, stderr[-3000:]
+    with open(out) as f:
+      results.append(dict(json.load(f), stderr=stderr))
+  return results
+
+
+def _run(tmp_path, groups=2, per_group=None, **flags):
+  return _finish([_start(tmp_path, g, **{**flags, **(per_group or {}).get(g, {})})
+                  for g in range(groups)])
+
+
+def test_groups_hold_the_same_bits_after_every_round_and_a_replay_agrees(tmp_path):
+  a, b = _run(tmp_path, steps=20, every=5, per_group={1: {"strategy": "mirrored"}})
+  assert [e["round"] for e in a["log"]] == [1, 2, 3, 4]
+  assert [e["digest"] for e in a["log"]] == [e["digest"] for e in b["log"]]
+  assert all(e["members"] == [0, 1] and not e["excluded"] for e in a["log"] + b["log"])
+  assert a["final_digest"] == b["final_digest"] == a["log"][-1]["digest"]
+  # The inner optimizers' (Adam) state stays each group's own.
+  assert a["slots_digest"] != b["slots_digest"]
+  # Every round again, in numpy, from the stored start and changes.
+  directory = str(tmp_path / "exchange")
+  state = averaging.read_shared_state(directory, newest_at_most=0)
+  theta, momentum = state.parameters, None
+  opt = outer.OuterOptimizer("nesterov", 0.7, 0.9)
+  for entry in a["log"]:
+    changes = [averaging.read_change(directory, g, entry["round"], SHAPES, outer.digest(theta))[0]
+               for g in entry["members"]]
+    theta, momentum = opt.step(theta, outer.average_in_order(changes), momentum)
+    assert outer.digest(theta) == entry["digest"]
+  stats = a["statistics"]["averaging_rounds"]
+  assert stats["bytes_sent"] == 4 * 4 * (32 + 8 + 8 + 1) == stats["bytes_received"]
+
+
+def test_h1_local_sgd_equals_one_synchronous_group_at_twice_the_batch(tmp_path):
+  steps, batch = 6, 16
+  results = _run(tmp_path, steps=steps, every=1, batch=batch, outer="average", inner="sgd")
+  start = averaging.read_shared_state(str(tmp_path / "exchange"), newest_at_most=0).parameters
+  sync = averaging_group.student(0)
+  sync.set_weights(start)
+  sync.compile(optimizer=keras.optimizers.SGD(0.1),
+               loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  (x0, y0), (x1, y1) = averaging_group.rows(0), averaging_group.rows(1)
+  for t in range(steps):
+    rows = slice(t * batch, (t + 1) * batch)
+    sync.train_on_batch(np.concatenate([x0[rows], x1[rows]]),
+                        np.concatenate([y0[rows], y1[rows]]))
+  averaged = np.load(str(tmp_path / "group_0.json.npz"))
+  for i, weight in enumerate(sync.get_weights()):
+    np.testing.assert_allclose(averaged[f"arr_{i}"], weight, rtol=1e-5, atol=1e-6)
+  assert results[0]["final_digest"] == results[1]["final_digest"]
+
+
+@pytest.mark.parametrize("encoding", ["bfloat16", "int8"])
+def test_lean_changes_keep_the_groups_identical_and_send_fewer_bytes(tmp_path, encoding):
+  a, b = _run(tmp_path, steps=10, every=5, encoding=encoding)
+  assert [e["digest"] for e in a["log"]] == [e["digest"] for e in b["log"]]
+  per_value = {"bfloat16": 2, "int8": 1}[encoding]
+  scales = 2 * (4 + 1 + 8 + 1) if encoding == "int8" else 0
+  assert a["log"][0]["bytes_sent"] == per_value * (32 + 8 + 8 + 1) + scales
+
+
+def test_a_dead_peer_is_left_out_after_the_timeout_and_a_restart_rejoins(tmp_path):
+  # Group 1 stops after one round (as if killed); group 0 goes on alone after 3 s per round.
+  a, b = _run(tmp_path, steps=15, every=5, peer_timeout_s=3,
+              per_group={1: {"steps": 5}})
+  assert [e["members"] for e in a["log"]] == [[0, 1], [0], [0]]
+  assert "no change within 3 s" in a["log"][1]["excluded"]["1"]
+  assert a["statistics"]["averaging_rounds"]["rounds_short_of_groups"] == 2
+  assert a["log"][0]["digest"] == b["log"][0]["digest"]
+  # Group 1 restarted: it starts from the shared state of round 3 and takes round 4 alone.
+  [again] = _finish([_start(tmp_path, 1, name="again", steps=5, every=5, peer_timeout_s=3)])
+  assert "starts at round 3" in again["stderr"]
+  assert again["log"][0]["round"] == 4 and again["log"][0]["members"] == [1]
+
+
+def test_a_poisoned_change_is_rejected_naming_its_group_and_round(tmp_path):
+  a, b = _run(tmp_path, steps=10, every=5, peer_timeout_s=3, per_group={1: {"poison_round": 2}})
+  assert a["log"][0]["members"] == [0, 1]
+  assert a["log"][1]["members"] == [0]
+  why = a["log"][1]["excluded"]["1"]
+  assert "group 1's change for round 2 is rejected: it holds NaN" in why
+  assert "group 1's change for round 2 is rejected" in a["stderr"]
+  assert np.isfinite(np.load(str(tmp_path / "group_0.json.npz"))["arr_0"]).all()
+  assert b["log"][1]["members"] == [0] and b["log"][1]["late"]
+  assert b["log"][1]["digest"] == a["log"][1]["digest"]
+
+
+def test_on_missing_fail_stops_the_round_with_nothing_applied(tmp_path):
+  process, _ = _start(tmp_path, 0, steps=10, every=5, peer_timeout_s=2, on_missing="fail")
+  _, stderr = process.communicate(timeout=300)
+  assert process.returncode != 0
+  assert "AveragingError: averaging: round 1 of group 0 was not decided after 2 s" in stderr
+  assert "on_missing='fail'" in stderr and "no change from groups [1]" in stderr
+  assert averaging.read_decision(str(tmp_path / "exchange"), 1) is None

@@ -257,8 +257,9 @@ def _arm_lines(summary: dict, softmax: bool, loss_name: str) -> List[str]:
   lines = ["## Arms", "",
            f"| arm | groups x seeds | final val {loss_name} | "
            f"final val {'accuracy' if softmax else 'AUC'} | steps | "
-           "steps to target | reached | wall time to target (s) | examples/s per group |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "steps to target | reached | wall time to target (s) | examples/s per group | "
+           "bytes/step to peers |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for name, arm in summary["arms"].items():
     config = arm["config"]
     groups = config["num_groups"] if config["kind"] == "train" else 1
@@ -268,7 +269,7 @@ def _arm_lines(summary: dict, softmax: bool, loss_name: str) -> List[str]:
         f"{_fmt(arm.get('final_val_accuracy') if softmax else arm['final_val_auc'])} | "
         f"{steps} | {_fmt(arm['steps_to_target'], 0)} | "
         f"{arm['reached_target']}/{len(arm['runs'])} | {_fmt(arm['wall_time_to_target_s'], 1)} | "
-        f"{_fmt(arm['examples_per_sec'], 0)} |")
+        f"{_fmt(arm['examples_per_sec'], 0)} | {_fmt(arm.get('bytes_sent_per_step'), 0)} |")
   lines += ["", "Arm configurations:", ""]
   for name, arm in summary["arms"].items():
     config = arm["config"]
@@ -357,9 +358,40 @@ def plot_churn_vs_loss(summary: dict, results_dir: str) -> List[str]:
   return [path]
 
 
+def plot_loss_vs_bytes(summary: dict, results_dir: str) -> List[str]:
+  """Best validation loss against the bytes a group sends its peers a step, one point per
+  multi-group arm (measured), and the sync arms at a 2-worker ring all-reduce of the gradient
+  (the float32 trainable parameter bytes a step: counted, not measured)."""
+  points = []
+  for name, arm in summary["arms"].items():
+    loss, sent = arm.get("best_val_loss"), arm.get("bytes_sent_per_step")
+    params = [r.get("trainable_parameter_bytes") for r in arm["runs"]]
+    if loss and sent:
+      points.append((name, sent["mean"], loss["mean"], "o"))
+    elif loss and name in summary.get("sync_arms", []) and params and params[0]:
+      points.append((f"{name} (all-reduce, counted)", float(params[0]), loss["mean"], "x"))
+  if not any(marker == "o" for *_, marker in points):
+    return []
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for i, (name, sent, loss, marker) in enumerate(points):
+    ax.scatter([sent], [loss], color=f"C{i}", marker=marker, label=name)
+  ax.set_xscale("log")
+  ax.set_xlabel("bytes sent to peers per step per group (log)")
+  ax.set_ylabel(f"best validation {summary.get('loss_key', 'loss')} (mean over seeds)")
+  ax.set_title(f"{summary['suite']}: quality against communication")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  path = os.path.join(results_dir, "loss_vs_bytes.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return [path]
+
+
 def write_report(summary: dict, results_dir: str, command: str) -> Dict[str, List[str]]:
   """Writes report.md and the plots into ``results_dir``; returns the paths."""
-  plots = plot_curves(summary, results_dir) + plot_churn_vs_loss(summary, results_dir)
+  plots = (plot_curves(summary, results_dir) + plot_churn_vs_loss(summary, results_dir)
+           + plot_loss_vs_bytes(summary, results_dir))
   path = os.path.join(results_dir, "report.md")
   with open(path, "w") as f:
     f.write(markdown(summary, command, plots))
@@ -374,6 +406,12 @@ ACROSS_DATA_SETS = (("codistill_minus_best_sync_loss", 2), ("codistill_steps_rat
                     ("churn_reduction", 2))
 SAME_DATA = "codistill_same_minus_best_sync_loss"  # both groups on all the data
 CAPTURED = "ensemble_gain_captured"  # what codistillation took of what an ensemble gains
+# The alternatives between groups (parameter averaging), in the suites that run them.
+ALTERNATIVES = (("diloco_h500_minus_best_sync_loss", "DiLoCo (H = 10K): best val loss − best sync"),
+                ("local_sgd_h500_minus_best_sync_loss",
+                 "local SGD (H = 10K): best val loss − best sync"),
+                ("best_cross_group_steps_ratio",
+                 "best method sending >= 100x fewer bytes than all-reduce: steps / sync"))
 
 
 def _summaries(results_root: str) -> Dict[str, dict]:
@@ -422,8 +460,9 @@ def helps_section(summaries: Mapping[str, dict]) -> List[str]:
     lines += ["| data set | suite | B* | best val loss: codistillation − best sync | "
               "steps to best sync's best loss: codistillation / sync | churn reduction at "
               "matched loss | the same on all the data: best val loss − best sync | share of "
-              "the ensemble's gain captured | curves |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "the ensemble's gain captured | "
+              + " | ".join(title for _, title in ALTERNATIVES) + " | curves |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, summary in protocol_runs.items():
       scaling = (summary.get("protocol") or {}).get("scaling") or {}
       b_star = f"{scaling['b_star']} (given)" if scaling.get("given") else scaling.get("b_star", "")
@@ -432,6 +471,8 @@ def helps_section(summaries: Mapping[str, dict]) -> List[str]:
                    + " | ".join(_cell(summary, g) for g, _ in ACROSS_DATA_SETS)
                    + f" | {_cell(summary, SAME_DATA) if SAME_DATA in summary['goals'] else 'n/a'}"
                    + f" | {_cell(summary, CAPTURED) if CAPTURED in summary['goals'] else 'n/a'}"
+                   + "".join(f" | {_cell(summary, g) if g in summary['goals'] else 'n/a'}"
+                             for g, _ in ALTERNATIVES)
                    + f" | [loss vs steps]({name}/val_loss_vs_steps.png) |")
     lines += ["", "Codistillation's groups train on disjoint halves of the data (the paper's "
               "setting); the last column is 2-way codistillation with both groups on all the "

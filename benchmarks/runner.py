@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import gin
 import numpy as np
@@ -300,6 +300,49 @@ def repeated_tokens(arms: Mapping[str, dict]) -> tuple:
   if any(v is None for v in per.values()):
     return None, []
   return sum(per.values()), list(per.values())
+
+
+@gin.configurable(module="bench", denylist=["arms"])
+def allreduce_bytes_ratio(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
+                          workers: int = 2) -> tuple:
+  """How many times fewer bytes a step ``arm``'s groups send each other (measured: published
+  versions and averaging changes) than a worker of a synchronous group of ``workers`` sends in a
+  ring all-reduce of the gradient, 2 (n-1)/n times the float32 trainable parameter bytes a step
+  (counted from the model: this machine measures no gRPC traffic). Mean over runs, per run."""
+  per = []
+  for run in arms[arm]["runs"]:
+    sent, params = run.get("bytes_sent_per_step"), run.get("trainable_parameter_bytes")
+    if sent and params:
+      per.append(2 * (workers - 1) / workers * params / sent)
+  return (float(np.mean(per)) if per else None), per
+
+
+@gin.configurable(module="bench", denylist=["arms"])
+def best_method_steps_ratio(arms: Mapping[str, dict], candidates: Sequence[str] = gin.REQUIRED,
+                            sync_arms: Sequence[str] = gin.REQUIRED,
+                            min_bytes_ratio: float = 100.0) -> tuple:
+  """The fewest steps to the best sync arm's best loss, as a ratio to that arm's
+  (``best_sync_steps_ratio``), among the ``candidates`` that send at least ``min_bytes_ratio``
+  times fewer bytes a step than all-reduce; per candidate that qualifies and reached it."""
+  ratios = {}
+  for name in candidates:
+    if (allreduce_bytes_ratio(arms, name)[0] or 0) >= min_bytes_ratio:
+      value = best_sync_steps_ratio(arms, name, sync_arms)[0]
+      if value is not None:
+        ratios[name] = value
+  return (min(ratios.values()) if ratios else None), sorted(ratios.values())
+
+
+def bytes_sent_per_step(result: Mapping[str, Any]) -> Optional[float]:
+  """Bytes a group of a multi-group run sent its peers a step: its published versions' files and
+  its averaging changes; None for one group, or a run recorded without the counts."""
+  if int(result.get("num_groups") or 1) < 2 or not result.get("steps"):
+    return None
+  published = result.get("publish_bytes")
+  if result.get("codistill") and published is None:
+    return None
+  rounds = result.get("averaging_rounds") or {}
+  return ((published or 0) + rounds.get("bytes_sent", 0)) / result["steps"]
 
 
 def _seed_curves(arms: Mapping[str, dict], name: str) -> List[protocol.Curve]:
@@ -1062,6 +1105,8 @@ def summarize(suite: Suite, paths: RunPaths, protocol_record: Optional[dict] = N
                    "train_targets": result.get("train_targets"),
                    "share_tokens": result.get("share_tokens"),
                    "repeated_tokens": result.get("repeated_tokens"),
+                   "bytes_sent_per_step": bytes_sent_per_step(result),
+                   "trainable_parameter_bytes": result.get("trainable_parameter_bytes"),
                    "curve": run["curve_file"]})
     churn_path = os.path.join(paths.results_dir, "runs", arm.name, "churn.json")
     churn = None
@@ -1086,6 +1131,7 @@ def summarize(suite: Suite, paths: RunPaths, protocol_record: Optional[dict] = N
         "load_avg_1m_at_end": _stat([r["load_avg_1m_at_end"] for r in runs]),
         "started_above_nproc_load": sum(bool(r["started_above_nproc_load"]) for r in runs),
         "best_val_loss": _stat([r["best_val_loss"] for r in runs]),
+        "bytes_sent_per_step": _stat([r["bytes_sent_per_step"] for r in runs]),
         "repeated_tokens": (None if any(r["repeated_tokens"] is None for r in runs)
                             else sum(r["repeated_tokens"] for r in runs)),
         "seed_curves": {str(seed): curve for seed, curve in

@@ -1,6 +1,7 @@
 """The results index: every suite's goal figures, read from its summary.json."""
 
 import json
+import os
 
 from benchmarks import report
 
@@ -82,12 +83,20 @@ def test_index_shows_same_data_codistillation_and_a_b_star_taken_from_elsewhere(
   (tmp_path / "fashion_mlp_long" / "summary.json").write_text(json.dumps(summary))
   section = report.index_markdown(str(tmp_path)).split("## Every suite")[0]
   assert "| [`fashion_mlp_long`](fashion_mlp_long/report.md) | (set) | 0.0100 " in section
-  assert "| -0.0074 [-0.0098, -0.0049] | n/a | [loss vs steps](fashion_mlp_long/" in section
+  assert ("| -0.0074 [-0.0098, -0.0049] | n/a | n/a | n/a | n/a | [loss vs steps]"
+          "(fashion_mlp_long/") in section
   summary["goals"].update({"ensemble_gain_captured": 0.25,
                            "ensemble_gain_captured_interval": [0.1, 0.4]})
   (tmp_path / "fashion_mlp_long" / "summary.json").write_text(json.dumps(summary))
   section = report.index_markdown(str(tmp_path)).split("## Every suite")[0]
-  assert "| -0.0074 [-0.0098, -0.0049] | 0.2500 [0.1000, 0.4000] | [loss vs steps]" in section
+  assert "| -0.0074 [-0.0098, -0.0049] | 0.2500 [0.1000, 0.4000] | n/a | n/a | n/a |" in section
+  summary["goals"].update({"diloco_h500_minus_best_sync_loss": -0.002,
+                           "best_cross_group_steps_ratio": None})
+  summary["goal_verdicts"] = {"best_cross_group_steps_ratio": {
+      "threshold": ["<=", 0.7], "met": False, "missing": True}}
+  (tmp_path / "fashion_mlp_long" / "summary.json").write_text(json.dumps(summary))
+  section = report.index_markdown(str(tmp_path)).split("## Every suite")[0]
+  assert "| 0.2500 [0.1000, 0.4000] | -0.0020 | n/a | not reached  **missed** | [loss" in section
 
 
 def test_report_shows_churn_at_matched_loss_and_plots_churn_vs_loss(tmp_path):
@@ -153,3 +162,16 @@ def test_index_lists_a_benchmark_run_under_several_settings_once_per_setting(tmp
           in text)
   assert "| `teacher_overhead (adagrad)` | `teacher_throughput_ratio` | 0.8180 |" in text
   assert "tmp" not in text
+
+
+def test_loss_against_bytes_plots_measured_arms_and_counted_all_reduce(tmp_path):
+  def arm(loss, sent, params=4000):
+    return {"best_val_loss": {"mean": loss}, "bytes_sent_per_step": sent and {"mean": sent},
+            "runs": [{"trainable_parameter_bytes": params}]}
+  summary = {"suite": "s", "sync_arms": ["sync_2b"],
+             "arms": {"sync_2b": arm(2.0, None), "diloco": arm(2.1, 40.0),
+                      "sync_b": arm(2.2, None)}}
+  [path] = report.plot_loss_vs_bytes(summary, str(tmp_path))
+  assert path.endswith("loss_vs_bytes.png") and os.path.getsize(path) > 0
+  summary["arms"].pop("diloco")  # nothing measured: no plot
+  assert report.plot_loss_vs_bytes(summary, str(tmp_path / "none")) == []

@@ -74,6 +74,34 @@ def test_metric_ratio_divides_arm_means_and_skips_missing_figures():
                              denominator="sync") == (None, [])
 
 
+def test_bytes_per_step_counts_versions_and_averaging_changes_of_multi_group_runs():
+  codistill = {"num_groups": 2, "steps": 100, "codistill": True, "publish_bytes": 5000}
+  both = dict(codistill, averaging_rounds={"bytes_sent": 3000})
+  assert runner.bytes_sent_per_step(codistill) == 50
+  assert runner.bytes_sent_per_step(both) == 80
+  assert runner.bytes_sent_per_step({"num_groups": 2, "steps": 100,
+                                     "averaging_rounds": {"bytes_sent": 1000}}) == 10
+  assert runner.bytes_sent_per_step({"num_groups": 1, "steps": 100}) is None
+  # A codistillation run recorded before versions were counted says nothing.
+  assert runner.bytes_sent_per_step(dict(codistill, publish_bytes=None)) is None
+
+
+def test_allreduce_bytes_ratio_and_the_best_method_within_the_bytes_rule():
+  def arm(sent, steps_to):
+    curves = {str(s): [[100, 3.0], [200, 2.0 if steps_to == 200 else 2.5],
+                       [400, 2.0]] for s in range(2)}
+    return {"runs": [{"bytes_sent_per_step": sent, "trainable_parameter_bytes": 4000}] * 2,
+            "seed_curves": curves}
+  arms = {"sync": arm(None, 400), "cheap": arm(40, 200), "costly": arm(400, 200),
+          "slow": arm(4, 400)}
+  # A 2-worker ring all-reduce sends the parameter bytes a step: 4000 / 40 = 100x fewer.
+  assert runner.allreduce_bytes_ratio(arms, "cheap")[0] == pytest.approx(100)
+  assert runner.allreduce_bytes_ratio(arms, "sync") == (None, [])
+  value, per = runner.best_method_steps_ratio(arms, ["cheap", "costly", "slow"], ["sync"])
+  assert value == pytest.approx(0.5) and per == pytest.approx([0.5, 1.0])  # costly: 10x only
+  assert runner.best_method_steps_ratio(arms, ["costly"], ["sync"]) == (None, [])
+
+
 def _one_arm(tmp_path, seeds):
   """Result paths, an arm "a" of ``seeds`` seeds, its suite, data bindings and configuration."""
   paths = runner.RunPaths(work_dir=str(tmp_path / "work"), results_dir=str(tmp_path / "results"))

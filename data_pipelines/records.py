@@ -14,7 +14,6 @@ import functools
 import os
 import uuid
 from collections.abc import Callable
-from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any, Iterator, Tuple
 
@@ -43,7 +42,6 @@ _MAX_CYCLE_LENGTH = 4
 # Files are read and interleaved in blocks of records: tf.data's parallel interleave costs ~10 us
 # per element, which per record would cap throughput near 80k records/s.
 READ_BLOCK = 1024  # records per block read from a file (and numbered together)
-_PARQUET_CHUNK = 64 * READ_BLOCK  # rows per Parquet read call (a multiple of READ_BLOCK)
 
 Tensors = list[tf.Tensor]
 
@@ -263,52 +261,3 @@ def _tag_block(file_id: tf.Tensor, block_index: tf.Tensor, records,
     keep = tf.equal((numbers - 1) % num_shards, shard_index)
     block = tf.nest.map_structure(lambda t: tf.boolean_mask(t, keep), block)
   return block
-
-
-def parquet_blocks(groups: Mapping[str, tuple[tf.DType, str | Sequence[str]]]
-                   ) -> Callable[[tf.Tensor], tf.data.Dataset]:
-  """``open_file`` for ``read_tagged_files(..., blocks=True)``: a Parquet file as blocks of
-  READ_BLOCK rows, each a dict of ``groups``: ``name: (dtype, column)`` gives the column as a
-  vector ``[rows]``, ``name: (dtype, [columns])`` those columns stacked as ``[rows, columns]``
-  (stacked once per read, so a row travels through unbatch/shuffle/batch as one tensor per group
-  and reaches the parser as the matrix it needs: each component of a row costs about as much as
-  the row's few bytes, and every copy of a string column costs as much as reading it). Columns
-  are read with tensorflow-io's Parquet kernels in chunks of 64 blocks (each read call costs
-  about as much as decoding 10k rows, so 1024-row reads ran at 10k rows/s and 65536-row reads at
-  260k) and then sliced into blocks. (Its ``IODataset.from_parquet`` unbatches every column to
-  single values and zips them back into rows.)"""
-  from tensorflow_io.python.ops import core_ops  # slow to import: only when Parquet is read
-
-  def open_blocks(path: tf.Tensor) -> tf.data.Dataset:
-    names, shapes, _ = core_ops.io_parquet_readable_info(path, shared=path,
-                                                         container="ParquetIODataset")
-
-    def shape(name: str) -> tf.Tensor:
-      found = tf.boolean_mask(shapes, tf.equal(names, name))
-      tf.debugging.assert_equal(tf.shape(found)[0], 1, message=f"no Parquet column {name}")
-      return tf.boolean_mask(found[0], found[0] >= 0)
-
-    def column(name: str, dtype: tf.DType, start: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
-      values = core_ops.io_parquet_readable_read(
-          input=path, shared=path, component=name, shape=shape(name), start=start, stop=stop,
-          dtype=dtype, container="ParquetIODataset")
-      values.set_shape([None])  # one value per row (the kernel's output has no shape)
-      return values
-
-    _, first = next(iter(groups.values()))
-    rows = shape(first if isinstance(first, str) else first[0])[0]
-
-    def read(start: tf.Tensor) -> dict:
-      stop = tf.minimum(start + _PARQUET_CHUNK, rows)
-      return {group: (column(cols, dtype, start, stop) if isinstance(cols, str) else
-                      tf.stack([column(c, dtype, start, stop) for c in cols], axis=1))
-              for group, (dtype, cols) in groups.items()}
-
-    def blocks(chunk: dict) -> tf.data.Dataset:
-      size = tf.shape(next(iter(chunk.values())), out_type=tf.int64)[0]
-      return tf.data.Dataset.range(0, size, READ_BLOCK).map(
-          lambda start: {name: value[start:start + READ_BLOCK] for name, value in chunk.items()})
-
-    return tf.data.Dataset.range(0, rows, _PARQUET_CHUNK).map(read).flat_map(blocks)
-
-  return open_blocks

@@ -3,9 +3,10 @@
   python examples/diloco.py --group=0 --exchange_dir=/tmp/diloco/exchange &
   python examples/diloco.py --group=1 --exchange_dir=/tmp/diloco/exchange &
 
-Each group trains on its own half of a synthetic classification task with Adam; every ``--every_steps``
-steps the groups average their parameter changes and take DiLoCo's outer Nesterov step
-(``--outer=average``: local SGD), so all groups hold the same parameters after every round.
+Each group trains on its own half of a synthetic classification task with Adam; every
+``--every_steps`` steps the groups average their parameter changes and take DiLoCo's outer
+Nesterov step (``--outer=average``: local SGD), so all groups hold the same parameters after every
+round.
 Start every group at the same time: a round waits for its peers (``--peer_timeout_s``). Add
 ``--distill`` to codistill between rounds as well.
 """

@@ -1,6 +1,7 @@
 """Tests of the Criteo input pipeline on small hand-written files (malformed input:
 tests/reliability)."""
 
+import importlib.util
 import re
 
 import gin
@@ -11,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from data_pipelines import criteo
+from data_pipelines import parquet
 from data_pipelines import records
 
 from testing_utils import CRITEO_ROWS
@@ -122,21 +124,29 @@ def test_gin_configures_make_dataset(tmp_path):
   np.testing.assert_array_equal(cats, expected(ROWS, num_buckets=3)[1])
 
 
-def write_parquet(path, rows):
-  """Parquet in the documented convention: no nulls, missing int 0, missing categorical ''."""
+def write_parquet(path, rows, nulls=False):
+  """Parquet in the documented convention: no nulls, missing int 0, missing categorical ''
+  (``nulls``: missing values as nulls instead)."""
+  missing = (lambda value: None) if nulls else (lambda value: value)
   columns = {"label": pa.array([int(r[0]) for r in rows], pa.int64())}
   for j, name in enumerate(criteo.INT_COLUMNS):
-    columns[name] = pa.array([int(r[1][j]) if r[1][j] else 0 for r in rows], pa.int64())
+    columns[name] = pa.array([int(r[1][j]) if r[1][j] else missing(0) for r in rows], pa.int64())
   for k, name in enumerate(criteo.CAT_COLUMNS):
-    columns[name] = pa.array([r[2][k] for r in rows], pa.string())
+    columns[name] = pa.array([r[2][k] or missing("") for r in rows], pa.string())
   pq.write_table(pa.table(columns), str(path))
   return str(path)
 
 
-def test_parquet_gives_the_same_features_as_tsv_and_names_bad_rows(tmp_path):
+READERS = ["pyarrow", pytest.param("tensorflow_io", marks=pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow_io") is None, reason="tensorflow-io is not installed"))]
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_parquet_gives_the_same_features_as_tsv_and_names_bad_rows(tmp_path, reader):
   # One dataset for both checks: tensorflow-io makes building a Parquet pipeline slow (seconds).
   path = write_parquet(tmp_path / "day.parquet", ROWS + [("2", *ROWS[2][1:])])
-  dataset = criteo.make_dataset(path, len(ROWS), num_buckets=NUM_BUCKETS, file_format="parquet")
+  dataset = criteo.make_dataset(path, len(ROWS), num_buckets=NUM_BUCKETS, file_format="parquet",
+                                parquet_reader=reader)
   spec, label_spec = dataset.element_spec  # static shapes, as from TSV (models are built on them)
   assert {k: v.shape.as_list() for k, v in spec.items()} == {
       k: v.shape.as_list() for k, v in criteo.feature_spec().items()}
@@ -152,14 +162,38 @@ def test_parquet_gives_the_same_features_as_tsv_and_names_bad_rows(tmp_path):
     next(batches)
 
 
-def test_parquet_read_in_several_chunks_keeps_every_row_once_and_row_numbers(tmp_path, monkeypatch):
-  monkeypatch.setattr(records, "_PARQUET_CHUNK", 2 * records.READ_BLOCK)  # 5 chunks, not 1
+@pytest.mark.parametrize("reader", READERS)
+def test_parquet_read_in_several_chunks_keeps_every_row_once_and_row_numbers(tmp_path, monkeypatch,
+                                                                              reader):
+  monkeypatch.setattr(parquet, "CHUNK", 2 * records.READ_BLOCK)  # 5 chunks, not 1
   rows = [ROWS[i % len(ROWS)] for i in range(9000)]
   good = write_parquet(tmp_path / "good.parquet", rows)
-  _, _, labels = collect(criteo.make_dataset(good, 1000, num_buckets=NUM_BUCKETS,
-                                             file_format="parquet"))
-  np.testing.assert_array_equal(labels, expected(rows)[2])
+  dense, cats, labels = collect(criteo.make_dataset(good, 1000, num_buckets=NUM_BUCKETS,
+                                                    file_format="parquet", parquet_reader=reader))
+  want_dense, want_cats, want_labels = expected(rows)
+  np.testing.assert_array_equal(labels, want_labels)
+  np.testing.assert_array_equal(cats, want_cats)
+  np.testing.assert_allclose(dense, want_dense, rtol=1e-6)
   rows[7777] = ("2", *rows[7777][1:])
   bad = write_parquet(tmp_path / "bad.parquet", rows)
   with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(f"{bad}:7778: label not in")):
-    collect(criteo.make_dataset(bad, 1000, num_buckets=NUM_BUCKETS, file_format="parquet"))
+    collect(criteo.make_dataset(bad, 1000, num_buckets=NUM_BUCKETS, file_format="parquet",
+                                parquet_reader=reader))
+
+
+def test_pyarrow_reads_parquet_nulls_as_missing_values(tmp_path):
+  with_nulls = write_parquet(tmp_path / "nulls.parquet", ROWS, nulls=True)
+  got = collect(criteo.make_dataset(with_nulls, len(ROWS), num_buckets=NUM_BUCKETS,
+                                    file_format="parquet"))
+  for array, want in zip(got, expected(ROWS)):
+    np.testing.assert_allclose(array, want, rtol=1e-6)
+
+
+def test_a_parquet_file_without_a_column_is_named_with_the_column(tmp_path):
+  path = str(tmp_path / "short.parquet")
+  pq.write_table(pa.table({"label": pa.array([0, 1], pa.int64())}), path)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=re.escape(f"{path}: no Parquet column C1, C10")):
+    collect(criteo.make_dataset(path, 2, file_format="parquet"))
+  with pytest.raises(ValueError, match="Parquet reader='arrow' is not one of"):
+    criteo.make_dataset(path, 2, file_format="parquet", parquet_reader="arrow")

@@ -3,8 +3,11 @@ round; H=1 local SGD equals one synchronous group at twice the batch; dead, slow
 restarted peers."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import averaging_group
 import numpy as np
@@ -123,3 +126,18 @@ def test_on_missing_fail_stops_the_round_with_nothing_applied(tmp_path):
   assert "AveragingError: averaging: round 1 of group 0 was not decided after 2 s" in stderr
   assert "on_missing='fail'" in stderr and "no change from groups [1]" in stderr
   assert averaging.read_decision(str(tmp_path / "exchange"), 1) is None
+
+
+def test_a_group_killed_mid_training_is_left_out_and_the_others_finish(tmp_path):
+  survivor = _start(tmp_path, 0, steps=20, every=5, peer_timeout_s=3)
+  victim, _ = _start(tmp_path, 1, steps=100000, every=5, peer_timeout_s=3)
+  directory = str(tmp_path / "exchange")
+  deadline = time.monotonic() + 240
+  while averaging.read_decision(directory, 2) is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+  os.kill(victim.pid, signal.SIGKILL)
+  victim.wait(60)
+  [a] = _finish([survivor])
+  members = [e["members"] for e in a["log"]]
+  assert members[:2] == [[0, 1], [0, 1]] and members[-1] == [0], members
+  assert len(members) == 4 and a["final_digest"] == a["log"][-1]["digest"]

@@ -1,5 +1,8 @@
 """Remote schemes used by exchange and data paths are registered before any I/O."""
 
+import subprocess
+import sys
+
 import pytest
 from tensorflow.python.lib.io import file_io
 
@@ -15,3 +18,20 @@ def test_s3_is_registered_through_tensorflow_io():
 def test_unknown_scheme_is_an_error_naming_the_path():
   with pytest.raises(ValueError, match=r"ftp://host/x: no filesystem for scheme 'ftp'"):
     filesystems.ensure_filesystems(["ftp://host/x"])
+
+
+def test_unknown_scheme_never_imports_tensorflow_io(monkeypatch):
+  monkeypatch.setitem(sys.modules, "tensorflow_io", None)  # importing it would raise
+  with pytest.raises(ValueError, match=r"no filesystem for scheme 'ftp'.*with tensorflow-io"):
+    filesystems.ensure_filesystems(["ftp://host/x"])
+
+
+def test_a_scheme_of_tensorflow_io_without_it_names_the_extra():
+  # A fresh process, as where tensorflow-io is not installed (this one may have loaded it).
+  code = ("import sys; sys.modules['tensorflow_io'] = None\n"
+          "from tf_codistill import filesystems\n"
+          "filesystems.ensure_filesystems(['az://acct/c'])")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert done.returncode != 0
+  assert ("ValueError: az://acct/c: az:// needs tensorflow-io (pip install 'tf-codistill[io]'), "
+          "which loads on TensorFlow 2.17 only") in done.stderr, done.stderr[-2000:]

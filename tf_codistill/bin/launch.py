@@ -8,6 +8,7 @@ from absl import logging
 
 import tf_codistill as tfc
 from tf_codistill.bin import common
+from tf_codistill.launch import launcher
 
 common.define_gin_flags()
 flags.DEFINE_string("model_dir", "codistill_run",
@@ -27,6 +28,10 @@ flags.DEFINE_integer("max_restarts", None,
                      "Restarts allowed per group after a task dies: a lost parameter-server "
                      "worker alone, else the group from its last checkpoint (default 3).",
                      lower_bound=0)
+flags.DEFINE_float("stall_timeout_s", launcher.DEFAULT_STALL_TIMEOUT_S,
+                   "A group whose chief's step has not moved for this long (a hang) dumps every "
+                   "task's stacks into its log and is restarted like a failed one (0: never).",
+                   lower_bound=0.0)
 flags.DEFINE_string("on_group_failure", "stop_all",
                     "When a group fails for good: stop every group (stop_all), or let its peers "
                     "continue (continue).")
@@ -57,7 +62,8 @@ def main(argv):
         workers_per_group=FLAGS.workers_per_group, ps_per_group=FLAGS.ps_per_group,
         teacher_graph=FLAGS.teacher_graph, on_group_failure=FLAGS.on_group_failure,
         pin_groups=FLAGS.pin_groups, isolate_network=FLAGS.isolate_network,
-        allow_exposed_ports=FLAGS.allow_exposed_ports, **policy)
+        allow_exposed_ports=FLAGS.allow_exposed_ports, stall_timeout_s=FLAGS.stall_timeout_s,
+        **policy)
   except tfc.ConfigurationError as e:
     common.exit_with_error(common.first_line(e))
   except tfc.GroupFailedError as e:

@@ -39,7 +39,8 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
     strategy, workers_per_group, ps_per_group, teacher_graph: override the gin bindings
       ``trainer.train.strategy``, ``launcher.group_shape.*`` and ``trainer.train.teacher_graph``.
     **launch_options: ``launcher.launch``'s fault, CPU and network options (``max_restarts``,
-      ``on_group_failure``, ``pin_groups``, ``isolate_network``, ``allow_exposed_ports``).
+      ``on_group_failure``, ``pin_groups``, ``isolate_network``, ``allow_exposed_ports``,
+      ``stall_timeout_s``).
 
   Raises:
     ConfigurationError: a bad flag, binding, directory or group shape, before anything runs.

@@ -23,14 +23,17 @@ Supervision:
 - a group out of restarts has failed: ``on_group_failure='stop_all'`` stops every group,
   ``'continue'`` lets its peers finish (they keep their last teacher); either way ``launch``
   then raises ``GroupFailedError`` naming the group, the task and its log;
+- a group whose chief's step has not moved for ``stall_timeout_s`` (its heartbeat.json) is hung:
+  every task dumps its stacks into its log (SIGUSR1), then the group restarts as if a task had
+  failed, or fails once out of restarts, naming the step and the setting;
 - SIGINT/SIGTERM stop every process started (no orphans).
 
 ``pin_groups`` pins each group's tasks to its own share of the CPUs (``split_cpus``).
 
 Everything the launcher does is also written as one JSON object a line to
 ``model_dir/launch_events.jsonl`` (``EventLog``; read with ``read_events``): ``network``
-(isolated, namespace_pid), ``launched`` (group,
-task, index, pid, cpus, log, address), ``restarted`` (group, task, index, status, scope ``task`` or
+(isolated, namespace_pid), ``launched`` (group, task, index, pid, cpus, log, address),
+``stalled`` (group, step, seconds), ``restarted`` (group, task, index, status, scope ``task`` or
 ``group``, restart, max_restarts), ``finished`` and ``failed`` (group, reason), each with
 ``time`` (epoch seconds) and ``monotonic`` (CLOCK_MONOTONIC, one clock for every process here).
 """
@@ -59,6 +62,8 @@ from tf_codistill.launch import isolation
 _GRACE_SECONDS = 10.0
 DEFAULT_MAX_RESTARTS = 3
 _SYNC_WORKER_FINISH_SECONDS = 60.0
+DEFAULT_STALL_TIMEOUT_S = 1800.0
+STALLED_STATUS = -1000  # the status a stalled group's failure is recorded with (no process exit)
 STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
 FAILURE_POLICIES = ("stop_all", "continue")
 
@@ -261,6 +266,8 @@ class _Group:
     self.procs: Dict[Tuple[str, int], subprocess.Popen] = {}
     self.cluster: Dict[str, List[str]] = {}
     self.restarts = 0
+    self.progress_step: Optional[int] = None  # the chief's newest heartbeat step
+    self.progress_at = time.monotonic()  # when it last changed (or the group started)
     self.chief_done_at: Optional[float] = None
     self.done = False
     self.failed: Optional[str] = None
@@ -268,10 +275,19 @@ class _Group:
   def log_path(self, task: Tuple[str, int]) -> str:
     return layout.RunDir(self.dir).task_log(*task)
 
+  def heartbeat_step(self) -> Optional[int]:
+    """The step of the chief's heartbeat.json, None before the first one is readable."""
+    try:
+      with open(layout.RunDir(self.dir).heartbeat) as f:
+        return int(json.load(f)["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+      return None
+
   def start_all(self) -> None:
     os.makedirs(self.dir, exist_ok=True)
     self.cluster = cluster_spec(self.shape, self.ports)
     self.chief_done_at = None
+    self.progress_step, self.progress_at = self.heartbeat_step(), time.monotonic()
     for task in self.shape.tasks():
       self.start(task)
 
@@ -335,14 +351,17 @@ def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = Non
            shape: GroupShape = GroupShape(), max_restarts: int = DEFAULT_MAX_RESTARTS,
            on_group_failure: str = "stop_all", poll_seconds: float = 0.5,
            groups: Optional[Sequence[int]] = None, pin_groups: bool = False,
-           isolate_network: bool = True, allow_exposed_ports: bool = False) -> Dict[int, str]:
+           isolate_network: bool = True, allow_exposed_ports: bool = False,
+           stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> Dict[int, str]:
   """Runs ``num_groups`` groups of ``shape`` to completion; returns each group's model dir.
 
   ``groups`` runs only those of the ``num_groups`` groups here (the others run elsewhere, or
   are frozen teachers already published to the exchange). ``pin_groups`` pins each group's
   tasks to its own share of this machine's CPUs (split_cpus). ``isolate_network`` and
-  ``allow_exposed_ports``: see ``private_network``. Raises ConfigurationError on bad arguments,
-  GroupFailedError when a group fails for good.
+  ``allow_exposed_ports``: see ``private_network``. ``stall_timeout_s``: a group whose chief's
+  step does not move for this long (a hang: a lost peer, a stalled filesystem) dumps every
+  task's stacks and is restarted like a failed one (0: never). Raises ConfigurationError on bad
+  arguments, GroupFailedError when a group fails for good.
   """
   if num_groups < 1:
     raise errors.ConfigurationError(f"--num_groups={num_groups} must be >= 1")
@@ -355,6 +374,8 @@ def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = Non
         f"--on_group_failure={on_group_failure!r} is not one of {FAILURE_POLICIES}")
   if max_restarts < 0:
     raise errors.ConfigurationError(f"--max_restarts={max_restarts} must be >= 0")
+  if stall_timeout_s < 0:
+    raise errors.ConfigurationError(f"--stall_timeout_s={stall_timeout_s} must be >= 0")
   exchange_dir = exchange_dir or layout.exchange_dir(model_dir)
   os.makedirs(model_dir, exist_ok=True)
   shares: List[Optional[Set[int]]] = (list(split_cpus(len(indices))) if pin_groups
@@ -367,7 +388,7 @@ def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = Non
   running = [_Group(g, num_groups, shape, model_dir, exchange_dir, gin_files, list(gin_bindings),
                     ports, events, cpus, network) for g, cpus in zip(indices, shares)]
   try:
-    _run(running, max_restarts, on_group_failure, poll_seconds)
+    _run(running, max_restarts, on_group_failure, poll_seconds, stall_timeout_s)
   finally:
     if network:
       network.close()
@@ -378,7 +399,7 @@ def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = Non
 
 
 def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
-         poll_seconds: float) -> None:
+         poll_seconds: float, stall_timeout_s: float = 0.0) -> None:
   """Starts the groups and supervises them until each has finished or failed; on SIGINT or
   SIGTERM, or when a group fails under ``stop_all``, every process started is stopped."""
 
@@ -396,6 +417,8 @@ def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
       for group in groups:
         if group.running():
           _supervise(group, max_restarts)
+          if group.running() and not group.chief_done_at:
+            _check_progress(group, stall_timeout_s, max_restarts)
           if group.failed and on_group_failure == "stop_all":
             raise GroupFailedError(group.failed)
       time.sleep(poll_seconds)
@@ -463,25 +486,56 @@ def _supervise(group: _Group, max_restarts: int) -> None:
     _fail(group, task, status, f"stopped on a {errors.PERMANENT_EXIT_CODES[status]} (exit status "
                                f"{status}), not restarted")
     return
-  if group.restarts >= max_restarts:
-    _fail(group, task, status, f"exited with status {status}")
-    return
-  group.restarts += 1
-  why = _describe(status)
   worker_only = (group.shape.strategy == "parameter_server"
                  and all(t[0] == "worker" for t, _ in dead))
+  _restart(group, task, status, f"exited with {_describe(status)}", max_restarts,
+           [t for t, _ in dead] if worker_only else None)
+
+
+def _restart(group: _Group, task: Tuple[str, int], status: int, what: str, max_restarts: int,
+             workers: Optional[List[Tuple[str, int]]] = None) -> None:
+  """Restarts ``workers`` alone (parameter-server workers) or the whole group, because ``task``
+  ``what``; fails the group once it is out of restarts."""
+  if group.restarts >= max_restarts:
+    _fail(group, task, status, what)
+    return
+  group.restarts += 1
   group.events.write("restarted", group=group.index, task=task[0], index=task[1], status=status,
-                     scope="task" if worker_only else "group", restart=group.restarts,
+                     scope="task" if workers else "group", restart=group.restarts,
                      max_restarts=max_restarts)
-  if worker_only:
-    logging.warning("group %d: %s:%d exited with %s; restarting it (restart %d/%d); training "
-                    "goes on meanwhile (the coordinator reschedules its steps)", group.index,
-                    task[0], task[1], why, group.restarts, max_restarts)
-    for worker, _ in dead:
+  if workers:
+    logging.warning("group %d: %s:%d %s; restarting it (restart %d/%d); training goes on "
+                    "meanwhile (the coordinator reschedules its steps)", group.index, task[0],
+                    task[1], what, group.restarts, max_restarts)
+    for worker in workers:
       group.start(worker)
     return
-  logging.warning("group %d: %s:%d exited with %s; restarting the group from its last "
-                  "checkpoint (restart %d/%d)", group.index, task[0], task[1], why,
-                  group.restarts, max_restarts)
+  logging.warning("group %d: %s:%d %s; restarting the group from its last checkpoint "
+                  "(restart %d/%d)", group.index, task[0], task[1], what, group.restarts,
+                  max_restarts)
   group.stop_all()
   group.start_all()
+
+
+def _check_progress(group: _Group, stall_timeout_s: float, max_restarts: int) -> None:
+  """Restarts (or fails) a group whose chief's step has not moved for ``stall_timeout_s``
+  (heartbeat.json; counted from the group's start until its first heartbeat), after every task
+  dumped its stacks into its log."""
+  step = group.heartbeat_step()
+  now = time.monotonic()
+  if step != group.progress_step:
+    group.progress_step, group.progress_at = step, now
+    return
+  if not stall_timeout_s or now - group.progress_at < stall_timeout_s:
+    return
+  where = "before its first step" if step is None else f"at step {step}"
+  logging.error("group %d made no step progress for %.0f s (%s): every task dumps its stacks "
+                "into its log", group.index, now - group.progress_at, where)
+  for proc in group.procs.values():
+    if proc.poll() is None:
+      proc.send_signal(signal.SIGUSR1)  # tf-codistill-train dumps its stacks
+  time.sleep(1.0)
+  group.events.write("stalled", group=group.index, step=step, seconds=now - group.progress_at)
+  _restart(group, ("chief", 0), STALLED_STATUS,
+           f"made no step progress for {stall_timeout_s:.0f} s ({where}; --stall_timeout_s)",
+           max_restarts)

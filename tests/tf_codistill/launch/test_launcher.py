@@ -11,6 +11,7 @@ import gin
 import pytest
 
 from tf_codistill import layout
+from tf_codistill.errors import ConfigurationError
 from tf_codistill.launch import gin_config as config
 from tf_codistill.launch import launcher
 from tf_codistill.training import strategies
@@ -192,4 +193,10 @@ def test_servers_on_this_machines_network_only_with_allow_exposed_ports(tmp_path
   assert ("tf-codistill-launch: error: isolate_network is off: the tasks' TF servers would listen "
           "on every interface of this machine") in proc.stderr
   assert "--allow_exposed_ports" in proc.stderr
+  assert not glob.glob(f"{tmp_path}/m/group_*")
+
+
+def test_a_negative_stall_timeout_is_refused_naming_the_flag(tmp_path):
+  with pytest.raises(ConfigurationError, match=r"--stall_timeout_s=-1 must be >= 0"):
+    launcher.launch(str(tmp_path / "m"), 1, stall_timeout_s=-1)
   assert not glob.glob(f"{tmp_path}/m/group_*")

@@ -1,10 +1,12 @@
-"""Hangs are bounded: a group whose chief's step stops moving (a stopped peer it waits on, a
+"""Hangs are bounded: a group whose chief's step stops moving (a stopped peer it waits for, a
 stopped chief) dumps every task's stacks and is restarted, or fails naming the setting, after
---stall_timeout_s; never a silent hang."""
+--stall_timeout_s; never a silent hang. (A stopped MultiWorkerMirrored worker needs no watchdog:
+TF's coordination service fails its chief after a 20 s heartbeat timeout.)"""
 
 import json
 import os
 import signal
+import sys
 
 import pytest
 
@@ -28,15 +30,26 @@ def _heartbeat_step(group_dir):
     return None
 
 
-def test_a_group_hung_waiting_for_a_stopped_peer_dumps_its_stacks_and_restarts(tmp_path,
-                                                                               criteo_dir):
+_LAUNCH = """
+import json, sys
+import tf_codistill as tfc
+model_dir, gin_file, bindings = sys.argv[1].split("=", 1)[1], sys.argv[2], json.loads(sys.argv[3])
+tfc.launch(model_dir, 2, gin_files=[gin_file], gin_bindings=bindings, stall_timeout_s=20)
+"""
+
+
+def test_groups_hung_waiting_for_a_stopped_peer_dump_their_stacks_and_restart(tmp_path,
+                                                                             criteo_dir):
   # Group 1 is stopped from its start: group 0 waits for its first version (alive, in Python),
-  # and neither makes progress. (A stopped MultiWorkerMirrored worker needs no watchdog: TF's
-  # coordination service fails its chief after a 20 s heartbeat timeout.)
+  # and neither makes progress. tfc.launch runs what it is given (launch_job and the CLI refuse
+  # a configured wait longer than the watchdog's timeout: below).
   model_dir = str(tmp_path / "job")
-  launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=2", "--stall_timeout_s=20",
-                              bindings=["trainer.train.wait_for_first_teachers_s = 3600.0",
-                                        "trainer.train.heartbeat_every_s = 0.5"]))
+  args = launch_args(model_dir, criteo_dir, bindings=[
+      "trainer.train.wait_for_first_teachers_s = 3600.0", "trainer.train.heartbeat_every_s = 0.5"])
+  gin_file = next(a.split("=", 1)[1] for a in args if a.startswith("--gin_file="))
+  bindings = [a.split("=", 1)[1] for a in args if a.startswith("--gin_bindings=")]
+  launch = Launch([sys.executable, "-c", _LAUNCH, f"--model_dir={model_dir}", gin_file,
+                   json.dumps(bindings)])
   launch.wait_for(lambda: (1, "chief", 0) in launch.pids, 60, "group 1's chief")
   os.kill(launch.pids[(1, "chief", 0)], signal.SIGSTOP)
   assert launch.wait(timeout=600) == 0, launch.stderr[-4000:]
@@ -55,6 +68,15 @@ def test_a_group_hung_waiting_for_a_stopped_peer_dumps_its_stacks_and_restarts(t
   for group in (0, 1):
     with open(layout.RunDir(os.path.join(model_dir, f"group_{group}")).results) as f:
       assert json.load(f)["steps"] == 240
+
+
+def test_a_configured_wait_the_watchdog_would_take_for_a_hang_is_refused(tmp_path, criteo_dir):
+  launch = Launch(launch_args(str(tmp_path / "job"), criteo_dir, "--num_groups=2",
+                              "--stall_timeout_s=20",
+                              bindings=["trainer.train.wait_for_first_teachers_s = 3600.0"]))
+  assert launch.wait(timeout=120) == 2
+  assert ("trainer.train.wait_for_first_teachers_s allows a 3600 s wait, not below "
+          "--stall_timeout_s=20") in launch.stderr
 
 
 def test_a_stalled_group_out_of_restarts_fails_naming_the_setting(tmp_path, criteo_dir):

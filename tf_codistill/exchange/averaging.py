@@ -48,8 +48,9 @@ POLICIES = ("continue", "fail")
 
 
 class AveragingError(RuntimeError):
-  """A round that cannot be applied (too few groups, a peer missing under ``on_missing='fail'``,
-  results that differ between groups); nothing of the round was applied."""
+  """A round that cannot be applied (fewer than ``min_groups`` valid changes, a peer missing
+  under ``on_missing='fail'``, non-finite results, no way to catch up); nothing of it was
+  applied."""
 
 
 class RejectedChange(Exception):
@@ -314,21 +315,22 @@ def create_decision(exchange_dir: str, decision: Decision, exclusive: bool) -> b
 
 def write_shared_state(exchange_dir: str, state: SharedState, keep_rounds: int) -> None:
   """Writes the parameters and momentum after round ``state.round`` (the round's decider only)
-  and removes shared states and decisions older than ``keep_rounds`` rounds."""
+  and removes shared states older than ``keep_rounds`` rounds. Decisions are kept (a few
+  hundred bytes each): a round decided once is never decided again."""
   base = shared_dir(exchange_dir)
   tensors = {f"{i}/theta": a for i, a in enumerate(state.parameters)}
   for i, b in enumerate(state.momentum or []):
     tensors[f"{i}/momentum"] = b
   final = os.path.join(base, f"step_{state.round}")
   if not tf.io.gfile.exists(os.path.join(final, directory.MARKER)):
-    directory.remove_stale_tmp(base)
+    # (No clean-up of temporary directories here: the decider changes from round to round, and
+    # another one may be writing.)
     directory.write_complete(final, lambda tmp: _save_bundle(tmp, tensors), {
         "round": state.round, "step": state.round, "arrays": len(state.parameters),
         "digest": state.digest,
         "momentum": state.momentum is not None})
-  for round_, path in directory.complete_steps(base)[keep_rounds:]:
+  for _, path in directory.complete_steps(base)[keep_rounds:]:
     directory.remove_quietly(path)
-    directory.remove_quietly(decision_path(exchange_dir, round_))
 
 
 def read_shared_state(exchange_dir: str, newest_at_most: Optional[int] = None

@@ -40,12 +40,16 @@ class LocalCopy:
     self.before_snapshot = before_snapshot  # e.g. flush pending fused optimizer updates
     self._synced_step = None
     self._lock = threading.Lock()
+    self.read_lock: Optional[threading.Lock] = None  # held by writers of the student's variables
 
   def snapshot(self) -> List[np.ndarray]:
     """The student's current values (read between two steps for a consistent copy)."""
     if self.before_snapshot is not None:
       self.before_snapshot()
-    return self.student.get_weights()
+    if self.read_lock is None:
+      return self.student.get_weights()
+    with self.read_lock:
+      return self.student.get_weights()
 
   @contextlib.contextmanager
   def at_step(self, step: int, weights: Optional[List[np.ndarray]] = None

@@ -59,6 +59,8 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
   for group in range(num_groups):
     train_config_lib.validate(train_config, group=group, num_groups=num_groups,
                               exchange_dir=shared_exchange)
+  _check_waits(train_config, launch_options.get("stall_timeout_s",
+                                                launcher.DEFAULT_STALL_TIMEOUT_S))
   if launch_options.get("pin_groups"):
     launcher.split_cpus(num_groups)
   for flag, directory in (("--model_dir", model_dir), ("--exchange_dir", shared_exchange)):
@@ -72,6 +74,20 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
                                    for name, value in overrides.items() if name != "strategy"]
   return launcher.launch(model_dir, num_groups, exchange_dir=exchange_dir, gin_files=gin_files,
                          gin_bindings=bindings, shape=shape, **launch_options)
+
+
+def _check_waits(config: train_config_lib.TrainConfig, stall_timeout_s: float) -> None:
+  """Raises ConfigurationError if a wait the configuration allows could look like a hang to the
+  launcher's watchdog (``stall_timeout_s``; 0: no watchdog)."""
+  waits = {"trainer.train.wait_for_first_teachers_s": config.wait_for_first_teachers_s}
+  if config.averaging is not None:  # a worker that does not decide waits twice the timeout
+    waits["tfc.ParameterAveraging.peer_timeout_s (x2 + 60)"] = (
+        config.averaging.peer_timeout_s + max(60.0, config.averaging.peer_timeout_s))
+  for name, seconds in waits.items():
+    if stall_timeout_s and seconds >= stall_timeout_s:
+      raise ConfigurationError(f"{name} allows a {seconds:.0f} s wait, not below "
+                               f"--stall_timeout_s={stall_timeout_s:g}: the watchdog would "
+                               "restart a waiting group; lower the wait or raise the timeout")
 
 
 def _bound(name: str, default: Optional[str]) -> Optional[str]:

@@ -486,6 +486,9 @@ def _supervise(group: _Group, max_restarts: int) -> None:
     _fail(group, task, status, f"stopped on a {errors.PERMANENT_EXIT_CODES[status]} (exit status "
                                f"{status}), not restarted")
     return
+  if group.restarts >= max_restarts:
+    _fail(group, task, status, f"exited with status {status}")
+    return
   worker_only = (group.shape.strategy == "parameter_server"
                  and all(t[0] == "worker" for t, _ in dead))
   _restart(group, task, status, f"exited with {_describe(status)}", max_restarts,

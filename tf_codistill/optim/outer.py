@@ -12,7 +12,7 @@ Outer optimizers (``change`` is the average of ``anchor - local``, an *outer gra
   ``change`` at the first round (PyTorch's SGD with ``nesterov=True``, dampening 0).
 * ``momentum`` (heavy ball): ``b = mu*b + change; theta = anchor - lr*b``.
 * ``average`` (local SGD / federated averaging): ``theta = anchor - change``, the mean of the
-  members' parameters (lr 1, no momentum).
+  members' parameters up to float32 rounding (and the changes' encoding) (lr 1, no momentum).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ step in flight.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -51,6 +52,9 @@ class AveragingRound(step_hooks.StepHook):
     self.anchor: List[np.ndarray] = []
     self.momentum: Optional[List[np.ndarray]] = None
     self.variables: List[tf.Variable] = []
+    # Held while the variables are assigned: a publisher's snapshot on another thread (parameter
+    # servers) takes it too, so it never holds half a round.
+    self.lock = threading.Lock()
     self.log: List[Dict[str, Any]] = []  # one entry per round applied
 
   # -- the shared start ----------------------------------------------------------------------
@@ -125,7 +129,12 @@ class AveragingRound(step_hooks.StepHook):
       sent = averaging.write_change(self.exchange_dir, self.group, round_, change,
                                     self.config.encoding, outer.digest(self.anchor),
                                     self.config.keep_rounds)
-    decision, changes = self._decide(round_, start)
+    try:
+      decision, changes = self._decide(round_, start)
+    except averaging.RejectedChange as e:  # decided long ago; its changes are collected
+      self._adopt_newer(round_, e)
+      self.round_start_step = step
+      return
     waited = time.monotonic() - start
     received = sum(nbytes for g, (_, nbytes) in changes.items() if g != self.group)
     digest = self._apply(decision, changes)
@@ -141,7 +150,32 @@ class AveragingRound(step_hooks.StepHook):
     if self.chief and decision.decided_by == self.group:
       averaging.write_shared_state(self.exchange_dir, averaging.SharedState(
           round_, self.anchor, self.momentum, digest), self.config.keep_rounds)
+    self._catch_up_all()
 
+  def _catch_up_all(self) -> None:
+    """Applies every round decided after this group's (it is behind: late by whole rounds)."""
+    caught_up = False
+    while True:
+      decision = averaging.read_decision(self.exchange_dir, self.round + 1)
+      if decision is None:
+        break
+      self._catch_up(decision)
+      caught_up = True
+    if caught_up:
+      self._assign(self.anchor)
+
+  def _adopt_newer(self, round_: int, why: Exception) -> None:
+    """Takes the newest shared state (of round ``round_`` or later) when a decided round cannot
+    be replayed from its changes."""
+    state = averaging.read_shared_state(self.exchange_dir)
+    if state is None or state.round < round_:
+      raise AveragingError(f"averaging: group {self.group} cannot apply round {round_} ({why}) "
+                           "and no shared state of it or later exists: raise "
+                           "ParameterAveraging.keep_rounds") from None
+    logging.warning("averaging: group %d skips to the shared state of round %d (%s)",
+                    self.group, state.round, why)
+    self._adopt(state)
+    self._assign(self.anchor)
   def _decide(self, round_: int, start: float
               ) -> Tuple[averaging.Decision, Dict[int, Tuple[List[np.ndarray], int]]]:
     """The round's decision (made here if this chief may make it) and the members' changes."""
@@ -159,8 +193,11 @@ class AveragingRound(step_hooks.StepHook):
       elapsed = time.monotonic() - start
       if may_decide:
         self._scan(round_, valid, rejected)
+        # Too few valid changes after the timeout: no decision (a failed one would fail every
+        # restart too); the round fails here below, and a restart retries it.
         if len(valid) == self.num_groups or (config.on_missing == "continue"
-                                             and elapsed >= config.peer_timeout_s):
+                                             and elapsed >= config.peer_timeout_s
+                                             and len(valid) >= config.min_groups):
           self._create(round_, sorted(valid), rejected)
           continue
       if elapsed >= limit:
@@ -182,8 +219,7 @@ class AveragingRound(step_hooks.StepHook):
   def _create(self, round_: int, members: List[int], rejected: Dict[int, str]) -> None:
     excluded = {g: rejected.get(g, f"no change within {self.config.peer_timeout_s:.0f} s")
                 for g in range(self.num_groups) if g not in members}
-    decision = averaging.Decision(round_, tuple(members), excluded, self.group,
-                                  failed=len(members) < self.config.min_groups)
+    decision = averaging.Decision(round_, tuple(members), excluded, self.group)
     averaging.create_decision(self.exchange_dir, decision,
                               exclusive=self.config.on_missing == "continue")
 
@@ -191,8 +227,8 @@ class AveragingRound(step_hooks.StepHook):
     missing = [g for g in range(self.num_groups)
                if not averaging.has_change(self.exchange_dir, g, round_)]
     return (f"averaging: round {round_} of group {self.group} was not decided after "
-            f"{elapsed:.0f} s (ParameterAveraging.on_missing={self.config.on_missing!r}); "
-            f"no change from groups {missing}"
+            f"{elapsed:.0f} s (ParameterAveraging.on_missing={self.config.on_missing!r}, "
+            f"min_groups={self.config.min_groups}); no change from groups {missing}"
             + "".join(f"; {why}" for why in rejected.values()))
 
   def _members(self, decision: averaging.Decision,
@@ -231,8 +267,9 @@ class AveragingRound(step_hooks.StepHook):
     return [np.asarray(v.numpy(), np.float32) for v in self.variables]
 
   def _assign(self, values: List[np.ndarray]) -> None:
-    for variable, value in zip(self.variables, values):
-      variable.assign(value.astype(variable.dtype.as_numpy_dtype))
+    with self.lock:
+      for variable, value in zip(self.variables, values):
+        variable.assign(value.astype(variable.dtype.as_numpy_dtype))
 
   def _report(self, entry: Dict[str, Any], step: int) -> None:
     logging.info("averaging: round %d at step %d: members %s%s, waited %.3fs, sent %d B, "

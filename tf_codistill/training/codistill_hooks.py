@@ -4,9 +4,9 @@ A ``CodistillModel`` given an ``Exchange`` runs the hooks of ``exchange_hooks`` 
 ``fit``: the chief publishes the student every ``publish_every_steps`` steps (off the training
 thread), and every training process loads the peers' newest complete versions in a background
 thread and swaps them in between two steps. Under ``ParameterServerStrategy``, where tf_keras
-allows no batch-level callbacks, the same work runs from a thread polling the step. With
-``Exchange.averaging`` every training process also takes the parameter-averaging rounds
-(``averaging_hooks``).
+allows only batch callbacks that read no logs, the same work runs from a thread polling the
+step. With ``Exchange.averaging`` every training process also takes the parameter-averaging
+rounds (``averaging_hooks``; under parameter servers from such a batch callback).
 """
 
 from __future__ import annotations
@@ -177,6 +177,8 @@ def exchange_hooks(model, exchange: Exchange, input_spec,
   hooks.refresh = teachers_lib.TeacherRefresh(pool, options.summary_writer)
   if chief:
     hooks.publisher = _publisher(model, exchange, input_spec, output_shape, sample, options)
+    if hooks.averaging is not None:
+      hooks.publisher.local.read_lock = hooks.averaging.lock
   if exchange.wait_for_first_teachers_s > 0:
     hooks.first_wait = teachers_lib.FirstTeachersWait(
         hooks.refresh, max(model.burn_in_steps, exchange.publish_every_steps),

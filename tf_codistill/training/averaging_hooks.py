@@ -69,11 +69,7 @@ class AveragingRound(step_hooks.StepHook):
             0, theta, None, outer.digest(theta)), self.config.keep_rounds)
       state = self._wait_for_start()
     self._adopt(state)
-    while True:  # rounds decided while this group was away
-      decision = averaging.read_decision(self.exchange_dir, self.round + 1)
-      if decision is None:
-        break
-      self._catch_up(decision)
+    self._catch_up_all()  # rounds decided while this group was away
     self._assign(self.anchor)
     self.round_start_step = step
     logging.info("averaging: group %d starts at round %d (step %d, parameters %s)", self.group,
@@ -105,12 +101,7 @@ class AveragingRound(step_hooks.StepHook):
       self._apply(decision, self._members(decision))
       logging.info("averaging: group %d caught up with round %d", self.group, decision.round)
     except averaging.RejectedChange as e:
-      state = averaging.read_shared_state(self.exchange_dir)
-      if state is None or state.round < decision.round:
-        raise AveragingError(f"averaging: group {self.group} cannot replay round "
-                             f"{decision.round} ({e}) and no newer shared state exists: raise "
-                             "ParameterAveraging.keep_rounds") from None
-      self._adopt(state)
+      self._adopt_newer(decision.round, e)
 
   # -- a round --------------------------------------------------------------------------------
 
@@ -133,6 +124,7 @@ class AveragingRound(step_hooks.StepHook):
       decision, changes = self._decide(round_, start)
     except averaging.RejectedChange as e:  # decided long ago; its changes are collected
       self._adopt_newer(round_, e)
+      self._assign(self.anchor)
       self.round_start_step = step
       return
     waited = time.monotonic() - start
@@ -150,19 +142,19 @@ class AveragingRound(step_hooks.StepHook):
     if self.chief and decision.decided_by == self.group:
       averaging.write_shared_state(self.exchange_dir, averaging.SharedState(
           round_, self.anchor, self.momentum, digest), self.config.keep_rounds)
-    self._catch_up_all()
+    if self._catch_up_all():
+      self._assign(self.anchor)
 
-  def _catch_up_all(self) -> None:
-    """Applies every round decided after this group's (it is behind: late by whole rounds)."""
+  def _catch_up_all(self) -> bool:
+    """Applies, to the host state, every round decided after this group's (it is behind: late by
+    whole rounds, or restarted); whether there was one."""
     caught_up = False
     while True:
       decision = averaging.read_decision(self.exchange_dir, self.round + 1)
       if decision is None:
-        break
+        return caught_up
       self._catch_up(decision)
       caught_up = True
-    if caught_up:
-      self._assign(self.anchor)
 
   def _adopt_newer(self, round_: int, why: Exception) -> None:
     """Takes the newest shared state (of round ``round_`` or later) when a decided round cannot
@@ -175,7 +167,6 @@ class AveragingRound(step_hooks.StepHook):
     logging.warning("averaging: group %d skips to the shared state of round %d (%s)",
                     self.group, state.round, why)
     self._adopt(state)
-    self._assign(self.anchor)
   def _decide(self, round_: int, start: float
               ) -> Tuple[averaging.Decision, Dict[int, Tuple[List[np.ndarray], int]]]:
     """The round's decision (made here if this chief may make it) and the members' changes."""

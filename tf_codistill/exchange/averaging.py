@@ -38,12 +38,13 @@ import tensorflow as tf
 
 from tf_codistill.errors import ConfigurationError
 from tf_codistill.exchange import directory
+from tf_codistill.exchange import lean_versions
 from tf_codistill.exchange import weight_codecs
 from tf_codistill.optim import outer
 
 ROOT = "averaging"
 KIND = "outer_change"
-BUNDLE = "weights"
+BUNDLE = lean_versions.BUNDLE  # the same TF tensor bundle as a lean version's
 POLICIES = ("continue", "fail")
 
 
@@ -191,12 +192,6 @@ def shared_dir(exchange_dir: str) -> str:
   return os.path.join(root(exchange_dir), "shared")
 
 
-def _save_bundle(path: str, tensors: Dict[str, np.ndarray]) -> None:
-  names = sorted(tensors)
-  tf.raw_ops.SaveV2(prefix=os.path.join(path, BUNDLE), tensor_names=names,
-                    shape_and_slices=[""] * len(names), tensors=[tensors[n] for n in names])
-
-
 def _encoded_tensors(arrays: Sequence[np.ndarray], encoding: str) -> Dict[str, np.ndarray]:
   tensors = {}
   for i, array in enumerate(arrays):
@@ -224,7 +219,8 @@ def write_change(exchange_dir: str, group: int, round_: int, change: Sequence[np
                        "arrays": [{"shape": list(np.shape(a))} for a in change]},
             "round": round_, "anchor_digest": anchor_digest, "bytes": nbytes}
   directory.write_version(root(exchange_dir), group, round_,
-                          lambda tmp: _save_bundle(tmp, tensors), marker, keep_last=keep_rounds)
+                          lambda tmp: lean_versions.save_bundle(tmp, tensors), marker,
+                          keep_last=keep_rounds)
   return nbytes
 
 
@@ -325,7 +321,7 @@ def write_shared_state(exchange_dir: str, state: SharedState, keep_rounds: int) 
   if not tf.io.gfile.exists(os.path.join(final, directory.MARKER)):
     # (No clean-up of temporary directories here: the decider changes from round to round, and
     # another one may be writing.)
-    directory.write_complete(final, lambda tmp: _save_bundle(tmp, tensors), {
+    directory.write_complete(final, lambda tmp: lean_versions.save_bundle(tmp, tensors), {
         "round": state.round, "step": state.round, "arrays": len(state.parameters),
         "digest": state.digest,
         "momentum": state.momentum is not None})

@@ -96,7 +96,7 @@ class PublishFormat:
     return self.encoding != SAVED_MODEL
 
 
-def _save_bundle(directory: str, tensors: Dict[str, np.ndarray]) -> None:
+def save_bundle(directory: str, tensors: Dict[str, np.ndarray]) -> None:
   """Writes ``tensors`` as a TF tensor bundle ``<directory>/weights.*`` (through TF's
   filesystems, like any checkpoint)."""
   names = sorted(tensors)
@@ -169,7 +169,7 @@ class LeanWriter:
     marker = {"format": {"kind": KIND, "encoding": self.format.encoding, "id": version_id,
                          "base": base, "arrays": arrays, "signature": self.signature}}
     path = exchange.write_version(exchange_dir, group, step,
-                                  lambda tmp: _save_bundle(tmp, tensors), marker,
+                                  lambda tmp: save_bundle(tmp, tensors), marker,
                                   keep_last=keep_last)
     # Only a version that exists becomes the base of the next delta.
     self._last, self._last_id, self._last_step = held, version_id, int(step)

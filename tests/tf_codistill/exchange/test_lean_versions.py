@@ -208,7 +208,7 @@ def test_rows_out_of_range_and_wrong_shapes_are_rejected(tmp_path):
   bundle = tf.train.load_checkpoint(os.path.join(path, lv.BUNDLE))
   tensors = {n: bundle.get_tensor(n) for n in bundle.get_variable_to_shape_map()}
   tensors["0/rows"] = np.array([VOCAB], np.int32)
-  lv._save_bundle(path, tensors)
+  lv.save_bundle(path, tensors)
   marker = json.load(open(os.path.join(path, exchange.MARKER)))
   marker["files"] = exchange._list_files(path)
   del marker["files"][exchange.MARKER]

@@ -804,19 +804,9 @@ def scaling(suite: Suite, paths: RunPaths, data: Sequence[str],
   arms = {batch: _with(suite.scaling_arm, [f"trainer.train.batch_size = {batch}"],
                        name=f"{suite.scaling_arm.name}_b{batch}")
           for batch in suite.scaling_batches}
-  # Every batch's tuning runs in one go (they may run at once), then each round of grown grids.
-  rates = {batch: list(suite.learning_rates) for batch in arms} if run is not None else {}
-  while rates:
-    run([t for batch, arm in arms.items() if batch in rates
-         for t in _tuning_arms(arm, suite, data, rates[batch]).values()])
-    for batch in list(rates):
-      losses = _grid_losses(arms[batch], suite, paths, data, rates[batch])
-      best = min(losses, key=lambda lr: losses[lr]["best_val_loss"])
-      grown = _next_rate(suite, rates[batch], best)
-      if grown is None:
-        del rates[batch]
-      else:
-        rates[batch].append(grown)
+  if run is not None:  # pinned, each batch's grid grows on its own, its runs taking free CPUs
+    _at_once(lambda arm: tune(arm, suite, paths, data, run), list(arms.values()),
+             len(arms) if suite.pin_runs else 1)
   for batch, arm in arms.items():
     _, choice = tune(arm, suite, paths, data)
     curves[batch] = [choice.pop("chosen_curve")]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import threading
 
 import pytest
 
@@ -361,3 +362,26 @@ def test_a_grid_whose_largest_rate_wins_grows_by_doubling_it(tmp_path):
                        common_bindings=["x = 2"])
   _, choice = runner.tune(arm, suite, paths, data=[], run=_fake_tuning(paths, lambda lr: -lr, []))
   assert choice["learning_rate"] == 0.002 and len(choice["grid"]) == 2
+
+
+def test_pinned_scaling_grows_each_batch_grid_without_waiting_for_the_others(tmp_path):
+  paths = runner.RunPaths(str(tmp_path), str(tmp_path))
+  suite = runner.Suite(name="s", arms=[runner.Arm("a")], scaling_arm=runner.Arm("sync"),
+                       scaling_batches=[1, 2], learning_rates=[0.001, 0.002], extend_grid=1,
+                       loss_key="val_loss", pin_runs=True)
+  grown = threading.Event()
+  ran = []
+  record = _fake_tuning(paths, lambda lr: -lr, ran)  # the largest rate always wins
+
+  def run(arms):
+    for arm in arms:
+      if "lr_0.004" in arm.name:
+        grown.set()
+      elif "trainer.train.batch_size = 2" in arm.gin_bindings:
+        # Batch 2's base grid waits until batch 1's grid has grown: it must not wait for batch 2.
+        assert grown.wait(timeout=30), "one batch's grid waited for the other batch's runs"
+      record([arm])
+
+  scaled = runner.scaling(suite, paths, data=[], run=run)
+  assert grown.is_set() and len(set(ran)) == 6  # (recorded runs are asked for again: reused)
+  assert {b: c["learning_rate"] for b, c in scaled["batches"].items()} == {"1": 0.004, "2": 0.004}

@@ -143,6 +143,10 @@ class Suite:
     tuning_seed: the seed of tuning runs (apart from the reported seeds 0..seeds-1).
     extend_grid: how many times a tuned arm's grid grows by the double of its largest rate when
       that rate wins (the optimum at the grid's edge; the same rule for every tuned arm).
+    tune_ahead: each round of a tuned arm's grid also runs the rate the grid would grow by
+      (while ``extend_grid`` allows), at once on a CPU that is free, so that a grown grid does
+      not wait for the round before it. The choice is the same (a rate the grid never grew to
+      is recorded but not in the grid); it costs a run when the largest rate loses.
     scaling_arm, scaling_batches: a synchronous arm run (tuned) at each global batch; the batch
       where doubling stops cutting steps to a common target by ``scaling_min_cut`` is B*, and
       every arm's bindings get ``{B*}`` and ``{2B*}`` replaced by it and its double.
@@ -190,6 +194,7 @@ class Suite:
   eval_pattern: str = "eval-*"
   b_star: Optional[int] = None
   extend_grid: int = 0
+  tune_ahead: bool = False
   debs_dir: Optional[str] = None
 
   def __post_init__(self):
@@ -775,12 +780,14 @@ def tune(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str],
          run: Optional[RunFn] = None) -> Tuple[Arm, dict]:
   """The arm at the grid's learning rate whose tuning run reached the lowest best validation
   loss, and the record of the choice; while the grid's largest rate wins, the grid grows by its
-  double (``Suite.extend_grid`` times at most). ``run`` runs tuning runs that are missing;
+  double (``Suite.extend_grid`` times at most; ``Suite.tune_ahead`` runs that double beside each
+  round). ``run`` runs tuning runs that are missing;
   without it they must be recorded already (a report from committed runs)."""
   rates = list(suite.learning_rates)
   while True:
     if run is not None:
-      run(list(_tuning_arms(arm, suite, data, rates).values()))
+      ahead = _next_rate(suite, rates, max(rates)) if suite.tune_ahead else None
+      run(list(_tuning_arms(arm, suite, data, rates + ([ahead] if ahead else [])).values()))
     losses = _grid_losses(arm, suite, paths, data, rates)
     chosen = min(losses, key=lambda lr: losses[lr]["best_val_loss"])
     grown = _next_rate(suite, rates, chosen)

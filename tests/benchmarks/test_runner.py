@@ -385,3 +385,30 @@ def test_pinned_scaling_grows_each_batch_grid_without_waiting_for_the_others(tmp
   scaled = runner.scaling(suite, paths, data=[], run=run)
   assert grown.is_set() and len(set(ran)) == 6  # (recorded runs are asked for again: reused)
   assert {b: c["learning_rate"] for b, c in scaled["batches"].items()} == {"1": 0.004, "2": 0.004}
+
+
+def test_tuning_ahead_runs_the_next_rate_beside_each_round_and_chooses_the_same(tmp_path):
+  paths = runner.RunPaths(str(tmp_path), str(tmp_path))
+  arm = runner.Arm("sync_b", tune_learning_rate=True)
+  calls = []
+
+  def suite(name, ahead):
+    return runner.Suite(name=name, arms=[arm], learning_rates=[0.001, 0.002], extend_grid=2,
+                        loss_key="val_loss", tune_ahead=ahead, common_bindings=[f"x = '{name}'"])
+
+  def tuned(name, ahead, best):
+    ran = []
+    fake = _fake_tuning(paths, lambda lr: abs(lr - best), ran)
+    _, choice = runner.tune(arm, suite(name, ahead), paths, data=[],
+                            run=lambda arms: (calls.append(len(arms)), fake(arms)))
+    return choice, {name.rsplit("lr_", 1)[1] for name in ran}
+
+  calls.clear()
+  ahead, ran = tuned("a", True, 0.004)
+  assert calls[0] == 3 and ran == {"0.001", "0.002", "0.004", "0.008"}  # the first round: 3 rates
+  assert ahead["grid"].keys() == tuned("b", False, 0.004)[0]["grid"].keys()
+  assert ahead["learning_rate"] == 0.004
+  # The smallest rate wins at once: the rate run ahead is recorded, not in the grid.
+  ahead, ran = tuned("c", True, 0.001)
+  assert ahead["learning_rate"] == 0.001 and set(ahead["grid"]) == {"0.001", "0.002"}
+  assert ran == {"0.001", "0.002", "0.004"}

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bazel-test venv data corpus clean
+.PHONY: demo test test-fast test-io lint bazel-test venv data corpus clean
 
 venv: $(STAMP)
 
@@ -65,6 +65,20 @@ test: $(STAMP) data
 	$(PY) -m pytest -q -p no:cacheprovider -m exclusive tests; alone=$$?; \
 	test $$processes -eq 0 && test $$beside -eq 0 && test $$harness -eq 0 && test $$alone -eq 0
 
+# The oldest supported stack with tensorflow-io (the `io` extra holds TF at 2.17, where its ops
+# load), in a venv of its own: Parquet on both readers, the s3/hdfs filesystems and two short
+# cluster runs (a parameter-server and a MultiWorkerMirrored job). `make test` covers the newest.
+VENV_IO := .venv-tf217
+test-io:
+	@test -x $(VENV_IO)/bin/python || $(PYTHON) -m venv $(VENV_IO)
+	$(VENV_IO)/bin/python -m pip install -q --upgrade pip
+	$(VENV_IO)/bin/python -m pip install -q -e '.[io,test]'
+	$(VENV_IO)/bin/python -c "import tensorflow as tf, tensorflow_io; print('TensorFlow', tf.__version__, 'tensorflow-io', tensorflow_io.__version__)"
+	$(VENV_IO)/bin/python -m pytest -q -p no:cacheprovider -rs tests/data_pipelines/test_criteo.py \
+	  tests/tf_codistill/test_filesystems.py \
+	  tests/cluster/test_clusters.py::test_parameter_server_groups_train_and_distill_from_each_other \
+	  tests/cluster/test_clusters.py::test_multi_worker_mirrored_groups_load_teachers_on_every_worker
+
 test-fast: $(STAMP) data
 	$(PY) -m pytest -q tests -m "not e2e"
 
@@ -82,4 +96,4 @@ bazel-test: $(STAMP)
 	$(BAZEL) test //...
 
 clean:
-	rm -rf $(VENV) demo_run .pytest_cache
+	rm -rf $(VENV) $(VENV_IO) demo_run .pytest_cache

@@ -4,8 +4,10 @@ examples/sec) and, given a built Debian corpus, the token pipeline against the t
 For each format (TSV and Parquet) the same rows are generated into a temporary directory and read
 three times with ``data_pipelines.criteo.make_dataset``; the median of the last two passes is the
 reported rate (the first includes graph building and cold caches), per wall second and per CPU
-second of this process (all its threads: the rate per core). The goal: Parquet within 2x of TSV
-per core (``parquet_over_tsv_per_core`` >= 0.5).
+second of this process (all its threads: the rate per core). Parquet is read with pyarrow (the
+default reader, the goal's), and also with tensorflow-io where its ops load
+(``parquet_tensorflow_io``). The goal: Parquet within 2x of TSV per core
+(``parquet_over_tsv_per_core`` >= 0.5).
 
 With ``--corpus_dir`` (a corpus built by data_pipelines.debian_text), the token pipeline
 (token_lm.make_dataset, windows of 64 at batch 64) is read for ``--token_batches`` batches and
@@ -25,7 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Sequence
 
 import tensorflow as tf
 import tf_keras as keras
@@ -59,11 +61,12 @@ TOKEN_GOAL = 5.0
 
 
 def _examples_per_sec(paths: List[str], file_format: str, batch_size: int,
-                      passes: int = 3) -> Dict[str, float]:
+                      passes: int = 3, parquet_reader: str = "pyarrow") -> Dict[str, float]:
   """Reads every file ``passes`` times; the first pass's examples/sec, and the median of the
   later passes' examples per wall second and per CPU second (this process's CPU time over all
   its threads: the rate per core)."""
-  dataset = criteo.make_dataset(paths, batch_size, file_format=file_format)
+  dataset = criteo.make_dataset(paths, batch_size, file_format=file_format,
+                                parquet_reader=parquet_reader)
   rates, per_cpu = [], []
   for _ in range(passes):
     start, cpu = time.perf_counter(), time.process_time()
@@ -75,8 +78,19 @@ def _examples_per_sec(paths: List[str], file_format: str, batch_size: int,
           "examples_per_cpu_second": statistics.median(per_cpu[1:]), "examples": examples}
 
 
-def measure(num_rows: int, num_files: int, batch_size: int, formats: List[str]) -> Dict[str, Dict]:
-  """Generates and parses num_rows rows per format; returns the numbers per format."""
+def tensorflow_io_loads() -> bool:
+  """Whether tensorflow-io's ops load here (its ``io`` extra, on TF 2.17)."""
+  try:
+    from tensorflow_io.python.ops import core_ops  # noqa: F401  pylint: disable=g-import-not-at-top
+  except Exception:  # pylint: disable=broad-except  (not installed, or its ops fail to load)
+    return False
+  return True
+
+
+def measure(num_rows: int, num_files: int, batch_size: int, formats: List[str],
+            parquet_readers: Sequence[str] = ("pyarrow",)) -> Dict[str, Dict]:
+  """Generates and parses num_rows rows per format; returns the numbers per format (Parquet per
+  reader: ``parquet`` is pyarrow's, ``parquet_<reader>`` another's, on the same files)."""
   results = {}
   with tempfile.TemporaryDirectory() as directory:
     make_criteo_like.planted_model()  # built once and cached; not part of the generation rate
@@ -84,11 +98,14 @@ def measure(num_rows: int, num_files: int, batch_size: int, formats: List[str]) 
       start = time.perf_counter()
       paths = make_criteo_like.generate(directory, num_rows, num_files, file_format=file_format)
       generate_seconds = time.perf_counter() - start
-      results[file_format] = {
-          "generator_rows_per_sec": num_rows / generate_seconds,
-          "bytes": sum(os.path.getsize(p) for p in paths),
-          **_examples_per_sec(paths, file_format, batch_size),
-      }
+      readers = parquet_readers if file_format == "parquet" else ("pyarrow",)
+      for reader in readers:
+        name = file_format if reader == "pyarrow" else f"{file_format}_{reader}"
+        results[name] = {
+            "generator_rows_per_sec": num_rows / generate_seconds,
+            "bytes": sum(os.path.getsize(p) for p in paths),
+            **_examples_per_sec(paths, file_format, batch_size, parquet_reader=reader),
+        }
   return results
 
 
@@ -130,11 +147,12 @@ def measure_tokens(corpus_dir: str, batches: int, batch_size: int = 64,
 
 def main(argv: List[str]) -> None:
   del argv
-  results = measure(FLAGS.num_rows, FLAGS.num_files, FLAGS.batch_size, FLAGS.formats)
-  print(f"{'format':8} {'generator rows/s':>17} {'parse ex/s':>11} {'ex/CPU s':>11} "
+  readers = ["pyarrow"] + (["tensorflow_io"] if tensorflow_io_loads() else [])
+  results = measure(FLAGS.num_rows, FLAGS.num_files, FLAGS.batch_size, FLAGS.formats, readers)
+  print(f"{'format':22} {'generator rows/s':>17} {'parse ex/s':>11} {'ex/CPU s':>11} "
         f"{'(1st pass)':>11} {'MB':>7}")
   for file_format, r in results.items():
-    print(f"{file_format:8} {r['generator_rows_per_sec']:17,.0f} {r['examples_per_sec']:11,.0f} "
+    print(f"{file_format:22} {r['generator_rows_per_sec']:17,.0f} {r['examples_per_sec']:11,.0f} "
           f"{r['examples_per_cpu_second']:11,.0f} {r['first_pass_examples_per_sec']:11,.0f} "
           f"{r['bytes'] / 1e6:7.1f}")
   goals = {}

@@ -59,6 +59,8 @@ def main(argv):
   try:
     config.parse_gin([path], FLAGS.gin_bindings)
     suite = runner.Suite()
+    if not FLAGS.report_only:
+      runner.check_tensorflow(suite)
   except (config.ConfigError, ValueError, TypeError) as e:
     raise app.UsageError(f"suite {path}: {e}") from None
   paths = runner.RunPaths(work_dir=os.path.join(FLAGS.work_dir, suite.name),

@@ -163,6 +163,8 @@ class Suite:
     pin_runs: every group gets a CPU of its own (machine.CpuPool), and runs that need fewer
       CPUs than the machine has (tuning runs, seeds of a single-group arm) go on at once, each
       on its own CPUs. Only for suites whose figures count steps, not seconds.
+    tensorflow: the TensorFlow version every run must use (a suite whose recorded runs were taken
+      on one version keeps it when the default install moves on); run_suite refuses another.
   """
   name: str
   arms: Sequence[Arm]
@@ -196,6 +198,7 @@ class Suite:
   extend_grid: int = 0
   tune_ahead: bool = False
   debs_dir: Optional[str] = None
+  tensorflow: Optional[str] = None
 
   def __post_init__(self):
     if self.data not in DATA_KINDS:
@@ -1205,9 +1208,20 @@ def prepare(suite: Suite, paths: RunPaths, data: Sequence[str],
   return dataclasses.replace(suite, arms=arms), record
 
 
+def check_tensorflow(suite: Suite) -> None:
+  """ValueError unless this environment has the TensorFlow version ``suite.tensorflow`` pins."""
+  have = machine.tensorflow_version()
+  if suite.tensorflow and have != suite.tensorflow:
+    raise ValueError(
+        f"suite {suite.name!r} runs on TensorFlow {suite.tensorflow} (its recorded runs were "
+        f"taken on it), this environment has {have}: run it from a venv with "
+        f"tensorflow=={suite.tensorflow} (make test-io builds .venv-tf217)")
+
+
 def run_suite(suite: Suite, paths: RunPaths, force: bool = False,
               progress: Callable[[str], None] = print, allow_load: bool = False) -> dict:
   """Runs (or reuses) every arm, then writes summary.json and returns it."""
+  check_tensorflow(suite)
   os.makedirs(paths.results_dir, exist_ok=True)
   data = data_bindings(suite, paths.data_dir)
   manifest = corpus_manifest(suite, paths.data_dir, build=False)

@@ -25,6 +25,7 @@ precisely.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -125,8 +126,37 @@ def _parquet_reader(reader: str) -> Callable[[tf.Tensor], tf.data.Dataset]:
                               "cats": (tf.string, CAT_COLUMNS)}, reader)
 
 
-def _parse_tsv_batch(lines: tf.Tensor, enforce: EnforceFn) -> Tensors:
-  """Validates a batch of TSV lines; returns label (bool), ints (int64) and categorical strings."""
+@gin.configurable(module="criteo")
+def raw_parser(num_buckets: int = 100_000) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
+  """``parse(lines)``: the features of raw TSV lines exactly as ``make_dataset`` computes them,
+  for a serving signature on raw input (no hashing or transform left to the server).
+
+  A line holds the 39 feature fields, or all 40 with the label first (the label is then checked
+  and ignored); a trailing newline is dropped. A malformed line fails the call with
+  InvalidArgumentError naming its 0-based index in the batch and the reason. ``num_buckets``
+  must be the pipeline's (gin: bind both to ``%NUM_BUCKETS``).
+  """
+  if num_buckets < 1:
+    raise ValueError(f"num_buckets must be positive, got {num_buckets}")
+
+  def parse(lines: tf.Tensor) -> dict[str, tf.Tensor]:
+    lines = tf.strings.regex_replace(tf.convert_to_tensor(lines, tf.string), r"\r?\n$", "")
+    fields = tf.strings.split(lines, "\t").row_lengths()
+    labeled = tf.where(tf.equal(fields, NUM_FIELDS - 1), tf.strings.join(["0\t", lines]), lines)
+    where = lambda i: tf.strings.as_string(i)  # noqa: E731
+    checked = functools.partial(records.enforce, where=where, prefix="malformed raw Criteo line ",
+                                policy="error", counter=None)
+    parsed = _parse_tsv_batch(labeled, checked, f"{NUM_FIELDS - 1} (or {NUM_FIELDS} with the "
+                              "label first)")
+    return _features(*parsed, num_buckets)[0]
+
+  return parse
+
+
+def _parse_tsv_batch(lines: tf.Tensor, enforce: EnforceFn,
+                     expected_fields: str = str(NUM_FIELDS)) -> Tensors:
+  """Validates a batch of TSV lines; returns label (bool), ints (int64) and categorical strings.
+  ``expected_fields``: how the field count is described when it is wrong."""
   fields = tf.strings.split(lines, "\t")
   num_fields = fields.row_lengths()
   table = fields.to_tensor(default_value="", shape=[None, NUM_FIELDS])
@@ -151,7 +181,8 @@ def _parse_tsv_batch(lines: tf.Tensor, enforce: EnforceFn) -> Tensors:
             "line of ", tf.strings.as_string(length[i]),
             f" bytes is longer than any valid Criteo line ({MAX_LINE_BYTES} bytes)"])),
         (~utf8_ok, tf.constant("non-UTF-8 bytes in the line")),
-        (~count_ok[i], tf.strings.join([f"expected {NUM_FIELDS} tab-separated fields, got ", got])),
+        (~count_ok[i], tf.strings.join([f"expected {expected_fields} tab-separated fields, got ",
+                                         got])),
         (~label_ok[i], tf.strings.join(["label not in {0,1}", records.shown(label[i])])),
         _column_reason("non-numeric integer field I", int_ok[i], ints[i]),
         _column_reason("non-hex categorical field C", cat_ok[i], cats[i]),

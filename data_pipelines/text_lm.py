@@ -32,7 +32,7 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import gin
 import numpy as np
@@ -208,6 +208,44 @@ def token_ids(lines: tf.Tensor, table: tf.lookup.StaticHashTable, level: str = "
               ) -> tf.Tensor:
   """Flat int32 ids of a batch of lines, in order."""
   return table.lookup(tokenize(lines, level).flat_values)
+
+
+_FINGERPRINT_BUCKETS = (1 << 63) - 1
+
+
+@gin.configurable(module="text_lm")
+def raw_parser(vocab_file: str = gin.REQUIRED,
+               level: str = "word") -> Callable[[tf.Tensor], Dict[str, tf.Tensor]]:
+  """``parse(lines)``: raw text lines [B] -> ``{'tokens': int32 [B, T]}``, each line's ids as
+  the pipeline computes them (``tokenize`` at ``level``, the vocabulary of ``vocab_file``,
+  ``<eos>`` last), right-padded with ``<unk>`` (0) to the longest line; a causal model's outputs
+  at a line's own positions do not depend on the padding. For a serving signature on raw text.
+
+  The vocabulary is held as constants (64-bit token fingerprints, sorted), not a lookup table,
+  so a SavedModel carries it with no resource to track. ``parse.token_stream(lines)``: the flat
+  ids, what ``serving.check_raw_parser`` compares with the pipeline's windows.
+  """
+  _check_level(level)
+  tokens = [t for t, _ in read_vocab(vocab_file)]
+  keys = tf.strings.to_hash_bucket_fast(tf.constant(tokens), _FINGERPRINT_BUCKETS).numpy()
+  order = np.argsort(keys, kind="stable")
+  sorted_keys = keys[order]
+  if np.any(sorted_keys[1:] == sorted_keys[:-1]):
+    raise ValueError(f"{vocab_file}: two tokens share a 64-bit fingerprint")
+  sorted_keys, sorted_ids = tf.constant(sorted_keys), tf.constant(order, tf.int32)
+
+  def ragged_ids(lines: tf.Tensor) -> tf.RaggedTensor:
+    split = tokenize(lines, level)
+    found = tf.strings.to_hash_bucket_fast(split.flat_values, _FINGERPRINT_BUCKETS)
+    at = tf.minimum(tf.searchsorted(sorted_keys, found), tf.size(sorted_keys) - 1)
+    ids = tf.where(tf.equal(tf.gather(sorted_keys, at), found), tf.gather(sorted_ids, at), 0)
+    return split.with_flat_values(ids)
+
+  def parse(lines: tf.Tensor) -> Dict[str, tf.Tensor]:
+    return {"tokens": ragged_ids(lines).to_tensor(default_value=0)}
+
+  parse.token_stream = lambda lines: ragged_ids(lines).flat_values
+  return parse
 
 
 def windows(ids: tf.data.Dataset, sequence_length: int) -> tf.data.Dataset:

@@ -14,7 +14,8 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
   ``tfc.predict_probabilities`` and ``tfc.pairwise_churn`` do it for SavedModels (exports or
   exchange versions).
 * ``tfc.export``: writes a model as a SavedModel with the serving signature peers and servers
-  read.
+  read, and with ``raw_parser`` (e.g. ``criteo.raw_parser``) a ``serving_raw`` signature that
+  parses raw lines inside the model; ``tfc.raw_lines``: batches of raw lines to predict on.
 * ``tfc.TrainConfig``, ``tfc.train``, ``tfc.GroupTrainer``: one group's training as the
   binaries run it (gin-configurable: ``trainer.train.*``).
 * ``tfc.launch_job``: n groups on this machine, each a local TF cluster in a private network
@@ -44,6 +45,7 @@ _PUBLIC = {
     "prediction_churn": "tf_codistill.metrics",
     "predict_probabilities": "tf_codistill.metrics",
     "pairwise_churn": "tf_codistill.metrics",
+    "raw_lines": "tf_codistill.serving",
     "parse_gin": "tf_codistill.launch.gin_config",
     "run_demo": "tf_codistill.launch.demo",
     "export": "tf_codistill.training.model",

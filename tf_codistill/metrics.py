@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_codistill import losses
+from tf_codistill import serving
 from tf_codistill.exchange import directory as exchange
 
 
@@ -65,12 +66,18 @@ def prediction_churn(model_a, model_b, dataset: tf.data.Dataset, output: str = "
 
 def predict_probabilities(saved_model_path: str, dataset: tf.data.Dataset,
                           output: str = "sigmoid") -> np.ndarray:
-  """Runs a published/exported SavedModel's serving signature over ``dataset`` (features, ...)."""
-  serve = tf.saved_model.load(saved_model_path).signatures[exchange.SIGNATURE_KEY]
+  """Runs a published/exported SavedModel's serving signature over ``dataset`` (features, ...);
+  a dataset of string batches (raw lines, ``serving.raw_lines``) goes through ``serving_raw``."""
+  raw = dataset.element_spec == tf.TensorSpec([None], tf.string)
+  serve = _signature(saved_model_path, serving.RAW_SIGNATURE_KEY if raw
+                     else exchange.SIGNATURE_KEY)
   batches = []
   for element in dataset:
     features = element[0] if isinstance(element, tuple) else element
-    kwargs = features if isinstance(features, dict) else {"inputs": features}
+    if raw:
+      kwargs = {serving.RAW_INPUT_KEY: features}
+    else:
+      kwargs = features if isinstance(features, dict) else {"inputs": features}
     logits = serve(**kwargs)[exchange.OUTPUT_KEY]
     batches.append(losses.probabilities(logits, output).numpy())
   if not batches:
@@ -115,3 +122,14 @@ def pairwise_churn(predictions: Sequence[np.ndarray], output: str = "sigmoid"
   """Churn for every pair (i < j) of models, each entry tagged with the pair's indices."""
   return [{"a": i, "b": j, **churn(predictions[i], predictions[j], output)}
           for i, j in itertools.combinations(range(len(predictions)), 2)]
+
+
+def _signature(saved_model_path: str, key: str):
+  """The SavedModel's signature ``key``; ValueError naming the model if it has none."""
+  signatures = tf.saved_model.load(saved_model_path).signatures
+  if key not in signatures:
+    hint = (" (export it with trainer.train.raw_parser bound, or tfc.export(raw_parser=...))"
+            if key == serving.RAW_SIGNATURE_KEY else "")
+    raise ValueError(f"{saved_model_path} has no {key!r} signature{hint}; it has "
+                     f"{sorted(signatures)}")
+  return signatures[key]

@@ -15,6 +15,15 @@ def test_both_formats_are_generated_and_read_back_whole_with_rates_per_core():
     assert figures["bytes"] > 0
 
 
+def test_parquet_is_read_by_each_reader_asked_for_on_the_same_files():
+  readers = ["pyarrow"] + (["tensorflow_io"] if parse_throughput.tensorflow_io_loads() else [])
+  results = parse_throughput.measure(num_rows=2000, num_files=1, batch_size=512,
+                                     formats=["parquet"], parquet_readers=readers)
+  assert set(results) == {"parquet"} | {f"parquet_{r}" for r in readers[1:]}
+  assert all(r["examples"] == 2000 for r in results.values())
+  assert len({r["bytes"] for r in results.values()}) == 1  # the same files
+
+
 def test_the_token_pipeline_is_measured_against_the_training_step(tmp_path):
   from data_pipelines import corpus  # pylint: disable=g-import-not-at-top
   from data_pipelines import debian_text  # pylint: disable=g-import-not-at-top

@@ -412,3 +412,15 @@ def test_tuning_ahead_runs_the_next_rate_beside_each_round_and_chooses_the_same(
   ahead, ran = tuned("c", True, 0.001)
   assert ahead["learning_rate"] == 0.001 and set(ahead["grid"]) == {"0.001", "0.002"}
   assert ran == {"0.001", "0.002", "0.004"}
+
+
+def test_a_suite_pinned_to_a_tensorflow_version_refuses_another(tmp_path):
+  have = runner.machine.tensorflow_version()
+  runner.check_tensorflow(runner.Suite(name="s", arms=[runner.Arm("a")], tensorflow=have))
+  runner.check_tensorflow(runner.Suite(name="s", arms=[runner.Arm("a")]))  # not pinned
+  pinned = runner.Suite(name="s", arms=[runner.Arm("a")], tensorflow="2.0.0")
+  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
+  with pytest.raises(ValueError, match=rf"suite 's' runs on TensorFlow 2.0.0 .* has {have}: .*"
+                                       r"tensorflow==2.0.0"):
+    runner.run_suite(pinned, paths)
+  assert not (tmp_path / "results").exists()  # refused before anything is written

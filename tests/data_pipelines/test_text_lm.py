@@ -123,3 +123,12 @@ def test_king_james_bible_is_prepared_once_from_the_debian_package(tmp_path):
   mtime = os.path.getmtime(vocab_file)
   text_lm.prepare(str(tmp_path), vocab_size=2000, num_train_files=4)  # reused, not rebuilt
   assert os.path.getmtime(vocab_file) == mtime
+
+
+def test_raw_parser_gives_the_pipelines_ids_padded_per_line(text_dir):
+  parse = text_lm.raw_parser(str(text_dir / "vocab-word-6.tsv"))
+  lines = tf.constant(TEXT.splitlines())
+  tokens = parse(lines)["tokens"]
+  assert tokens.dtype == tf.int32
+  np.testing.assert_array_equal(tokens, [IDS[:5] + [0] * 4, IDS[5:]])
+  np.testing.assert_array_equal(parse.token_stream(lines), IDS)

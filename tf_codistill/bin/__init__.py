@@ -4,10 +4,15 @@ Importing this package, before TensorFlow is imported, quiets TensorFlow's C++ s
 (CPU feature notes, CUDA and TensorRT stubs) in every binary and the tasks a launch starts:
 ``--tf_log_level`` (TF_CPP_MIN_LOG_LEVEL: 0 shows everything, 1 hides info, the default 2 also
 hides warnings, 3 also errors) or a ``TF_CPP_MIN_LOG_LEVEL`` already in the environment decides.
+TensorFlow is imported here, once: from TF 2.20 its libraries log through absl before absl's
+logging is initialized, and such lines go to stderr whatever the level (abseil-cpp #1718), so
+the import's stderr is read back and its lines below the level are dropped.
 """
 
 import os
+import re
 import sys
+import tempfile
 
 from absl import flags
 
@@ -34,3 +39,47 @@ if _level_in(sys.argv[1:]) in TF_LOG_LEVELS:
   os.environ["TF_CPP_MIN_LOG_LEVEL"] = _level_in(sys.argv[1:])
 else:  # absent (or invalid: absl then refuses it naming the flag)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", DEFAULT_TF_LOG_LEVEL)
+
+# An absl C++ log line ("I0000 00:00:1796288663.384408   11218 port.cc:153] ..."): severity, text.
+_ABSL_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^ \]]+:\d+\] ")
+_BEFORE_INIT = ("WARNING: All log messages before absl::InitializeLog() is called are written "
+                "to STDERR")
+_SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
+
+
+def shown_lines(text: str, level: int) -> str:
+  """``text`` less its absl C++ log lines (with their continuation lines) below ``level``."""
+  kept, hiding = [], False
+  for line in text.splitlines(keepends=True):
+    found = _ABSL_LINE.match(line)
+    if found:
+      hiding = _SEVERITY[found.group(1)] < level
+    elif line.rstrip("\n") == _BEFORE_INIT:  # absl's own warning, a line of its own
+      if level <= _SEVERITY["W"]:
+        kept.append(line)
+      continue
+    if not hiding:
+      kept.append(line)
+  return "".join(kept)
+
+
+def _import_tensorflow(level: int) -> None:
+  """Imports TensorFlow with its start-up lines below ``level`` left out of stderr."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      sys.stderr.write(shown_lines(captured.read().decode(errors="replace"), level))
+      sys.stderr.flush()
+
+
+if "tensorflow" not in sys.modules:
+  _level = os.environ["TF_CPP_MIN_LOG_LEVEL"]
+  _import_tensorflow(int(_level) if _level in TF_LOG_LEVELS else 0)

@@ -18,6 +18,8 @@ flags.DEFINE_string("data", None, "File pattern of the evaluation data.", requir
 flags.DEFINE_enum("output", None, ["sigmoid", "softmax"],
                   "How logits become probabilities (default: the bound trainer.train.task's, "
                   "else sigmoid).")
+flags.DEFINE_bool("raw", False, "Read --data as raw lines (e.g. Criteo TSV) and predict through "
+                  "each model's serving_raw signature, which parses them inside the model.")
 flags.DEFINE_integer("batch_size", 4096, "Batch size for prediction.")
 flags.DEFINE_string("json_out", None, "Optional path for the results as JSON.")
 FLAGS = flags.FLAGS
@@ -30,11 +32,19 @@ def main(argv):
     raise app.UsageError("give at least two --saved_model paths")
   common.parse_gin_or_exit(FLAGS.gin_file, FLAGS.gin_bindings)
   # The data pipeline and task of the gin config (Criteo and sigmoid when none is bound).
-  dataset_fn = _bound("dataset_fn")
-  dataset = (dataset_fn or criteo.make_dataset)(FLAGS.data, FLAGS.batch_size)
+  if FLAGS.raw:
+    try:
+      dataset = tfc.raw_lines(FLAGS.data, FLAGS.batch_size)
+    except FileNotFoundError as e:
+      common.exit_with_error(f"--data: {e}")
+  else:
+    dataset = (_bound("dataset_fn") or criteo.make_dataset)(FLAGS.data, FLAGS.batch_size)
   task = _bound("task")
   output = FLAGS.output or (task.output if task is not None else "sigmoid")
-  preds = [tfc.predict_probabilities(p, dataset, output) for p in FLAGS.saved_model]
+  try:
+    preds = [tfc.predict_probabilities(p, dataset, output) for p in FLAGS.saved_model]
+  except (ValueError, FileNotFoundError) as e:
+    common.exit_with_error(common.first_line(e))
   pairs = tfc.pairwise_churn(preds, output)
   print(f"{'model a':>8} {'model b':>8} {'mean |pa-pb|':>13} {'disagreement':>13}")
   for pair in pairs:

@@ -136,13 +136,16 @@ def remove_quietly(path: str) -> None:
     logging.warning("exchange: could not remove %s: %s", path, e)
 
 
-def save_model(model: keras.Model, path: str, input_spec) -> None:
-  """Writes ``model`` as a SavedModel with a serving signature, atomically (temp dir + rename).
+def save_model(model: keras.Model, path: str, input_spec,
+               signatures: Optional[Dict[str, tf.types.experimental.ConcreteFunction]] = None
+               ) -> None:
+  """Writes ``model`` as a SavedModel with a serving signature (and ``signatures`` besides, e.g.
+  serving.raw_signatures), atomically (temp dir + rename).
 
   If writing fails (disk full, permission denied), the temporary directory is removed and an
   existing ``path`` is left as it was.
   """
-  _write_directory(path, lambda tmp: _save(model, tmp, input_spec))
+  _write_directory(path, lambda tmp: _save(model, tmp, input_spec, signatures))
 
 
 def _write_directory(path: str, write: Callable[[str], None]) -> None:
@@ -161,9 +164,10 @@ def _write_directory(path: str, write: Callable[[str], None]) -> None:
   tf.io.gfile.rename(tmp, path)
 
 
-def _save(model: keras.Model, path: str, input_spec) -> None:
+def _save(model: keras.Model, path: str, input_spec,
+          signatures: Optional[Dict[str, tf.types.experimental.ConcreteFunction]] = None) -> None:
   model.save(path, save_format="tf", include_optimizer=False, save_traces=False,
-             signatures={SIGNATURE_KEY: serving_function(model, input_spec)})
+             signatures={SIGNATURE_KEY: serving_function(model, input_spec), **(signatures or {})})
 
 
 def publish(model: keras.Model, exchange_dir: str, group: int, step: int, input_spec, *,

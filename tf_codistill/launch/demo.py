@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import threading
 import time
@@ -99,6 +100,7 @@ def run_demo(work_dir: str = "demo_run", *, train_rows: int = 1_600_000, eval_ro
              steps: int = 1500, steps_per_epoch: int = 250) -> List[dict]:
   """Runs the demo end to end in ``work_dir`` (recreated) and returns one row per model."""
   start = time.time()
+  print(stack_line(), flush=True)
   shutil.rmtree(work_dir, ignore_errors=True)
   data_dir = os.path.join(work_dir, "data")
   print(f"Generating {train_rows} training and {eval_rows} validation rows "
@@ -119,6 +121,15 @@ def run_demo(work_dir: str = "demo_run", *, train_rows: int = 1_600_000, eval_ro
   print(f"\nDemo finished in {time.time() - start:.0f}s; models, logs and TensorBoard "
         f"summaries are under {work_dir}/")
   return rows
+
+
+def stack_line() -> str:
+  """What the demo runs on: tf-codistill's, TensorFlow's, tf_keras's and Python's versions."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+
+  from tf_codistill import __version__  # pylint: disable=g-import-not-at-top
+  return (f"tf-codistill {__version__} on TensorFlow {tf.__version__}, "
+          f"tf_keras {tf_keras.__version__}, Python {platform.python_version()}")
 
 
 def format_table(rows: Sequence[dict]) -> str:

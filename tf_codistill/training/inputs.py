@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from data_pipelines import criteo
 from tf_codistill import errors
+from tf_codistill import serving
 from tf_codistill.training import codistill_hooks
 from tf_codistill.training.train_config import TrainConfig
 
@@ -66,6 +67,9 @@ def build(config: TrainConfig, group: int, num_groups: int) -> GroupData:
     probe = codistill_hooks.probe_batch(evaluation)
     check_train_data(open_files("train_files", lambda: train_dataset(repeat=False)),
                      config.train_files, group, num_groups, config.data_split)
+    if config.raw_parser is not None:
+      first_eval = criteo.resolve_files(list(config.eval_files))[0]
+      serving.check_raw_parser(config.raw_parser, config.dataset_fn, first_eval)
     bad_lines.reset()  # the checks read lines the training reads again
   return GroupData(train_dataset, evaluation, probe, evaluation.element_spec[0], bad_lines)
 

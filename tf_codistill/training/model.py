@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -31,6 +31,7 @@ import tf_keras as keras
 
 from tf_codistill import errors
 from tf_codistill import losses
+from tf_codistill import serving
 from tf_codistill import step_hooks
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import directory as exchange_lib
@@ -144,7 +145,9 @@ def _teacher_maker(student: keras.Model, teacher_factory, exchange) -> Callable[
   return lambda: clone_architecture(student, dtype_policy=policy)
 
 
-def export(model: keras.Model, path: str, input_spec=None) -> None:
+def export(model: keras.Model, path: str, input_spec=None, *,
+           raw_parser: Optional[Callable[[tf.Tensor], Any]] = None,
+           output: str = "sigmoid") -> None:
   """Writes ``model`` (a CodistillModel: its student) as a SavedModel with the serving signature
   ``serving_default``: ``inputs`` (or one input per feature name) -> ``{'logits': ...}``, the
   format peers load as teachers and servers read. Written atomically (exchange.save_model).
@@ -154,6 +157,9 @@ def export(model: keras.Model, path: str, input_spec=None) -> None:
     path: the SavedModel directory (replaced if it exists; local, ``gs://``, ...).
     input_spec: the batched input spec; by default the spec of the CodistillModel's first call,
       or a functional model's ``inputs``.
+    raw_parser: e.g. ``criteo.raw_parser(num_buckets)``: also writes ``serving_raw``, raw lines
+      -> ``logits`` and ``probabilities`` (``output``: sigmoid or softmax), see serving.py.
+    output: how ``serving_raw`` turns logits into probabilities.
 
   Raises:
     ValueError: the input spec is unknown (a subclassed model never called through
@@ -168,7 +174,8 @@ def export(model: keras.Model, path: str, input_spec=None) -> None:
       spec = student.input  # a functional model's inputs, in their structure
     except AttributeError:
       raise ValueError("export: the model's input spec is unknown; pass input_spec") from None
-  exchange_lib.save_model(student, path, codistill_hooks.batched_spec(spec))
+  exchange_lib.save_model(student, path, codistill_hooks.batched_spec(spec),
+                          serving.raw_signatures(student, raw_parser, output))
 
 
 class CodistillModel(keras.Model):

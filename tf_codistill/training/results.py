@@ -42,6 +42,7 @@ def group_results(config: TrainConfig, *, group: int, num_groups: int,
       "examples_per_sec": float(np.median(examples_per_sec)) if examples_per_sec else None,
       "trainable_parameter_bytes": trainable_bytes,
       "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
+      "tensorflow": tf.__version__, "tf_keras": keras.__version__,
       **extra,
   }
 

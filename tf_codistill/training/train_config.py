@@ -60,6 +60,8 @@ class TrainConfig:
   ``data_split='disjoint'`` gives each group (and each of its input pipelines) its own shard of
   ``train_files``; ``batch_size`` is the global batch of one step; exactly ``train_steps`` steps
   run, evaluated every ``steps_per_epoch``.
+  ``raw_parser`` (e.g. ``@criteo.raw_parser()``) adds the export's ``serving_raw`` signature on
+  raw lines, checked before training against ``dataset_fn`` on the first eval lines (serving.py).
   ``task`` (default ``tasks.BinaryTask()``) sets the loss, metrics and results keys;
   ``prediction_batches`` caps the eval batches whose predictions ``save_eval_predictions`` keeps
   (``eval_predictions.npz``; with ``prediction_history`` also at every evaluation, for churn vs
@@ -77,6 +79,7 @@ class TrainConfig:
   train_files: Sequence[str] = ()
   eval_files: Sequence[str] = ()
   dataset_fn: Callable[..., tf.data.Dataset] = criteo.make_dataset
+  raw_parser: Optional[Callable[[tf.Tensor], Any]] = None
   model_fn: Callable[[], keras.Model] = ctr.ctr_model
   task: Optional[tasks_lib.Task] = None
   batch_size: int = 512

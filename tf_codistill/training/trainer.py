@@ -22,6 +22,7 @@ from tf_codistill import errors
 from tf_codistill import filesystems
 from tf_codistill import layout
 from tf_codistill import metrics as metrics_lib
+from tf_codistill import serving
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.exchange import publishing
@@ -223,7 +224,8 @@ class GroupTrainer:
       if problem:
         raise NonFiniteLossError(f"the final model of step {step} is not exported: {problem}",
                                  step)
-      exchange.save_model(final_model, run.export, data.input_spec)
+      exchange.save_model(final_model, run.export, data.input_spec, serving.raw_signatures(
+          final_model, config.raw_parser, self.task.output))
     if config.save_eval_predictions:
       probs, labels = metrics_lib.model_probabilities(
           local.model, data.predictions(config.prediction_batches), self.task.output)

@@ -7,8 +7,11 @@ import sys
 
 from testing_utils import REPO
 
-# e.g. "2026-11-25 07:41:25.003047: I tensorflow/core/platform/cpu_feature_guard.cc:210] ..."
-TF_CPP_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] ", re.M)
+# TF <= 2.19: "2026-11-25 07:41:25.003047: I tensorflow/core/platform/cpu_feature_guard.cc:210]";
+# TF >= 2.20 (absl): "I0000 00:00:1796288663.384408   11218 port.cc:153] ..." (info or warning).
+TF_CPP_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] "
+                         r"|[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] "
+                         r"|WARNING: All log messages before absl::InitializeLog)", re.M)
 
 
 def _train_stderr(*flags):
@@ -34,3 +37,18 @@ def test_an_invalid_tf_log_level_is_refused_naming_the_flag():
                          "--tf_log_level=9"], cwd=REPO, env=env, capture_output=True, text=True,
                         timeout=300)
   assert done.returncode != 0 and "tf_log_level" in done.stderr, done.stderr[-2000:]
+
+
+def test_absl_lines_below_the_level_are_dropped_with_their_continuation_lines():
+  from tf_codistill import bin as binaries  # pylint: disable=g-import-not-at-top
+  text = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+          "I0000 00:00:1796288667.156876   11224 cpu_feature_guard.cc:227] This is optimized\n"
+          "To enable the following instructions: AVX2, rebuild TensorFlow.\n"
+          "E0000 00:00:1796288668.149678   11224 cuda_platform.cc:52] failed call to cuInit\n"
+          "a Python warning\n")
+  assert binaries.shown_lines(text, 2) == ("E0000 00:00:1796288668.149678   11224 "
+                                           "cuda_platform.cc:52] failed call to cuInit\n"
+                                           "a Python warning\n")
+  assert binaries.shown_lines(text, 3) == ""  # the Python line follows a hidden error: its tail
+  assert binaries.shown_lines(text, 0) == text
+  assert binaries.shown_lines("plain output\n", 3) == "plain output\n"

@@ -5,10 +5,14 @@ import functools
 import json
 import os
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from data_pipelines import criteo
 from tf_codistill import layout
+from tf_codistill import serving
+from tf_codistill.errors import ConfigurationError
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.models import ctr
 from tf_codistill.training import train_config
@@ -46,6 +50,7 @@ def test_results_say_how_much_training_data_the_group_read(tmp_path, criteo_dir)
       batch_size=32, train_steps=20, steps_per_epoch=20, eval_steps=1,
       checkpoint_every_steps=20, verbose=0)
   assert results["batch_size"] == 32 and results["data_split"] == "disjoint"
+  assert results["tensorflow"] == tf.__version__  # which TF a figure was taken on
   assert results["train_examples"] == 20 * 32 and results["train_targets"] == 20 * 32
 
 
@@ -81,3 +86,29 @@ def test_the_exchange_config_carries_the_trainers_settings_and_none_without_codi
   assert alone.exchange_config() is None and alone.peers == []
   with pytest.raises(train_config.ConfigurationError, match="needs --exchange_dir"):
     trainer.GroupTrainer(config, "/tmp/unused", group=0, num_groups=2).exchange_config()
+
+
+def test_a_bound_raw_parser_exports_serving_raw_and_a_mismatched_one_stops_before_training(
+    tmp_path, criteo_dir):
+  settings = dict(
+      train_files=[f"{criteo_dir}/train-*"], eval_files=[f"{criteo_dir}/eval-*"],
+      dataset_fn=functools.partial(criteo.make_dataset, num_buckets=1000),
+      model_fn=functools.partial(ctr.ctr_model, num_buckets=1000, embedding_dim=4,
+                                 hidden_units=(16,)),
+      batch_size=32, train_steps=10, steps_per_epoch=10, eval_steps=1,
+      checkpoint_every_steps=10, verbose=0)
+  model_dir = str(tmp_path / "run")
+  trainer.train(model_dir, raw_parser=criteo.raw_parser(1000), **settings)
+  loaded = tf.saved_model.load(layout.RunDir(model_dir).export)
+  eval_file = criteo.resolve_files(f"{criteo_dir}/eval-*")[0]
+  with open(eval_file) as f:
+    lines = [next(f).rstrip("\n") for _ in range(16)]
+  features = next(iter(criteo.make_dataset(eval_file, 16, num_buckets=1000)))[0]
+  np.testing.assert_allclose(
+      loaded.signatures[serving.RAW_SIGNATURE_KEY](lines=tf.constant(lines))["probabilities"],
+      tf.sigmoid(loaded.signatures[exchange.SIGNATURE_KEY](**features)["logits"]), rtol=1e-6)
+
+  other_dir = str(tmp_path / "other")
+  with pytest.raises(ConfigurationError, match="trainer.train.raw_parser differs"):
+    trainer.train(other_dir, raw_parser=criteo.raw_parser(999), **settings)
+  assert not os.path.exists(layout.RunDir(other_dir).export)

@@ -38,6 +38,7 @@ from benchmarks import standalone
 from data_pipelines import corpus
 from data_pipelines import criteo
 from data_pipelines import make_criteo_like
+from data_pipelines import parquet
 from data_pipelines import token_lm
 from tf_codistill.models import lm
 
@@ -76,15 +77,6 @@ def _examples_per_sec(paths: List[str], file_format: str, batch_size: int,
   return {"first_pass_examples_per_sec": rates[0],
           "examples_per_sec": statistics.median(rates[1:]),
           "examples_per_cpu_second": statistics.median(per_cpu[1:]), "examples": examples}
-
-
-def tensorflow_io_loads() -> bool:
-  """Whether tensorflow-io's ops load here (its ``io`` extra, on TF 2.17)."""
-  try:
-    from tensorflow_io.python.ops import core_ops  # noqa: F401  pylint: disable=g-import-not-at-top
-  except Exception:  # pylint: disable=broad-except  (not installed, or its ops fail to load)
-    return False
-  return True
 
 
 def measure(num_rows: int, num_files: int, batch_size: int, formats: List[str],
@@ -147,7 +139,7 @@ def measure_tokens(corpus_dir: str, batches: int, batch_size: int = 64,
 
 def main(argv: List[str]) -> None:
   del argv
-  readers = ["pyarrow"] + (["tensorflow_io"] if tensorflow_io_loads() else [])
+  readers = ["pyarrow"] + (["tensorflow_io"] if parquet.tensorflow_io_loads() else [])
   results = measure(FLAGS.num_rows, FLAGS.num_files, FLAGS.batch_size, FLAGS.formats, readers)
   print(f"{'format':22} {'generator rows/s':>17} {'parse ex/s':>11} {'ex/CPU s':>11} "
         f"{'(1st pass)':>11} {'MB':>7}")

@@ -146,6 +146,16 @@ def _string_buffers(column: pa.Array) -> tuple[bytes, np.ndarray]:
   return payload, offsets - start
 
 
+def tensorflow_io_loads() -> bool:
+  """Whether tensorflow-io and its ops load here (the ``io`` extra, on TF 2.17): where
+  ``reader='tensorflow_io'`` and its filesystems (s3, hdfs, az) work."""
+  try:
+    from tensorflow_io.python.ops import core_ops  # noqa: F401  pylint: disable=g-import-not-at-top
+  except Exception:  # pylint: disable=broad-except  (not installed, or its ops fail to load)
+    return False
+  return True
+
+
 def _tensorflow_io_chunks(groups: Groups) -> Callable[[tf.Tensor], tf.data.Dataset]:
   """Chunks of CHUNK rows as dicts of ``groups``, from tensorflow-io's Parquet kernels (its
   ``IODataset.from_parquet`` unbatches every column to single values and zips them back)."""

@@ -18,6 +18,7 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
+from data_pipelines import records
 from tf_codistill import losses
 from tf_codistill.errors import ConfigurationError
 from tf_codistill.exchange import directory as exchange
@@ -26,7 +27,7 @@ RAW_SIGNATURE_KEY = "serving_raw"
 RAW_INPUT_KEY = "lines"
 PROBABILITIES_KEY = "probabilities"
 CHECKED_LINES = 64
-_BINARY_MAGIC = (b"PAR1",)  # Parquet: never read as lines, even when its bytes are UTF-8
+_PARQUET_MAGIC = b"PAR1"  # a Parquet file is never read as lines, even when its bytes are UTF-8
 
 RawParser = Callable[[tf.Tensor], Any]
 
@@ -59,12 +60,12 @@ def check_raw_parser(parser: RawParser, dataset_fn: Callable[..., tf.data.Datase
   reports or skips a malformed one itself); False (checked nothing) when ``path`` is not UTF-8
   text lines (e.g. Parquet) or the pipeline fails on its first lines."""
   with tf.io.gfile.GFile(path, "rb") as f:
-    binary = f.read(len(_BINARY_MAGIC[0])) in _BINARY_MAGIC
-  lines = None if binary else next(iter(tf.data.TextLineDataset(path).batch(num_lines)), None)
+    parquet = f.read(len(_PARQUET_MAGIC)) == _PARQUET_MAGIC
+  lines = None if parquet else next(iter(tf.data.TextLineDataset(path).batch(num_lines)), None)
   if lines is None or not _is_text(lines):
     logging.info("serving: raw parser not checked: %s holds no text lines", path)
     return False
-  lines = _parsed_lines(parser, lines, path)
+  lines, raw = _parsed_lines(parser, lines, path)
   try:
     features = next(iter(dataset_fn([path], num_lines)))[0]
   except tf.errors.InvalidArgumentError:
@@ -73,8 +74,6 @@ def check_raw_parser(parser: RawParser, dataset_fn: Callable[..., tf.data.Datase
   stream = getattr(parser, "token_stream", None)
   if stream is not None:  # token windows: compare the parser's token stream with the windows'
     raw, features = _aligned_streams(stream(lines), features)
-  else:
-    raw = parser(lines)
   problem = _difference(raw, features)
   if problem:
     raise ConfigurationError(
@@ -84,11 +83,11 @@ def check_raw_parser(parser: RawParser, dataset_fn: Callable[..., tf.data.Datase
   return True
 
 
-def _parsed_lines(parser: RawParser, lines: tf.Tensor, path: str) -> tf.Tensor:
-  """The lines ``parser`` accepts (all of them, usually); ConfigurationError if none."""
+def _parsed_lines(parser: RawParser, lines: tf.Tensor, path: str) -> Tuple[tf.Tensor, Any]:
+  """The lines ``parser`` accepts (all of them, usually) and its features of them;
+  ConfigurationError if it accepts none."""
   try:
-    parser(lines)
-    return lines
+    return lines, parser(lines)
   except tf.errors.InvalidArgumentError as e:
     first = e
   accepted = []
@@ -100,18 +99,15 @@ def _parsed_lines(parser: RawParser, lines: tf.Tensor, path: str) -> tf.Tensor:
       pass
   if not accepted:
     raise ConfigurationError(f"trainer.train.raw_parser cannot parse the first lines of {path}: "
-                             f"{_first_line(first.message)}")
-  return tf.stack(accepted)
+                             f"{first.message.strip().splitlines()[0]}")
+  kept = tf.stack(accepted)
+  return kept, parser(kept)
 
 
 def raw_lines(file_pattern: str | Sequence[str], batch_size: int) -> tf.data.Dataset:
   """Batches of the lines of the files matching ``file_pattern`` (sorted, in file order): the
   input of ``serving_raw``."""
-  patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
-  files = sorted({f for p in patterns for f in tf.io.gfile.glob(p)})
-  if not files:
-    raise FileNotFoundError(f"no files match {patterns}")
-  return tf.data.TextLineDataset(files).batch(batch_size)
+  return tf.data.TextLineDataset(records.resolve_files(file_pattern, "raw")).batch(batch_size)
 
 
 def _aligned_streams(stream: tf.Tensor, features: Any) -> Tuple[dict, dict]:
@@ -123,9 +119,7 @@ def _aligned_streams(stream: tf.Tensor, features: Any) -> Tuple[dict, dict]:
 
 
 def _is_text(lines: tf.Tensor) -> bool:
-  valid = tf.strings.unicode_transcode(lines, "UTF-8", "UTF-8", errors="replace",
-                                       replacement_char=0xFFFD)
-  return bool(tf.reduce_all(tf.equal(valid, lines)))
+  return bool(tf.reduce_all(tf.equal(records.valid_utf8(lines), lines)))
 
 
 def _difference(raw: Any, features: Any) -> Optional[str]:
@@ -143,8 +137,8 @@ def _difference(raw: Any, features: Any) -> Optional[str]:
     expected, got = np.asarray(expected), np.asarray(got)
     if expected.shape != got.shape:
       return f"feature {name!r} has shape {got.shape}, the pipeline's {expected.shape}"
-    if not np.allclose(got, expected, rtol=1e-6, atol=0):
-      close = np.isclose(got, expected, rtol=1e-6, atol=0)
+    close = np.isclose(got, expected, rtol=1e-6, atol=0)
+    if not close.all():
       rows = np.flatnonzero(~np.all(close.reshape(len(got), -1), axis=1))
       return (f"feature {name!r} differs on {rows.size} of {len(got)} lines "
               f"(first: line {rows[0] + 1})")
@@ -154,6 +148,3 @@ def _difference(raw: Any, features: Any) -> Optional[str]:
 def _keys(structure: Any) -> Any:
   return sorted(structure) if isinstance(structure, dict) else type(structure).__name__
 
-
-def _first_line(message: str) -> str:
-  return (message or "").strip().splitlines()[0] if message else ""

@@ -3,6 +3,7 @@
 import pytest
 
 from benchmarks import parse_throughput
+from data_pipelines import parquet
 
 
 def test_both_formats_are_generated_and_read_back_whole_with_rates_per_core():
@@ -16,7 +17,7 @@ def test_both_formats_are_generated_and_read_back_whole_with_rates_per_core():
 
 
 def test_parquet_is_read_by_each_reader_asked_for_on_the_same_files():
-  readers = ["pyarrow"] + (["tensorflow_io"] if parse_throughput.tensorflow_io_loads() else [])
+  readers = ["pyarrow"] + (["tensorflow_io"] if parquet.tensorflow_io_loads() else [])
   results = parse_throughput.measure(num_rows=2000, num_files=1, batch_size=512,
                                      formats=["parquet"], parquet_readers=readers)
   assert set(results) == {"parquet"} | {f"parquet_{r}" for r in readers[1:]}

@@ -4,18 +4,10 @@ import subprocess
 import sys
 
 import pytest
-import tensorflow as tf
 from tensorflow.python.lib.io import file_io
 
+from data_pipelines import parquet
 from tf_codistill import filesystems
-
-
-def _tensorflow_io_loads() -> bool:
-  try:
-    import tensorflow_io  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  except (ImportError, tf.errors.NotFoundError):  # as filesystems.ensure_filesystems
-    return False
-  return True
 
 
 def test_local_and_gs_paths_need_only_core_tensorflow(monkeypatch):
@@ -24,7 +16,7 @@ def test_local_and_gs_paths_need_only_core_tensorflow(monkeypatch):
   assert "gs" in file_io.get_registered_schemes()
 
 
-@pytest.mark.skipif(not _tensorflow_io_loads(),
+@pytest.mark.skipif(not parquet.tensorflow_io_loads(),
                     reason="tensorflow-io (the io extra) is not installed or does not load here")
 def test_s3_is_registered_through_tensorflow_io():
   filesystems.ensure_filesystems(["/tmp/local", None, "gs://bucket/exchange",

@@ -2,28 +2,30 @@
 parameter-server group (2 workers + 1 ps, this benchmark's coordinator) and a MultiWorkerMirrored
 group (2 worker processes), each with three arms interleaved round by round: no teacher, one
 loaded teacher, and one teacher refreshed from a peer's newer versions while it trains; and, on
-request (``--groups=one_process``), the same arms in one process with no cluster, where a
-refresh's cost is not lost in the noise of four processes sharing the machine. Each
-group is launched ``--launches`` times (fresh task processes each time, the groups alternating):
-two single launches of this benchmark disagreed by more than their own intervals (parameter-server
-teacher ratio 0.934 then 0.902, refresh loss 2.2% then 10.3%), so the rounds of every launch are
-pooled and their intervals resample launches first (``step_times.pool_processes``).
+request (``bench.cluster_step_times.groups = ['one_process']``), the same arms in one process
+with no cluster, where a refresh's cost is not lost in the noise of four processes sharing the
+machine. Each group is launched ``launches`` times (fresh task processes each time, the groups
+alternating): two single launches of this benchmark disagreed by more than their own intervals
+(parameter-server teacher ratio 0.934 then 0.902, refresh loss 2.2% then 10.3%), so the rounds of
+every launch are pooled and their intervals resample launches first
+(``step_times.pool_processes``).
 
-Every task is a real ``tf.distribute.Server`` or worker process on 127.0.0.1. The refreshing arm
-runs the real ``TeacherPool`` (the library's default polling interval and loader priority) and
+Every task is a real ``tf.distribute.Server`` or worker process on 127.0.0.1 (a measuring task is
+this benchmark's ``child``: ``registry.child_command``). The refreshing arm runs the real
+``TeacherPool`` (the library's default polling interval and loader priority) and
 ``TeacherRefresh`` (loads off the training thread, flips between steps); a peer's versions, real
 SavedModels written before the arm, appear in the exchange directory every
-``--refresh_every_steps`` steps of the group (as a peer as fast as it, publishing every K steps,
+``refresh_every_steps`` steps of the group (as a peer as fast as it, publishing every K steps,
 would).
 
-Each launch ends with the refresh-windows fit (``--window_pairs``): the refreshing arm in one
-``fit``, its time cut into windows as long as ``--refresh_every_steps`` steps took in its rounds,
+Each launch ends with the refresh-windows fit (``window_pairs``): the refreshing arm in one
+``fit``, its time cut into windows as long as ``refresh_every_steps`` steps took in its rounds,
 a quiet window (no new version) then a refreshing one (a version appears at its start), pair
 after pair. Each pair's ratio compares steps seconds apart in one fit, where the arms' rounds
 compare separate fits: fits of one arm on this group differed by up to 20% in their mean step
 time (12 fits of 300 steps, 36.2 to 44.2 ms, the ps's CPU per step moving with them), more than
 the 3% the refresh goal allows. A refreshing window holds one load, as a round of
-``--refresh_every_steps`` steps would, so the pairs' ratio is the throughput kept at that
+``refresh_every_steps`` steps would, so the pairs' ratio is the throughput kept at that
 cadence; the refresh goal reads it. The arms' ``refresh_vs_teacher`` is reported beside it: it
 also counts what the refreshing machinery costs with no new version (the pool's polling, the
 step-hook driver's thread), which runs in both windows.
@@ -31,13 +33,17 @@ step-hook driver's thread), which runs in both windows.
 Step times: per-step times inside one ``fit`` (MultiWorkerMirrored: the chief's batch ends;
 parameter servers: the gaps between finished step functions on either worker, whose mean is the
 group's step time). Ratios are formed within each round (their mean step times) and summarized
-over rounds (``step_times``). A launch's raw times are kept in ``--work_dir`` with its
-settings, the digest of the sources it ran and the load around it: a run given the same
-``--work_dir`` again reuses the launches finished there under the same settings and sources
-(those still missing then run in the same order, maybe sessions after the others: the summary
-lists each launch's record, with its time and load).
+over rounds (``step_times``). A launch's raw times are kept in the work directory
+(``<--work_dir>/cluster_step_times``) with its settings, the digest of the sources it ran and the
+load around it: a run given the same ``--work_dir`` again reuses the launches finished there
+under the same settings and sources (those still missing then run in the same order, maybe
+sessions after the others: the summary lists each launch's record, with its time and load).
 
-  .venv/bin/python -m benchmarks.cluster_step_times [--launches=3 --rounds=4 --steps=300]
+  python -m benchmarks.run cluster_step_times
+  python -m benchmarks.run cluster_step_times \
+      --gin_bindings='bench.cluster_step_times.launches = 3' \
+      --gin_bindings='bench.cluster_step_times.rounds = 4' \
+      --gin_bindings='bench.cluster_step_times.steps = 300'
 """
 
 from __future__ import annotations
@@ -48,19 +54,19 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import gin
 import tensorflow as tf
 import tf_keras as keras
-from absl import flags
 from absl import logging
 
 from benchmarks import local_cluster
 from benchmarks import machine
 from benchmarks import models
+from benchmarks import registry
 from benchmarks import standalone
 from benchmarks import step_times
 from tf_codistill import step_hooks
@@ -70,51 +76,10 @@ from tf_codistill.models import ctr
 from tf_codistill.teachers import pool as teachers
 from tf_codistill.training.model import CodistillModel
 
-FLAGS = flags.FLAGS
-
-
-def define_flags() -> None:
-  """Defines the script's flags (in main only: tests import this module beside others)."""
-  flags.DEFINE_integer("batch_size", 256, "Examples per worker step.")
-  flags.DEFINE_integer("num_buckets", 20_000, "Hash buckets per categorical feature.")
-  flags.DEFINE_integer("steps", 300, "Timed steps per arm per round (each in one fit).")
-  flags.DEFINE_integer("rounds", 4, "Interleaved rounds per launch.")
-  flags.DEFINE_integer("launches", 3, "Fresh launches of each group, their rounds pooled.",
-                       lower_bound=1)
-  flags.DEFINE_integer("refresh_every_steps", 100,
-                       "A new peer version appears every this many steps of the group measured (a "
-                       "peer as fast as it publishing every K steps).")
-  flags.DEFINE_integer("window_pairs", 15,
-                       "Pairs of windows in each launch's refresh-windows fit (0: none): the "
-                       "refreshing arm in one fit, a window with no new version, then one at whose "
-                       "start a version appears, each as long as --refresh_every_steps steps took "
-                       "in its rounds; the refresh goal reads their throughput ratio.",
-                       lower_bound=0)
-  flags.DEFINE_float("poll_interval_s", exchange_config.Exchange.poll_interval_s,
-                     "How often the refreshing arm's teacher pool looks for new versions (the "
-                     "library's default); the harness's peer checks the step 4 times as often.")
-  flags.DEFINE_integer("loader_nice", exchange_config.Exchange.loader_nice,
-                       "The refreshing arm's loading thread's nice increment (the library's "
-                       "default; 10 in the session of summary_loader_nice_0.json: "
-                       "benchmarks/results/CHANGELOG.md).",
-                       lower_bound=exchange_config.LOADER_NICE_RANGE[0],
-                       upper_bound=exchange_config.LOADER_NICE_RANGE[1])
-  flags.DEFINE_enum("teacher_form", "stacked", ["stacked", "clone"],
-                    "The teachers' form: the CTR model's own (models.ctr_teacher, one stacked "
-                    "table) or a clone of the student (the form measured before 2026-11-27).")
-  flags.DEFINE_list("groups", ["parameter_server", "multi_worker_mirrored"],
-                    f"Groups measured, of {', '.join(GROUPS)}.")
-  flags.register_validator("groups", lambda groups: set(groups) <= set(GROUPS),
-                           f"--groups: each must be one of {', '.join(GROUPS)}")
-  flags.DEFINE_string("role", "", "Internal: the task a child process runs.")
-  flags.DEFINE_string("cluster", "", "Internal: the cluster spec (JSON).")
-  flags.DEFINE_integer("task_index", 0, "Internal: the task's index.")
-  flags.DEFINE_string("part_out", "", "Internal: where the measuring task writes its times.")
-  standalone.define_flags("cluster_step_times")
-
-
+NAME = "cluster_step_times"
 ARMS = ("no_teacher", "teacher", "teacher_refresh")
 GROUPS = ("parameter_server", "multi_worker_mirrored", "one_process")
+TEACHER_FORMS = ("stacked", "clone")
 GOALS = {"teacher_throughput_ratio_parameter_server": (">=", 0.93),
          "refresh_throughput_loss": ("<=", 0.03)}
 PEER = 1
@@ -124,25 +89,26 @@ SPEC = {"dense": tf.TensorSpec([None, 13], tf.float32),
         "categorical": tf.TensorSpec([None, 26], tf.int64)}
 
 
-def _make_model() -> keras.Model:
-  return ctr.ctr_model(num_buckets=FLAGS.num_buckets, embedding_dim=16, seed=0)
+def _make_model(num_buckets: int) -> keras.Model:
+  return ctr.ctr_model(num_buckets=num_buckets, embedding_dim=16, seed=0)
 
 
-def _dataset(global_batch: int) -> tf.data.Dataset:
+def _dataset(global_batch: int, num_buckets: int) -> tf.data.Dataset:
   options = tf.data.Options()
   options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-  return (models.ctr_examples(global_batch, FLAGS.num_buckets).batch(global_batch).repeat()
+  return (models.ctr_examples(global_batch, num_buckets).batch(global_batch).repeat()
           .with_options(options))
 
 
-def _build_arms(strategy: tf.distribute.Strategy) -> Dict[str, CodistillModel]:
+def _build_arms(strategy: tf.distribute.Strategy, settings: dict) -> Dict[str, CodistillModel]:
   """The arms' compiled models, each with the same student weights; teachers hold them too."""
-  sample = next(iter(_dataset(8)))[0]
+  sample = next(iter(_dataset(8, settings["num_buckets"])))[0]
+  stacked = settings["teacher_form"] == "stacked"
   arms = {}
   with strategy.scope():
     for name in ARMS:
-      student = _make_model()
-      factory = (lambda s=student: ctr.ctr_teacher(s)) if FLAGS.teacher_form == "stacked" else None
+      student = _make_model(settings["num_buckets"])
+      factory = (lambda s=student: ctr.ctr_teacher(s)) if stacked else None
       model = CodistillModel(student, 0 if name == "no_teacher" else 1, alpha=1.0,
                              teacher_factory=factory)
       model.compile(optimizer=keras.optimizers.Adam(1e-3),
@@ -160,12 +126,12 @@ class PeerVersions:
   exchange directory whenever ``versions_due()`` has grown past the versions published
   (``start``), checked every ``check_s``."""
 
-  def __init__(self, work: str, check_s: float):
+  def __init__(self, work: str, check_s: float, num_buckets: int):
     self.exchange_dir = os.path.join(work, "exchange")
     self._saved = os.path.join(work, "peer_saved_model")
     self._check_s = check_s
-    peer = _make_model()
-    peer(next(iter(_dataset(8)))[0])
+    peer = _make_model(num_buckets)
+    peer(next(iter(_dataset(8, num_buckets)))[0])
     exchange.save_model(peer, self._saved, SPEC)
     self.published = 0
     self._stop = threading.Event()
@@ -258,17 +224,21 @@ class RefreshWindows:
             "window_s": self.window_s}
 
 
-def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> dict:
+def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool,
+             settings: dict) -> dict:
   """Every arm once per round, the order rotated; the refreshing arm with a live teacher pool;
-  then, unless ``--window_pairs=0``, the refreshing arm's refresh-windows fit. Returns the raw
-  step times and refresh records of this launch (``summarize`` pools them)."""
-  arms = _build_arms(strategy)
+  then, unless ``settings['window_pairs']`` is 0, the refreshing arm's refresh-windows fit.
+  Returns the raw step times and refresh records of this launch (``summarize`` pools them)."""
+  arms = _build_arms(strategy, settings)
   ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
   model = arms["teacher_refresh"]
-  peer = PeerVersions(work, FLAGS.poll_interval_s / 4) if chief else None
+  every = settings["refresh_every_steps"]
+  peer = (PeerVersions(work, settings["poll_interval_s"] / 4, settings["num_buckets"]) if chief
+          else None)
   exchange_dir = os.path.join(work, "exchange")
   pool = teachers.TeacherPool(exchange_dir, [PEER], model, SPEC, [None, 1],
-                              poll_interval_s=FLAGS.poll_interval_s, loader_nice=FLAGS.loader_nice)
+                              poll_interval_s=settings["poll_interval_s"],
+                              loader_nice=settings["loader_nice"])
   refresh = teachers.TeacherRefresh(pool)
   driver = (step_hooks.ThreadDriver if ps else step_hooks.BatchDriver)([refresh])
   swaps: List[int] = []
@@ -282,9 +252,9 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
     if peer is not None:
       # The peer is the harness's, not the group's: its step reads (a remote read under
       # parameter servers) stay few, at the cost of a version appearing up to its check late.
-      peer.start(lambda: int(model.optimizer.iterations.numpy()) // FLAGS.refresh_every_steps)
+      peer.start(lambda: int(model.optimizer.iterations.numpy()) // every)
     try:
-      times = step_times.fit_step_times(model, data, FLAGS.steps, callbacks=[driver])
+      times = step_times.fit_step_times(model, data, settings["steps"], callbacks=[driver])
     finally:
       if peer is not None:
         peer.stop()
@@ -292,39 +262,41 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool) -> 
     load_to_swap.extend(end - start for start, end in refresh.windows[before:])
     return times
 
-  calls = {name: (lambda m=arms[name]: step_times.fit_step_times(m, data, FLAGS.steps))
+  calls = {name: (lambda m=arms[name]: step_times.fit_step_times(m, data, settings["steps"]))
            for name in ARMS[:2]}
   calls["teacher_refresh"] = run_refreshing
-  times = step_times.interleave(calls, FLAGS.rounds)
+  times = step_times.interleave(calls, settings["rounds"])
   result = {"times": times, "refreshes_per_round": swaps,
             "load_seconds": list(refresh.load_seconds), "load_to_swap_seconds": load_to_swap}
-  if FLAGS.window_pairs:
-    # A window as long as the refreshing arm's rounds took for --refresh_every_steps steps.
+  if settings["window_pairs"]:
+    # A window as long as the refreshing arm's rounds took for refresh_every_steps steps.
     step_s = statistics.median(statistics.fmean(r) for r in times["teacher_refresh"])
     mirrored = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-    windows = _refresh_windows(model, data, driver, refresh, peer,
-                               FLAGS.refresh_every_steps * step_s, mirrored)
+    windows = _refresh_windows(model, data, driver, refresh, peer, every * step_s, mirrored,
+                               settings)
     if chief:
       result["windows"] = windows
   return result
 
 
 def _refresh_windows(model: CodistillModel, data, driver, refresh: teachers.TeacherRefresh,
-                     peer: Optional[PeerVersions], window_s: float,
-                     mirrored: bool) -> Optional[dict]:
-  """The refresh-windows fit: the refreshing arm in one ``fit`` through ``--window_pairs`` pairs
-  of windows (``RefreshWindows``); its step times by window, with the loads begun in each. It
-  runs half again as many steps as the windows should take (under MultiWorkerMirrored all of
-  them, on every worker). Elsewhere the schedule stops it after its last window, and it may run
-  three times the windows' steps, so steps faster than the rounds' (load that eased) still fill
-  every window. A worker that does not measure (``peer`` None) only trains along."""
+                     peer: Optional[PeerVersions], window_s: float, mirrored: bool,
+                     settings: dict) -> Optional[dict]:
+  """The refresh-windows fit: the refreshing arm in one ``fit`` through ``settings
+  ['window_pairs']`` pairs of windows (``RefreshWindows``); its step times by window, with the
+  loads begun in each. It runs half again as many steps as the windows should take (under
+  MultiWorkerMirrored all of them, on every worker). Elsewhere the schedule stops it after its
+  last window, and it may run three times the windows' steps, so steps faster than the rounds'
+  (load that eased) still fill every window. A worker that does not measure (``peer`` None) only
+  trains along."""
   clock = step_times.step_clock(model)
-  schedule = RefreshWindows(model, clock, window_s, FLAGS.window_pairs, stop_fit=not mirrored)
+  pairs = settings["window_pairs"]
+  schedule = RefreshWindows(model, clock, window_s, pairs, stop_fit=not mirrored)
   before = len(refresh.windows)
   if peer is not None:
     peer.start(schedule.versions_due)
   try:
-    window_steps = 2 * FLAGS.window_pairs * FLAGS.refresh_every_steps
+    window_steps = 2 * pairs * settings["refresh_every_steps"]
     model.fit(data, epochs=1, verbose=0, callbacks=[driver, clock],
               steps_per_epoch=step_times.SKIP + int((1.5 if mirrored else 3) * window_steps))
   finally:
@@ -333,39 +305,51 @@ def _refresh_windows(model: CodistillModel, data, driver, refresh: teachers.Teac
   return schedule.split(refresh.windows[before:]) if peer is not None else None
 
 
-def _coordinate(work: str) -> None:
-  """The parameter-server group's coordinator: measures and writes ``--part_out``."""
-  strategy = local_cluster.ps_strategy(json.loads(FLAGS.cluster))
-  data = keras.utils.experimental.DatasetCreator(lambda _: _dataset(FLAGS.batch_size))
-  machine.write_json(FLAGS.part_out, _measure(strategy, data, work, chief=True))
+def _coordinate(spec: dict) -> None:
+  """The parameter-server group's coordinator: measures and writes ``spec['part_out']``."""
+  settings = spec["settings"]
+  strategy = local_cluster.ps_strategy(spec["cluster"])
+  data = keras.utils.experimental.DatasetCreator(
+      lambda _: _dataset(settings["batch_size"], settings["num_buckets"]))
+  machine.write_json(spec["part_out"], _measure(strategy, data, spec["work"], True, settings))
 
 
-def _mirrored_worker(work: str) -> None:
-  """One MultiWorkerMirrored worker (TF_CONFIG set by the parent); task 0 writes ``--part_out``."""
+def _mirrored_worker(spec: dict) -> None:
+  """One MultiWorkerMirrored worker (TF_CONFIG set by the parent); task 0 writes
+  ``spec['part_out']``."""
+  settings = spec["settings"]
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
-  chief = FLAGS.task_index == 0
-  result = _measure(strategy, _dataset(FLAGS.batch_size * 2), work, chief)
+  chief = spec["task_index"] == 0
+  data = _dataset(settings["batch_size"] * 2, settings["num_buckets"])
+  result = _measure(strategy, data, spec["work"], chief, settings)
   if chief:
-    machine.write_json(FLAGS.part_out, result)
+    machine.write_json(spec["part_out"], result)
 
 
-def _one_process(work: str) -> None:
+def _one_process(spec: dict) -> None:
   """The arms in one process with no cluster (the default strategy): a refresh's cost where no
-  other task shares the machine. Writes ``--part_out``."""
-  machine.write_json(FLAGS.part_out, _measure(tf.distribute.get_strategy(),
-                                                 _dataset(FLAGS.batch_size), work, chief=True))
+  other task shares the machine. Writes ``spec['part_out']``."""
+  settings = spec["settings"]
+  data = _dataset(settings["batch_size"], settings["num_buckets"])
+  machine.write_json(spec["part_out"], _measure(tf.distribute.get_strategy(), data, spec["work"],
+                                                True, settings))
 
 
-def config() -> dict:
-  """The settings a launch's times depend on (a finished launch is reused only under these)."""
-  return {name: getattr(FLAGS, name) for name in
-          ("batch_size", "num_buckets", "steps", "rounds", "refresh_every_steps",
-           "window_pairs", "poll_interval_s", "loader_nice", "teacher_form")}
+# A child's role -> what it runs (``child``).
+ROLES: Dict[str, Callable[[dict], None]] = {
+    "coordinate": _coordinate, "mirrored": _mirrored_worker, "one_process": _one_process}
+
+
+def child(spec: dict) -> None:
+  """One task of a launch, in a process of its own (``run_group`` starts it): ``spec`` holds its
+  ``role`` (of ``ROLES``), the ``cluster``, its ``task_index``, the launch's ``work`` directory,
+  where the measuring task writes its times (``part_out``) and the launch's ``settings``."""
+  ROLES[spec["role"]](spec)
 
 
 def finished_launch(work: str, settings: dict, sources: str) -> Optional[dict]:
-  """The record a launch left in ``work`` under ``settings`` (``config()``) and ``sources``
-  (``standalone.source_digest()``), or None."""
+  """The record a launch left in ``work`` under ``settings`` (what ``measure_step_times``
+  builds) and ``sources`` (``standalone.source_digest()``), or None."""
   try:
     with open(os.path.join(work, "launch.json")) as f:
       launch = json.load(f)
@@ -379,16 +363,19 @@ def finished_launch(work: str, settings: dict, sources: str) -> Optional[dict]:
 
 def _child(role: str, part: str, cluster: dict, settings: dict, index: int = 0,
            env: Optional[dict] = None) -> subprocess.Popen:
-  args = [sys.executable, "-m", "benchmarks.cluster_step_times", f"--role={role}",
-          f"--cluster={json.dumps(cluster)}", f"--task_index={index}", f"--part_out={part}",
-          *[f"--{name}={value}" for name, value in settings.items()]]
-  return local_cluster.start(args, env={**os.environ, **(env or {})}, cwd=os.getcwd())
+  """A task of the launch whose times go to ``part``: this benchmark's ``child`` in a process of
+  its own, given everything it needs (no flags, no gin)."""
+  spec = {"role": role, "cluster": cluster, "task_index": index, "part_out": part,
+          "work": os.path.dirname(part), "settings": settings}
+  return local_cluster.start(registry.child_command(NAME, spec),
+                             env={**os.environ, **(env or {})}, cwd=os.getcwd())
 
 
 def run_group(group: str, work: str, settings: dict, sources: str) -> dict:
-  """Starts one group's tasks on 127.0.0.1 under ``settings`` (``config()``) and returns its
-  launch record (``part``: the measurement; kept in ``work``). A launch finished there before
-  under the same settings and ``sources`` is returned instead, marked ``reused``."""
+  """Starts one group's tasks on 127.0.0.1 under ``settings`` (what ``measure_step_times``
+  builds) and returns its launch record (``part``: the measurement; kept in ``work``). A launch
+  finished there before under the same settings and ``sources`` is returned instead, marked
+  ``reused``."""
   done = finished_launch(work, settings, sources)
   if done is not None:
     logging.info("%s: reusing the launch finished in %s", group, work)
@@ -431,14 +418,15 @@ def run_group(group: str, work: str, settings: dict, sources: str) -> dict:
 
 
 def run_launches(groups: Sequence[str], launches: int, work: str, settings: dict,
-                 sources: str, run: Callable[..., dict] = run_group) -> Dict[str, List[dict]]:
+                 sources: str, run: Callable[..., dict] = run_group,
+                 progress: Callable[[str], None] = print) -> Dict[str, List[dict]]:
   """``launches`` launches of every group, the groups alternating (``run``: ``run_group``),
   each in ``work/<group>_<index>``; every group's launch records in order."""
   records: Dict[str, List[dict]] = {group: [] for group in groups}
   for index in range(launches):
     for group in groups:
       records[group].append(run(group, os.path.join(work, f"{group}_{index}"), settings, sources))
-      print(f"{group}: launch {index + 1} of {launches} done", flush=True)
+      progress(f"{group}: launch {index + 1} of {launches} done")
   return records
 
 
@@ -524,45 +512,124 @@ def goals(groups: Dict[str, dict]) -> Dict[str, dict]:
   return verdicts
 
 
-def main(argv):
-  del argv
-  if FLAGS.role == "coordinate":
-    return _coordinate(os.path.dirname(FLAGS.part_out))
-  if FLAGS.role == "mirrored":
-    return _mirrored_worker(os.path.dirname(FLAGS.part_out))
-  if FLAGS.role == "one_process":
-    return _one_process(os.path.dirname(FLAGS.part_out))
-  work = standalone.work_dir("cluster_step_times")
-  settings = config()
-  records = run_launches(FLAGS.groups, FLAGS.launches, work, settings, standalone.source_digest())
+def _check(groups: Sequence[str], launches: int, window_pairs: int, loader_nice: int,
+           teacher_form: str) -> None:
+  """Refuses, naming the gin parameter, what the benchmark cannot run."""
+  if isinstance(groups, str) or not groups or set(groups) - set(GROUPS):
+    raise ValueError(f"bench.{NAME}.groups: each must be one of {', '.join(GROUPS)} "
+                     f"(got {groups!r})")
+  if teacher_form not in TEACHER_FORMS:
+    raise ValueError(f"bench.{NAME}.teacher_form={teacher_form!r}: one of {TEACHER_FORMS}")
+  if launches < 1:
+    raise ValueError(f"bench.{NAME}.launches={launches}: at least 1")
+  if window_pairs < 0:
+    raise ValueError(f"bench.{NAME}.window_pairs={window_pairs}: at least 0")
+  low, high = exchange_config.LOADER_NICE_RANGE
+  if not low <= loader_nice <= high:
+    raise ValueError(f"bench.{NAME}.loader_nice={loader_nice}: from {low} to {high}")
+
+
+@gin.configurable(NAME, module="bench", denylist=["ctx"])
+def measure_step_times(ctx: registry.Context, batch_size: int = 256, num_buckets: int = 20_000,
+                       steps: int = 300, rounds: int = 4, launches: int = 3,
+                       refresh_every_steps: int = 100, window_pairs: int = 15,
+                       poll_interval_s: float = exchange_config.Exchange.poll_interval_s,
+                       loader_nice: int = exchange_config.Exchange.loader_nice,
+                       teacher_form: str = "stacked",
+                       groups: Sequence[str] = ("parameter_server", "multi_worker_mirrored")
+                       ) -> dict:
+  """Every group's launches (each kept in ``ctx.work_dir``, reused by a run under the same
+  settings and sources), pooled, and the goals.
+
+  Args:
+    ctx: the run's context.
+    batch_size: examples per worker step.
+    num_buckets: hash buckets per categorical feature.
+    steps: timed steps per arm per round (each in one fit).
+    rounds: interleaved rounds per launch.
+    launches: fresh launches of each group, their rounds pooled (at least 1).
+    refresh_every_steps: a new peer version appears every this many steps of the group measured
+      (a peer as fast as it publishing every K steps).
+    window_pairs: pairs of windows in each launch's refresh-windows fit (0: none): the refreshing
+      arm in one fit, a window with no new version, then one at whose start a version appears,
+      each as long as ``refresh_every_steps`` steps took in its rounds; the refresh goal reads
+      their throughput ratio.
+    poll_interval_s: how often the refreshing arm's teacher pool looks for new versions (the
+      library's default); the harness's peer checks the step 4 times as often.
+    loader_nice: the refreshing arm's loading thread's nice increment (the library's default; 10
+      in the session of history/loader_nice_0.json: benchmarks/results/CHANGELOG.md), within
+      ``exchange_config.LOADER_NICE_RANGE``.
+    teacher_form: the teachers' form: ``stacked``, the CTR model's own (models.ctr_teacher, one
+      stacked table), or ``clone``, a clone of the student (the form measured before
+      2026-11-27).
+    groups: the groups measured, of parameter_server, multi_worker_mirrored, one_process.
+  """
+  _check(groups, launches, window_pairs, loader_nice, teacher_form)
+  # The settings a launch's times depend on (a finished launch is reused only under these).
+  settings = {"batch_size": batch_size, "num_buckets": num_buckets, "steps": steps,
+              "rounds": rounds, "refresh_every_steps": refresh_every_steps,
+              "window_pairs": window_pairs, "poll_interval_s": float(poll_interval_s),
+              "loader_nice": loader_nice, "teacher_form": teacher_form}
+  records = run_launches(list(groups), launches, ctx.work_dir, settings,
+                         standalone.source_digest(), progress=ctx.progress)
+  summary = summarize_groups(records, settings, launches)
+  for line in _tables(summary):
+    ctx.progress(line)
+  for name, v in summary["goal_verdicts"].items():
+    ctx.progress(f"goal {name}: {v['value']:.3f} {v['threshold'][0]} {v['threshold'][1]} "
+                 f"-> {'met' if v['met'] else 'MISSED'}")
+  return summary
+
+
+def summarize_groups(records: Dict[str, List[dict]], settings: dict, launches: int) -> dict:
+  """The summary: every group's launch records (``run_launches``) pooled (``summarize``), with
+  what the summary keeps of each record, and the goals."""
   groups = {group: {**summarize([r["part"] for r in runs]),
                     "launch_records": [{key: r.get(key) for key in LAUNCH_RECORD} for r in runs]}
             for group, runs in records.items()}
+  verdicts = goals(groups)
+  return {"groups": groups, "goals": {k: v["value"] for k, v in verdicts.items()},
+          "goal_verdicts": verdicts, "config": {**settings, "launches": launches},
+          "harness": "per-step times inside one fit, arms interleaved, mean step time ratios, "
+                     "launches pooled (intervals resample launches); refresh windows "
+                     "alternating inside one fit of the refreshing arm"}
+
+
+def _tables(summary: dict) -> List[str]:
+  """Every group's step times, throughput ratios and refresh windows, as Markdown."""
+  groups = summary["groups"]
+  lines = ["| group | arm | median ms | mean ms | p90 ms | steps |",
+           "| --- | --- | --- | --- | --- | --- |"]
+  lines += [f"| {group} | {arm} | {row['median_ms']:.2f} | {row['mean_ms']:.2f} | "
+            f"{row['p90_ms']:.2f} | {row['steps']} |"
+            for group, result in groups.items() for arm, row in result["step_times"].items()]
+  lines += ["", "| group | throughput ratio | median | 90% interval | per launch | refreshes per "
+            "round |", "| --- | --- | --- | --- | --- | --- |"]
   for group, result in groups.items():
     for name, ratio in result["ratios"].items():
       low, high = ratio["interval90"]
-      by_launch = ", ".join(f"{m:.3f}" for m in ratio["process_medians"])
-      print(f"{group} {name}: {ratio['median']:.3f} [{low:.3f}, {high:.3f}] "
-            f"(launches: {by_launch}; refreshes per round {result['refreshes_per_round']})")
-    windows = result.get("refresh_windows", {})
-    if windows.get("pairs"):
-      ratio = windows["refreshing_vs_quiet"]
+      by_launch = ", ".join(f"{m:.3f}" for m in ratio.get("process_medians") or ())
+      lines.append(f"| {group} | {name} | {ratio['median']:.3f} | [{low:.3f}, {high:.3f}] | "
+                   f"{by_launch} | {result['refreshes_per_round']} |")
+  windows = {group: result["refresh_windows"] for group, result in groups.items()
+             if result.get("refresh_windows", {}).get("pairs")}
+  if windows:
+    lines += ["", "| group | refresh windows: refreshing vs quiet | 90% interval | pairs | loads |",
+              "| --- | --- | --- | --- | --- |"]
+    for group, window in windows.items():
+      ratio = window["refreshing_vs_quiet"]
       low, high = ratio["interval90"]
-      print(f"{group} refresh windows, refreshing vs quiet: {ratio['median']:.3f} "
-            f"[{low:.3f}, {high:.3f}] over {windows['pairs']} pairs (loads: {windows['loads']})")
-  verdicts = goals(groups)
-  summary = {"groups": groups, "goals": {k: v["value"] for k, v in verdicts.items()},
-             "goal_verdicts": verdicts, "config": {**settings, "launches": FLAGS.launches},
-             "harness": "per-step times inside one fit, arms interleaved, mean step time ratios, "
-                        "launches pooled (intervals resample launches); refresh windows "
-                        "alternating inside one fit of the refreshing arm"}
-  for name, v in verdicts.items():
-    print(f"goal {name}: {v['value']:.3f} {v['threshold'][0]} {v['threshold'][1]} "
-          f"-> {'met' if v['met'] else 'MISSED'}")
-  machine.write_json(FLAGS.out, summary)
+      loads = ", ".join(f"{key} {count}" for key, count in window["loads"].items())
+      lines.append(f"| {group} | {ratio['median']:.3f} | [{low:.3f}, {high:.3f}] | "
+                   f"{window['pairs']} | {loads} |")
+  return lines
 
 
-if __name__ == "__main__":
-  define_flags()
-  machine.run_script(main, "benchmarks.cluster_step_times", unless=("role",),
-                     on_recorded=standalone.update_results_index)
+def write_report(summary: dict, results_dir: str) -> None:
+  """report.md: the goals, then every group's step times, ratios and refresh windows."""
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  report.write_benchmark_report(summary, results_dir, "Cluster step times: a teacher's and a "
+                                "refresh's cost on real local clusters", _tables(summary))
+
+
+BENCHMARK = registry.Benchmark(NAME, measure_step_times, write_report, child=child)

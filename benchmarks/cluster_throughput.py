@@ -5,7 +5,8 @@ training loop sees during a teacher refresh vs without, and the recovery from a 
 Every arm runs ``tf-codistill-launch`` as users do (one process per task, TF_CONFIG, ports on
 127.0.0.1) on generated Criteo-format files, one arm after the other.
 
-  .venv/bin/python -m benchmarks.cluster_throughput [--steps=600]
+  python -m benchmarks.run cluster_throughput
+  python -m benchmarks.run cluster_throughput --gin_bindings='bench.cluster_throughput.steps = 300'
 """
 
 from __future__ import annotations
@@ -13,19 +14,13 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from typing import Dict, List
+from typing import Callable, Dict, List
 
-from absl import flags
+import gin
 
-from benchmarks import machine
+from benchmarks import registry
 from benchmarks import standalone
 from tf_codistill import layout
-
-flags.DEFINE_integer("steps", 600, "Training steps per arm (all workers together for async).")
-flags.DEFINE_integer("batch_size", 256, "Examples per worker step (sync: per replica).")
-flags.DEFINE_integer("train_rows", 200_000, "Generated training rows.")
-standalone.define_flags("cluster")
-FLAGS = flags.FLAGS
 
 MODEL = ("NUM_BUCKETS = 5000", "models.ctr_model.embedding_dim = 8",
          "models.ctr_model.hidden_units = (64, 32)", "trainer.train.verbose = 0",
@@ -33,14 +28,14 @@ MODEL = ("NUM_BUCKETS = 5000", "models.ctr_model.embedding_dim = 8",
          "trainer.train.checkpoint_every_steps = 200")
 
 
-def _launch(name: str, work: str, strategy: str, workers: int, ps: int, groups: int, gin: str,
-            bindings: List[str], extra_flags: List[str] = ()) -> standalone.Launch:
+def _launch(name: str, work: str, strategy: str, workers: int, ps: int, groups: int,
+            gin_file: str, bindings: List[str], extra_flags: List[str] = ()) -> standalone.Launch:
   """One arm's launch into a fresh ``work/name`` (a finished checkpoint would make it a no-op)."""
   model_dir = os.path.join(work, name)
   shutil.rmtree(model_dir, ignore_errors=True)
   shape = [f"--num_groups={groups}", f"--strategy={strategy}", f"--workers_per_group={workers}",
            f"--ps_per_group={ps}", *extra_flags]
-  return standalone.Launch(standalone.launch_args(model_dir, gin, shape, bindings))
+  return standalone.Launch(standalone.launch_args(model_dir, gin_file, shape, bindings))
 
 
 def _progress(model_dir: str, group: int = 0) -> int:
@@ -48,7 +43,8 @@ def _progress(model_dir: str, group: int = 0) -> int:
   return len(open(path).readlines()) if os.path.exists(path) else 0
 
 
-def throughput(work: str, common: List[str]) -> Dict[str, dict]:
+def throughput(work: str, common: List[str], batch_size: int, steps: int,
+               progress: Callable[[str], None] = print) -> Dict[str, dict]:
   """Examples/sec of one group, alone on the machine, per strategy and worker count."""
   out = {}
   for name, strategy, workers, ps in (("sync_1worker", "multi_worker_mirrored", 0, 0),
@@ -57,24 +53,25 @@ def throughput(work: str, common: List[str]) -> Dict[str, dict]:
                                       ("async_2workers", "parameter_server", 2, 1)):
     replicas = workers + 1 if strategy == "multi_worker_mirrored" else 1
     run = _launch(name, work, strategy, workers, ps, 1, "baseline.gin",
-                  common + [f"trainer.train.batch_size = {FLAGS.batch_size * replicas}"])
+                  common + [f"trainer.train.batch_size = {batch_size * replicas}"])
     wall = run.finish()
     results = run.results()
     out[name] = {"examples_per_sec": results["examples_per_sec"], "wall_s": wall,
                  "val_logloss": results["val_logloss"]}
-    print(f"{name:>15}: {results['examples_per_sec']:8.0f} examples/sec per group "
-          f"(median over {FLAGS.steps} steps), wall {wall:.0f}s, "
-          f"val logloss {results['val_logloss']:.4f}", flush=True)
+    progress(f"{name:>15}: {results['examples_per_sec']:8.0f} examples/sec per group "
+             f"(median over {steps} steps), wall {wall:.0f}s, "
+             f"val logloss {results['val_logloss']:.4f}")
   return out
 
 
-def refresh_step_times(work: str, common: List[str]) -> Dict[str, dict]:
+def refresh_step_times(work: str, common: List[str], batch_size: int,
+                       progress: Callable[[str], None] = print) -> Dict[str, dict]:
   """Step time during teacher refreshes vs without, 2-way codistillation."""
   out = {}
   for name, strategy, workers, ps in (("one_device", "one_device", 0, 0),
                                       ("sync_2workers", "multi_worker_mirrored", 1, 0)):
     run = _launch(f"refresh_{name}", work, strategy, workers, ps, 2, "codistill_2way.gin",
-                  common + [f"trainer.train.batch_size = {FLAGS.batch_size * (workers + 1)}",
+                  common + [f"trainer.train.batch_size = {batch_size * (workers + 1)}",
                             "trainer.train.burn_in_steps = 50",
                             "trainer.train.publish_every_steps = 25",
                             "trainer.train.poll_interval_s = 0.2"])
@@ -84,19 +81,24 @@ def refresh_step_times(work: str, common: List[str]) -> Dict[str, dict]:
       results = run.results(group)
       times = results["step_time_ms"]
       arm[f"group_{group}"] = {"teacher_loads": results["teacher_loads"], "step_time_ms": times}
-      print(f"refresh {name} group {group}: {results['teacher_loads']} refreshes; step time "
-            "p50/p99 ms (steps): " + ", ".join(
-                f"{key} {t['p50']:.1f}/{t['p99']:.1f} ({t['count']})"
-                for key, t in sorted(times.items()) if t["count"]), flush=True)
+      progress(f"refresh {name} group {group}: {results['teacher_loads']} refreshes; step time "
+               "p50/p99 ms (steps): " + _step_times_text(times))
     out[name] = arm
   return out
 
 
-def worker_kill(work: str, common: List[str], wall_without_kill: float) -> dict:
+def _step_times_text(times: Dict[str, dict]) -> str:
+  """``key p50/p99 (count)`` of every kind of step that occurred."""
+  return ", ".join(f"{key} {t['p50']:.1f}/{t['p99']:.1f} ({t['count']})"
+                   for key, t in sorted(times.items()) if t["count"])
+
+
+def worker_kill(work: str, common: List[str], wall_without_kill: float, batch_size: int,
+                progress: Callable[[str], None] = print) -> dict:
   """An async worker killed once its group has trained a third of its steps: restart and
   recovery times, and the wall time against the same arm without the kill."""
   run = _launch("async_2workers_killed", work, "parameter_server", 2, 1, 1, "baseline.gin",
-                common + [f"trainer.train.batch_size = {FLAGS.batch_size}"], ["--max_restarts=2"])
+                common + [f"trainer.train.batch_size = {batch_size}"], ["--max_restarts=2"])
   standalone.wait_for(lambda: _progress(run.model_dir) >= 1, 600, "the first epoch")
   killed_at = time.monotonic()
   os.kill(run.pids[(0, "worker", 0)], 9)
@@ -107,29 +109,65 @@ def worker_kill(work: str, common: List[str], wall_without_kill: float) -> dict:
   wall = run.finish()
   restarted = next(e["monotonic"] for e in run.events() if e["event"] == "restarted") - killed_at
   results = run.results()
-  print(f"killed async worker: launcher restarted it after {restarted:.1f}s, serving again after "
-        f"{serving_again:.1f}s; all {results['steps']} steps done in {wall:.0f}s "
-        f"(vs {wall_without_kill:.0f}s without the kill)", flush=True)
+  progress(f"killed async worker: launcher restarted it after {restarted:.1f}s, serving again "
+           f"after {serving_again:.1f}s; all {results['steps']} steps done in {wall:.0f}s "
+           f"(vs {wall_without_kill:.0f}s without the kill)")
   return {"launcher_restart_s": restarted, "worker_serving_again_s": serving_again,
           "wall_s": wall, "wall_s_without_kill": wall_without_kill, "steps": results["steps"],
           "examples_per_sec": results["examples_per_sec"]}
 
 
-def main(argv):
-  del argv
-  work = standalone.work_dir("cluster_bench")
-  data = standalone.ensure_ctr_data(os.path.join(work, "data"), FLAGS.train_rows)
+@gin.configurable("cluster_throughput", module="bench", denylist=["ctx"])
+def measure_clusters(ctx: registry.Context, steps: int = 600, batch_size: int = 256,
+                     train_rows: int = 200_000) -> dict:
+  """Every arm's throughput, the refresh step times and the killed worker's recovery.
+
+  Args:
+    ctx: the run's context (data and the arms' model directories go under its work_dir).
+    steps: training steps per arm (all workers together for async).
+    batch_size: examples per worker step (sync: per replica).
+    train_rows: generated training rows.
+  """
+  work = ctx.work_dir
+  # Made once per size and reused by later runs (a run of another size gets its own).
+  data = standalone.ensure_ctr_data(os.path.join(work, f"data_{train_rows}"), train_rows)
   common = list(MODEL) + standalone.ctr_data_bindings(data) + [
-      f"trainer.train.train_steps = {FLAGS.steps}",
-      f"trainer.train.steps_per_epoch = {FLAGS.steps // 3}"]
-  summary = {"steps": FLAGS.steps, "batch_per_worker": FLAGS.batch_size, "cpus": os.cpu_count()}
-  summary["throughput"] = throughput(work, common)
-  summary["refresh"] = refresh_step_times(work, common)
+      f"trainer.train.train_steps = {steps}",
+      f"trainer.train.steps_per_epoch = {steps // 3}"]
+  summary = {"steps": steps, "batch_per_worker": batch_size, "cpus": os.cpu_count()}
+  summary["throughput"] = throughput(work, common, batch_size, steps, ctx.progress)
+  summary["refresh"] = refresh_step_times(work, common, batch_size, ctx.progress)
   summary["worker_kill"] = worker_kill(work, common,
-                                       summary["throughput"]["async_2workers"]["wall_s"])
-  machine.write_json(FLAGS.out, summary)
-  print(f"wrote {FLAGS.out}")
+                                       summary["throughput"]["async_2workers"]["wall_s"],
+                                       batch_size, ctx.progress)
+  return summary
 
 
-if __name__ == "__main__":
-  machine.run_script(main, "benchmarks.cluster_throughput")
+def _tables(summary: dict) -> List[str]:
+  """The arms' throughput, the refresh step times and the worker kill, as Markdown."""
+  lines = [f"{summary['steps']} training steps per arm, batch {summary['batch_per_worker']} per "
+           f"worker (sync: per replica), {summary['cpus']} CPUs.", "",
+           "| arm | examples/sec per group | wall s | val logloss |", "| --- | --- | --- | --- |"]
+  lines += [f"| {name} | {arm['examples_per_sec']:.0f} | {arm['wall_s']:.1f} | "
+            f"{arm['val_logloss']:.4f} |" for name, arm in summary["throughput"].items()]
+  lines += ["", "| refresh arm | group | teacher loads | step time p50/p99 ms (steps) |",
+            "| --- | --- | --- | --- |"]
+  lines += [f"| {name} | {group} | {g['teacher_loads']} | {_step_times_text(g['step_time_ms'])} |"
+            for name, arm in summary["refresh"].items() for group, g in sorted(arm.items())]
+  kill = summary["worker_kill"]
+  lines += ["", f"Killed async worker: the launcher restarted it after "
+            f"{kill['launcher_restart_s']:.1f} s, serving again after "
+            f"{kill['worker_serving_again_s']:.1f} s; all {kill['steps']} steps done in "
+            f"{kill['wall_s']:.0f} s (vs {kill['wall_s_without_kill']:.0f} s without the kill), "
+            f"{kill['examples_per_sec']:.0f} examples/sec."]
+  return lines
+
+
+def write_report(summary: dict, results_dir: str) -> None:
+  """report.md: throughput per arm, refresh step times and the worker kill's recovery."""
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  report.write_benchmark_report(summary, results_dir, "Cluster throughput: sync and async groups "
+                                "on local clusters", _tables(summary))
+
+
+BENCHMARK = registry.Benchmark("cluster_throughput", measure_clusters, write_report)

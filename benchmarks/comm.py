@@ -11,46 +11,30 @@
    MultiWorkerMirroredStrategy, real processes on 127.0.0.1 through ``tf-codistill-launch``) for
    the same all-reduce variants, rounds interleaved, as ratios to ``plain``.
 
-  .venv/bin/python -m benchmarks.comm [--rounds=2 --train_steps=300]
+  python -m benchmarks.run comm
+  python -m benchmarks.run comm --gin_bindings='bench.comm.rounds = 2' \
+      --gin_bindings='bench.comm.train_steps = 300'
+
+Data and the cluster arms' model directories go under ``--work_dir``/comm (the generated data
+is made once per size and reused by later runs).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
-from typing import Dict, List
+from typing import Callable, Dict, List, Sequence
 
+import gin
 import tensorflow as tf
-from absl import flags
 
 from benchmarks import lean_exchange
-from benchmarks import machine
 from benchmarks import models as bench_models
+from benchmarks import registry
 from benchmarks import standalone
 from benchmarks import traffic
 from tf_codistill.models import ctr
-
-FLAGS = flags.FLAGS
-
-
-def define_flags() -> None:
-  """The command line (defined only when run as a script, so that the suites' modules can be
-  imported side by side)."""
-  flags.DEFINE_integer("rounds", 2, "Interleaved rounds of the cluster arms (0: bytes table only).")
-  flags.DEFINE_integer("train_steps", 300, "Training steps per cluster arm.")
-  flags.DEFINE_integer("batch_per_worker", 512, "Examples per worker step.")
-  flags.DEFINE_integer("train_rows", 200_000, "Generated training rows.")
-  flags.DEFINE_integer("publish_every_steps", 100, "Codistillation's default exchange interval.")
-  flags.DEFINE_integer("lean_steps", 3000, "Training steps whose snapshots the publish formats "
-                       "are measured on (benchmarks/lean_exchange.py; 0: not measured).")
-  flags.DEFINE_multi_integer("lean_intervals", [100, 1000], "Exchange intervals K of the publish "
-                             "formats' measurement.")
-  flags.DEFINE_boolean("report_only", False, "Only rewrite report.md from the summary.json at "
-                       "--out (after a change of the report's layout).")
-  standalone.define_flags("comm")
-
 
 # name -> (allreduce dtype, bytes_per_pack)
 VARIANTS = {"plain": ("float32", 1), "packed": ("float32", 0), "float16": ("float16", 0),
@@ -101,14 +85,15 @@ def bytes_table(batch_per_worker: int, exchange_every: int, scale: float = 1.0) 
   return table
 
 
-def _launch(model_dir: str, data: str, variant: str) -> dict:
+def _launch(model_dir: str, data: str, variant: str, train_steps: int,
+            batch_per_worker: int) -> dict:
   """One synchronous group (chief + 1 worker) with ``variant``'s all-reduce; its results."""
   dtype, pack = VARIANTS[variant]
   shutil.rmtree(model_dir, ignore_errors=True)
   bindings = standalone.ctr_data_bindings(data) + [
-      f"trainer.train.train_steps = {FLAGS.train_steps}",
-      f"trainer.train.steps_per_epoch = {FLAGS.train_steps}",
-      f"trainer.train.batch_size = {2 * FLAGS.batch_per_worker}",
+      f"trainer.train.train_steps = {train_steps}",
+      f"trainer.train.steps_per_epoch = {train_steps}",
+      f"trainer.train.batch_size = {2 * batch_per_worker}",
       "trainer.train.summary_every_steps = 20", "trainer.train.eval_steps = 5",
       "trainer.train.verbose = 0", f"trainer.train.checkpoint_every_steps = {10 ** 6}",
       f"trainer.train.allreduce_dtype = '{dtype}'",
@@ -121,16 +106,18 @@ def _launch(model_dir: str, data: str, variant: str) -> dict:
           "val_logloss": results["val_logloss"], "loss": results["history"]["loss"][-1]}
 
 
-def cluster_throughput(work: str, rounds: int) -> Dict[str, dict]:
-  """examples/sec of a 2-worker synchronous group per all-reduce variant, rounds interleaved."""
-  data = standalone.ensure_ctr_data(os.path.join(work, "data"), FLAGS.train_rows)
+def cluster_throughput(work: str, data: str, rounds: int, train_steps: int,
+                       batch_per_worker: int, progress: Callable[[str], None] = print
+                       ) -> Dict[str, dict]:
+  """examples/sec of a 2-worker synchronous group per all-reduce variant, rounds interleaved
+  (each run in a fresh ``work/<variant>``, on the CTR files in ``data``)."""
   runs: Dict[str, List[dict]] = {v: [] for v in VARIANTS}
   for r in range(rounds):
     for variant in VARIANTS:
-      result = _launch(os.path.join(work, variant), data, variant)
+      result = _launch(os.path.join(work, variant), data, variant, train_steps, batch_per_worker)
       runs[variant].append(result)
-      print(f"round {r + 1} {variant:>9}: {result['examples_per_sec']:8.0f} examples/s, "
-            f"val logloss {result['val_logloss']:.4f}, load {os.getloadavg()[0]:.1f}", flush=True)
+      progress(f"round {r + 1} {variant:>9}: {result['examples_per_sec']:8.0f} examples/s, "
+               f"val logloss {result['val_logloss']:.4f}, load {os.getloadavg()[0]:.1f}")
   out = {}
   for variant, results in runs.items():
     rates = [r["examples_per_sec"] for r in results]
@@ -249,8 +236,9 @@ def _formats_section(summary: dict) -> List[str]:
                "read s"], rows), ""]
 
 
-def write_report(summary: dict, path: str) -> None:
-  """report.md: the regenerating command, the bytes table, the cluster throughput and the goal."""
+def write_report(summary: dict, results_dir: str) -> None:
+  """``results_dir``/report.md: the regenerating command, the bytes table, the cluster
+  throughput and the goal."""
   cfg, table = summary["config"], summary["bytes"]
   k = cfg["publish_every_steps"]
   lines = [
@@ -320,60 +308,90 @@ def write_report(summary: dict, path: str) -> None:
               "costs CPU time (serialization, the reduction, for float16/bfloat16 the casts) "
               "rather than network time: smaller messages help only as far as that CPU work "
               "shrinks. On a real network the bytes table is what scales.", ""]
-  with open(path, "w") as f:
+  os.makedirs(results_dir, exist_ok=True)
+  with open(os.path.join(results_dir, "report.md"), "w") as f:
     f.write("\n".join(lines))
 
 
-def main(argv):
-  del argv
-  if FLAGS.report_only:
-    with open(FLAGS.out) as f:
-      write_report(json.load(f), os.path.join(os.path.dirname(FLAGS.out), "report.md"))
-    return
-  load_before = os.getloadavg()
-  table = bytes_table(FLAGS.batch_per_worker, FLAGS.publish_every_steps)
-  print(f"\nbytes sent per worker per step (batch {FLAGS.batch_per_worker} per worker); "
-        f"codistillation publishes SavedModel/{FLAGS.publish_every_steps} per step")
-  print(f"{'model':<8} {'n':>2} " + " ".join(f"{v:>10}" for v in VARIANTS)
-        + f" {'dense f32':>10} {'codistill':>10} {'reduction':>10}")
+def _bytes_lines(table: Dict[str, dict], batch_per_worker: int, k: int) -> List[str]:
+  """The bytes table as text: all-reduce variants, dense, codistillation and the reduction."""
+  lines = ["", f"bytes sent per worker per step (batch {batch_per_worker} per worker); "
+           f"codistillation publishes SavedModel/{k} per step",
+           f"{'model':<8} {'n':>2} " + " ".join(f"{v:>10}" for v in VARIANTS)
+           + f" {'dense f32':>10} {'codistill':>10} {'reduction':>10}"]
   for name, entry in table.items():
-    codistill = entry["codistill"][str(FLAGS.publish_every_steps)]["bytes_per_step"]
+    codistill = entry["codistill"][str(k)]["bytes_per_step"]
     for w in WORKERS:
       sent = entry["allreduce"][str(w)]
-      print(f"{name:<8} {w:>2} " + " ".join(f"{sent[v]['bytes_per_step'] / 1e3:>8.0f}kB"
-                                            for v in VARIANTS)
-            + f" {entry['dense_allreduce'][str(w)] / 1e3:>8.0f}kB {codistill / 1e3:>8.0f}kB "
-            f"{entry['reduction_at_default_interval'][str(w)]['vs_packed_float32_as_sent']:>9.1f}x")
-  throughput = {}
-  if FLAGS.rounds:
-    work = standalone.work_dir("comm_bench")
-    throughput = cluster_throughput(work, FLAGS.rounds)
-    print("\nlocal 2-worker synchronous group, examples/sec (best, median) and ratio to plain:")
-    for variant, figures in throughput.items():
-      print(f"{variant:>9}: {figures['examples_per_sec_best']:8.0f} "
+      reduction = entry["reduction_at_default_interval"][str(w)]["vs_packed_float32_as_sent"]
+      lines.append(f"{name:<8} {w:>2} " + " ".join(f"{sent[v]['bytes_per_step'] / 1e3:>8.0f}kB"
+                                                   for v in VARIANTS)
+                   + f" {entry['dense_allreduce'][str(w)] / 1e3:>8.0f}kB {codistill / 1e3:>8.0f}kB "
+                   f"{reduction:>9.1f}x")
+  return lines
+
+
+def _throughput_lines(throughput: Dict[str, dict]) -> List[str]:
+  """The cluster arms' examples/sec and ratios to ``plain``, as text."""
+  lines = ["", "local 2-worker synchronous group, examples/sec (best, median) and ratio to plain:"]
+  lines += [f"{variant:>9}: {figures['examples_per_sec_best']:8.0f} "
             f"{figures['examples_per_sec_median']:8.0f}   x{figures['ratio_to_plain_best']:.3f} "
-            f"(median x{figures['ratio_to_plain_median']:.3f})")
+            f"(median x{figures['ratio_to_plain_median']:.3f})"
+            for variant, figures in throughput.items()]
+  return lines
+
+
+@gin.configurable("comm", module="bench", denylist=["ctx"])
+def measure_comm(ctx: registry.Context, rounds: int = 2, train_steps: int = 300,
+                 batch_per_worker: int = 512, train_rows: int = 200_000,
+                 publish_every_steps: int = 100, lean_steps: int = 3000,
+                 lean_intervals: Sequence[int] = (100, 1000)) -> dict:
+  """The bytes table, the 2-worker group's throughput per variant, the publish formats' bytes
+  and the goals.
+
+  Args:
+    ctx: the run's context (data and the cluster arms' model directories go under its work_dir).
+    rounds: interleaved rounds of the cluster arms (0: bytes table only).
+    train_steps: training steps per cluster arm.
+    batch_per_worker: examples per worker step.
+    train_rows: generated training rows.
+    publish_every_steps: codistillation's default exchange interval.
+    lean_steps: training steps whose snapshots the publish formats are measured on
+      (benchmarks/lean_exchange.py; 0: not measured).
+    lean_intervals: exchange intervals K of the publish formats' measurement.
+  """
+  if not lean_intervals or any(isinstance(k, bool) or not isinstance(k, int) or k <= 0
+                               for k in lean_intervals):
+    raise ValueError(f"bench.comm.lean_intervals={list(lean_intervals)!r}: one or more positive "
+                     "step counts")
+  load_before = os.getloadavg()
+  table = bytes_table(batch_per_worker, publish_every_steps)
+  for line in _bytes_lines(table, batch_per_worker, publish_every_steps):
+    ctx.progress(line)
+  # Made once per size and reused by later runs (a run of another size gets its own).
+  data = (standalone.ensure_ctr_data(os.path.join(ctx.work_dir, f"data_{train_rows}"), train_rows)
+          if rounds or lean_steps else None)
+  throughput = {}
+  if rounds:
+    throughput = cluster_throughput(ctx.work_dir, data, rounds, train_steps, batch_per_worker,
+                                    ctx.progress)
+    for line in _throughput_lines(throughput):
+      ctx.progress(line)
   saved_model = table["ctr"]["reduction_at_default_interval"]["2"]["vs_packed_float32_as_sent"]
   lean = {}
-  if FLAGS.lean_steps:
-    data = standalone.ensure_ctr_data(os.path.join(standalone.work_dir("comm_lean"), "data"),
-                                      FLAGS.train_rows)
-    print("\npublished bytes per format (CTR model, trained in one process):")
-    lean = lean_exchange.measure(data, FLAGS.lean_steps, 2 * FLAGS.batch_per_worker,
-                                 FLAGS.lean_intervals)
+  if lean_steps:
+    ctx.progress("published bytes per format (CTR model, trained in one process):")
+    lean = lean_exchange.measure(data, lean_steps, 2 * batch_per_worker, lean_intervals,
+                                 progress=ctx.progress)
   goals = _goals(table, lean)
-  headline = goals["codistill_traffic_reduction"]
   summary = {
       "suite": "comm",
-      "command": (f"python -m benchmarks.comm --rounds={FLAGS.rounds} "
-                  f"--train_steps={FLAGS.train_steps} --batch_per_worker={FLAGS.batch_per_worker} "
-                  f"--lean_steps={FLAGS.lean_steps}"),
-      "config": {"batch_per_worker": FLAGS.batch_per_worker, "workers": list(WORKERS),
+      "config": {"batch_per_worker": batch_per_worker, "workers": list(WORKERS),
                  "variants": {k: {"allreduce_dtype": d, "bytes_per_pack": p}
                               for k, (d, p) in VARIANTS.items()},
-                 "publish_every_steps": FLAGS.publish_every_steps,
-                 "train_steps": FLAGS.train_steps, "rounds": FLAGS.rounds,
-                 "lean_steps": FLAGS.lean_steps, "lean_intervals": list(FLAGS.lean_intervals),
+                 "publish_every_steps": publish_every_steps,
+                 "train_steps": train_steps, "rounds": rounds,
+                 "lean_steps": lean_steps, "lean_intervals": list(lean_intervals),
                  "headline_format": HEADLINE_FORMAT,
                  "cpus": os.cpu_count(), "tensorflow": tf.__version__},
       "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
@@ -385,12 +403,10 @@ def main(argv):
       "codistill_traffic_reduction_by_model": {
           name: entry["reduction_at_default_interval"] for name, entry in table.items()},
   }
-  machine.write_json(FLAGS.out, summary)
-  write_report(summary, os.path.join(os.path.dirname(FLAGS.out), "report.md"))
-  print(f"codistill_traffic_reduction (ctr, 2 workers, K={FLAGS.publish_every_steps}, "
-        f"{HEADLINE_FORMAT}): {_x(headline)}; SavedModel {saved_model:.1f}x; wrote {FLAGS.out}")
+  ctx.progress(f"codistill_traffic_reduction (ctr, 2 workers, K={publish_every_steps}, "
+               f"{HEADLINE_FORMAT}): {_x(goals['codistill_traffic_reduction'])}; SavedModel "
+               f"{saved_model:.1f}x")
+  return summary
 
 
-if __name__ == "__main__":
-  define_flags()
-  machine.run_script(main, "benchmarks.comm", on_recorded=standalone.update_results_index)
+BENCHMARK = registry.Benchmark("comm", measure_comm, write_report)

@@ -28,10 +28,13 @@ which is how the kill point and the recovery are seen:
 - progress_s: kill -> the killed group's step is past the step at the kill again;
 - recovery_s: the later of the two (back at full strength and past the kill point).
 
-  .venv/bin/python -m benchmarks.fault_trials --trials=10 [--kinds=worker,ps,chief,group,...]
+  python -m benchmarks.run fault_trials
+  python -m benchmarks.run fault_trials --gin_bindings='bench.fault_trials.trials = 3' \
+      --gin_bindings="bench.fault_trials.kinds = ['ps', 'group']"
 
-writes benchmarks/results/fault_trials/summary.json (every trial and a summary per kind), from
-which ``python -m benchmarks.fault_trials --table`` prints the table of docs/reliability.md.
+writes benchmarks/results/fault_trials/summary.json (every trial and a summary per kind) and
+report.md, whose table (``markdown_table``) ``python -m benchmarks.reliability_doc`` puts into
+docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -43,13 +46,12 @@ import random
 import shutil
 import signal
 import statistics
-import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from absl import flags
+import gin
 
-from benchmarks import machine
+from benchmarks import registry
 from benchmarks import standalone
 from tf_codistill import layout
 
@@ -292,6 +294,10 @@ CASES = {
 }
 
 
+TABLE_HEADER = ("case", "trials", "outcome", "steps lost (median, min-max)",
+                "recovery time s (median, min-max)")
+
+
 def markdown_table(summary_json: dict) -> str:
   """The docs/reliability.md table from a summary.json."""
   rows = []
@@ -302,52 +308,70 @@ def markdown_table(summary_json: dict) -> str:
     lost_text = "-" if lost is None else f"{lost['median']:g} ({lost['min']:g}-{lost['max']:g})"
     rec_text = "-" if rec is None else f"{rec['median']:.1f} ({rec['min']:.1f}-{rec['max']:.1f})"
     rows.append([CASES[kind], row["trials"], outcome, lost_text, rec_text])
-  return standalone.markdown_table(["case", "trials", "outcome", "steps lost (median, min-max)",
-                                    "recovery time s (median, min-max)"], rows)
+  return standalone.markdown_table(TABLE_HEADER, rows)
 
 
-def _define_flags() -> None:
-  """Flags of the script (defined only when run as one, so importing defines none)."""
-  flags.DEFINE_integer("trials", 10, "Trials per kind (seeds 0..trials-1).")
-  flags.DEFINE_list("kinds", list(KINDS), f"Which faults, of {KINDS}.")
-  flags.DEFINE_integer("train_steps", 240, "Training steps per trial.")
-  flags.DEFINE_integer("steps_per_epoch", 40, "Steps per epoch (= checkpoint interval).")
-  standalone.define_flags("fault_trials")
-  flags.DEFINE_bool("table", False, "Only print the Markdown table of --out and exit.")
+@gin.configurable("fault_trials", module="bench", denylist=["ctx"])
+def measure_trials(ctx: registry.Context, trials: int = 10, kinds: Sequence[str] = KINDS,
+                   train_steps: int = 240, steps_per_epoch: int = 40) -> dict:
+  """Every trial (kinds interleaved, seed by seed) and a summary per kind.
 
-
-FLAGS = flags.FLAGS
-
-
-def main(argv):
-  del argv
-  if FLAGS.table:
-    with open(FLAGS.out) as f:
-      print(markdown_table(json.load(f)))
-    return
-  work = standalone.work_dir("fault_trials")
-  data = ensure_data(os.path.join(work, "data"))
-  trials = []
+  Args:
+    ctx: the run's context (data and the trials' model directories go under its work_dir).
+    trials: trials per kind (seeds 0..trials-1).
+    kinds: which faults, of KINDS ('worker', 'ps', 'chief', 'group', 'sync_chief',
+      'sync_worker').
+    train_steps: training steps per trial.
+    steps_per_epoch: steps per epoch (= checkpoint interval).
+  """
+  kinds = tuple(kinds)
+  if set(kinds) - set(KINDS):
+    raise ValueError(f"bench.fault_trials.kinds={list(kinds)!r}: each one of {KINDS}")
+  work = ctx.work_dir
+  data = ensure_data(os.path.join(work, "data"))  # made once, reused by later runs
+  records = []
   start = time.time()
-  for seed in range(FLAGS.trials):  # kinds interleaved: machine load drifts over the run
-    for kind in FLAGS.kinds:
-      record = run_trial(kind, seed, work, data, FLAGS.train_steps, FLAGS.steps_per_epoch)
-      trials.append(record)
-      print(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}), flush=True)
+  for seed in range(trials):  # kinds interleaved: machine load drifts over the run
+    for kind in kinds:
+      record = run_trial(kind, seed, work, data, train_steps, steps_per_epoch)
+      records.append(record)
+      ctx.progress(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}))
       shutil.rmtree(os.path.join(work, f"{kind}_{seed}"), ignore_errors=True)
-  result = {"command": "python -m benchmarks.fault_trials " + " ".join(sys.argv[1:]),
-            "cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
+  result = {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
             "wall_s": round(time.time() - start, 1),
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
-            "summary": summarize(trials), "trials": trials}
-  machine.write_json(FLAGS.out, result, indent=1)
-  print(markdown_table(result))
-  failed = [t for t in trials if not t.get("ok")]
+            "summary": summarize(records), "trials": records}
+  for line in markdown_table(result).splitlines():
+    ctx.progress(line)
+  return result
+
+
+def _failure(summary: dict) -> Optional[str]:
+  """How many trials did not recover, if any did not (the run then exits 1)."""
+  failed = [t for t in summary["trials"] if not t.get("ok")]
+  return f"{len(failed)} trial(s) did not recover" if failed else None
+
+
+def _details(summary: dict) -> List[str]:
+  """The kill steps per kind and the trials that did not recover, as Markdown."""
+  lines = ["", "Kill steps per kind: " + "; ".join(
+      f"{kind} {row['kill_steps']}" for kind, row in summary["summary"].items()) + "."]
+  failed = [t for t in summary.get("trials", []) if not t.get("ok")]
   if failed:
-    print(f"{len(failed)} trial(s) did not recover", file=sys.stderr)
-    sys.exit(1)
+    lines += ["", f"**{len(failed)} trial(s) did not recover:**", ""]
+    lines += [f"- {t['kind']} seed {t['seed']}: "
+              + (t.get("error") or ", ".join(f"{part}={t.get(part)}" for part in (
+                  "finished", "resumed_correctly", "launcher_restarted", "exit_code")))
+              for t in failed]
+  return lines
 
 
-if __name__ == "__main__":
-  _define_flags()
-  machine.run_script(main, "benchmarks.fault_trials")
+def write_report(summary: dict, results_dir: str) -> None:
+  """report.md: the table of docs/reliability.md, the kill steps and any failed trial."""
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  report.write_benchmark_report(summary, results_dir, "Fault trials: kill -9 of tasks and groups "
+                                "on local clusters",
+                                markdown_table(summary).splitlines() + _details(summary))
+
+
+BENCHMARK = registry.Benchmark("fault_trials", measure_trials, write_report, failure=_failure)

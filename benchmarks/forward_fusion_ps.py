@@ -5,39 +5,30 @@ the *next* step, right before the layer reads its weights (fusion.py). Under
 ParameterServerStrategy every variable, the pending one included, lives on a ps task, and the
 coordinator schedules each step function on whichever worker is free. Here each step function
 does what forward fusion does, with a gradient that carries an id: it applies the pending
-gradient (counting, per id, how often it was applied), computes for a while (``--work``
-matmuls, as a forward and backward pass would), then stores its own gradient as pending. After
+gradient (counting, per id, how often it was applied), computes for a while (``work`` matmuls,
+as a forward and backward pass would), then stores its own gradient as pending. After
 ``coordinator.join()`` the last pending gradient is flushed. With one worker every gradient is
 applied exactly once; with two, steps overlap on the shared pending variable, and gradients are
-lost (overwritten before any step applied them) or applied twice.
+lost (overwritten before any step applied them) or applied twice. The coordinator of each arm is
+this benchmark's ``child`` (``registry.child_command``).
 
-  .venv/bin/python -m benchmarks.forward_fusion_ps [--steps=2000]
+  python -m benchmarks.run forward_fusion_ps [--gin_bindings='bench.forward_fusion_ps.steps = 2000']
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from typing import Dict
+from typing import Dict, List
 
+import gin
 import numpy as np
 import tensorflow as tf
-from absl import flags
 
 from benchmarks import local_cluster
-from benchmarks import machine
-from benchmarks import standalone
+from benchmarks import registry
 
-FLAGS = flags.FLAGS
-
-
-def define_flags() -> None:
-  """Defines the script's flags (in main only: tests import this module beside others)."""
-  flags.DEFINE_integer("steps", 2000, "Step functions scheduled per arm.")
-  flags.DEFINE_integer("work", 4, "128x128 matmuls per step between reading and storing pending.")
-  flags.DEFINE_string("cluster", "", "Internal: the coordinator's cluster spec (JSON).")
-  standalone.define_flags("forward_fusion_ps", work_dir=False)
+NAME = "forward_fusion_ps"
 
 
 def _applied_counts(strategy: tf.distribute.Strategy, steps: int, work: int) -> np.ndarray:
@@ -70,12 +61,12 @@ def _applied_counts(strategy: tf.distribute.Strategy, steps: int, work: int) -> 
   return counts
 
 
-def _arm(workers: int) -> Dict[str, object]:
+def _arm(workers: int, steps: int, work: int) -> Dict[str, object]:
+  """One arm: a cluster of ``workers`` workers and one ps, its coordinator in a child process."""
   cluster = local_cluster.free_cluster({"chief": 1, "worker": workers, "ps": 1})
   with local_cluster.servers(cluster):
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.forward_fusion_ps", f"--cluster={json.dumps(cluster)}",
-         f"--steps={FLAGS.steps}", f"--work={FLAGS.work}"],
+        registry.child_command(NAME, {"cluster": cluster, "steps": steps, "work": work}),
         capture_output=True, text=True, timeout=1800, preexec_fn=local_cluster.die_with_parent)
   if done.returncode:
     raise RuntimeError(f"the coordinator failed: {done.stderr[-3000:]}")
@@ -90,23 +81,43 @@ def accounting(counts: np.ndarray) -> Dict[str, object]:
           "lost_fraction": float((counts == 0).mean())}
 
 
-def _coordinate() -> None:
-  strategy = local_cluster.ps_strategy(json.loads(FLAGS.cluster))
-  print(json.dumps(_applied_counts(strategy, FLAGS.steps, FLAGS.work).tolist()))
+def child(spec: dict) -> None:
+  """An arm's coordinator (``_arm`` starts it): ``spec`` holds the ``cluster``, ``steps`` and
+  ``work``; prints every step's applied count as one JSON line on stdout."""
+  strategy = local_cluster.ps_strategy(spec["cluster"])
+  print(json.dumps(_applied_counts(strategy, spec["steps"], spec["work"]).tolist()))
 
 
-def main(argv):
-  del argv
-  if FLAGS.cluster:
-    return _coordinate()
-  arms = {f"{n}_workers": _arm(n) for n in (1, 2)}
-  for name, arm in arms.items():
-    print(f"{name}: of {arm['steps']} gradients, {arm['applied_once']} applied once, "
-          f"{arm['lost']} lost, {arm['applied_twice_or_more']} applied twice or more")
-  machine.write_json(FLAGS.out, {"arms": arms, "config": {"steps": FLAGS.steps,
-                                                             "work": FLAGS.work}})
+@gin.configurable(NAME, module="bench", denylist=["ctx"])
+def measure_forward_fusion_ps(ctx: registry.Context, steps: int = 2000, work: int = 4) -> dict:
+  """Every gradient's fate under forward fusion's pending protocol, with one worker and two.
+
+  Args:
+    ctx: the run's context.
+    steps: step functions scheduled per arm.
+    work: 128x128 matmuls per step between reading and storing pending.
+  """
+  arms = {f"{n}_workers": _arm(n, steps, work) for n in (1, 2)}
+  for line in _tables({"arms": arms}):
+    ctx.progress(line)
+  return {"arms": arms, "config": {"steps": steps, "work": work}}
 
 
-if __name__ == "__main__":
-  define_flags()
-  machine.run_script(main, "benchmarks.forward_fusion_ps", unless=("cluster",))
+def _tables(summary: dict) -> List[str]:
+  """Each arm's gradients by how often they were applied, as Markdown."""
+  lines = ["| arm | gradients | applied once | lost | applied twice or more | lost fraction |",
+           "| --- | --- | --- | --- | --- | --- |"]
+  lines += [f"| {name} | {arm['steps']} | {arm['applied_once']} | {arm['lost']} | "
+            f"{arm['applied_twice_or_more']} | {arm['lost_fraction']:.3f} |"
+            for name, arm in summary["arms"].items()]
+  return lines
+
+
+def write_report(summary: dict, results_dir: str) -> None:
+  """report.md: what became of every gradient in each arm."""
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  report.write_benchmark_report(summary, results_dir, "Forward fusion under parameter servers: "
+                                "gradients applied once, lost or applied twice", _tables(summary))
+
+
+BENCHMARK = registry.Benchmark(NAME, measure_forward_fusion_ps, write_report, child=child)

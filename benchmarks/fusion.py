@@ -11,13 +11,15 @@ and schedule) and ``grads_only`` (forward and backward pass without any update: 
 that fusion cannot touch), with ``jit_compile`` off and on. Each (model, jit) group runs in its
 own subprocess (memory is returned between groups), and within it the arms run interleaved
 through the step-time harness (``benchmarks/step_times.py``): per-step times inside one ``fit``
-per arm and round, ``--rounds`` rounds of ``--steps`` steps (order rotated every round).
+per arm and round, ``rounds`` rounds of ``steps`` steps (order rotated every round).
 Speedups are the median over rounds of the within-round ratio of median step times (``paired``,
 with a 90% bootstrap interval: the headline), and from each arm's best and median round; the
 kernels' share is ``kernels`` over ``none``, the schedule's ``backward`` over ``kernels``.
 Writes ``benchmarks/results/fusion/summary.json`` and ``report.md``.
 
-  .venv/bin/python -m benchmarks.fusion [--rounds=7 --steps=10 --models=ctr_adam,mlp_adam]
+  python -m benchmarks.run fusion
+  python -m benchmarks.run fusion --gin_bindings='bench.fusion.rounds = 7' \
+      --gin_bindings="bench.fusion.models = ['ctr_adam', 'mlp_adam']"
 """
 
 from __future__ import annotations
@@ -27,16 +29,15 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import gin
 import tensorflow as tf
 import tf_keras as keras
-from absl import flags
 
-from benchmarks import machine
+from benchmarks import registry
 from benchmarks import standalone
 from benchmarks import step_times
 from benchmarks.models import MODELS
@@ -46,26 +47,6 @@ from tf_codistill.optim import fused_models
 from tf_codistill.optim import fusion as fusion_lib
 
 REPO = standalone.REPO
-FLAGS = flags.FLAGS
-
-
-def define_flags() -> None:
-  """The command line (defined only when run as a script, so that the suites' modules can be
-  imported side by side)."""
-  flags.DEFINE_integer("steps", 10, "Steps per arm per round.")
-  flags.DEFINE_integer("rounds", 7, "Interleaved rounds.")
-  flags.DEFINE_list("models", ["ctr_adam", "ctr_adagrad", "mlp_adam", "lstm_lm_adam"],
-                    "Models to measure.")
-  flags.DEFINE_list("modes", ["none", "kernels", "backward", "forward", "grads_only"],
-                    "Arms per model.")
-  flags.DEFINE_list("jit", ["0", "1"], "jit_compile settings (0/1).")
-  flags.DEFINE_float("scale", 1.0,
-                     "Scales model sizes and batches down for smoke runs (0 < s <= 1).")
-  standalone.define_flags("fusion", work_dir=False)
-  flags.DEFINE_boolean("report_only", False, "Only rewrite report.md from the summary.json at "
-                       "--out (after a change of the report's layout).")
-  flags.DEFINE_string("group", None, "Internal: measure only this 'model/jit' group in this "
-                      "process and write its step times to --out.")
 
 
 class GradsOnly(keras.Model):
@@ -102,8 +83,13 @@ def build_arm(arm: Arm, mode: str, jit: bool, weights) -> keras.Model:
   return fused_models.fuse(model, mode) if mode in FUSED else model
 
 
-def measure(models: List[str], modes: List[str], jits: List[bool], steps: int, rounds: int,
-            scale: float = 1.0) -> Dict[str, dict]:
+def _print(line: str) -> None:
+  print(line, flush=True)
+
+
+def measure(models: Sequence[str], modes: Sequence[str], jits: Sequence[bool], steps: int,
+            rounds: int, scale: float = 1.0, progress: Callable[[str], None] = _print
+            ) -> Dict[str, dict]:
   """Steps/sec per (model, jit, mode), interleaved round-robin over all arms."""
   arms: Dict[str, keras.Model] = {}
   data: Dict[str, tf.data.Dataset] = {}
@@ -118,13 +104,13 @@ def measure(models: List[str], modes: List[str], jits: List[bool], steps: int, r
   for key, model in arms.items():  # warm-up: tracing, XLA compilation, first-touch allocations
     start = time.perf_counter()
     model.fit(data[key], steps_per_epoch=max(5, steps // 3), epochs=1, verbose=0)
-    print(f"warm-up {key}: {time.perf_counter() - start:.1f}s", flush=True)
+    progress(f"warm-up {key}: {time.perf_counter() - start:.1f}s")
   times = step_times.interleave(
       {key: (lambda m=model, d=data[key]: step_times.fit_step_times(m, d, steps))
        for key, model in arms.items()}, rounds)
   # Per round: steps/s from the round's median step time (fit's set-up is not in it).
   rates = {key: [1.0 / statistics.median(r) for r in rounds_] for key, rounds_ in times.items()}
-  print(f"{rounds} rounds done, load {os.getloadavg()[0]:.1f}", flush=True)
+  progress(f"{rounds} rounds done, load {os.getloadavg()[0]:.1f}")
   del arms, data
   keras.backend.clear_session()
   gc.collect()
@@ -173,20 +159,29 @@ GOAL = 1.10
 GOAL_MODELS = 2  # the goal: best_fusion_speedup >= GOAL on at least this many models
 
 
-def _run_group(name: str, jit: bool, scale: float) -> tuple:
-  """Measures one (model, jit) group in a fresh subprocess: (step times, its peak RSS in MB)."""
-  with tempfile.TemporaryDirectory() as tmp:
+def _run_group(spec: dict, work_dir: str) -> Tuple[Dict[str, dict], float]:
+  """Measures one (model, jit) group in a fresh subprocess (``child(spec)``): (step times, its
+  peak RSS in MB)."""
+  os.makedirs(work_dir, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
     out = os.path.join(tmp, "steps.json")
-    args = [sys.executable, "-m", "benchmarks.fusion", f"--group={name}/{int(jit)}",
-            f"--out={out}", f"--steps={FLAGS.steps}", f"--rounds={FLAGS.rounds}",
-            f"--scale={scale}", f"--modes={','.join(FLAGS.modes)}"]
-    proc = subprocess.Popen(args, cwd=REPO)
+    proc = subprocess.Popen(registry.child_command("fusion", {**spec, "out": out}), cwd=REPO)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
-      raise RuntimeError(f"group {name}/{'xla' if jit else 'graph'} exited {proc.returncode}")
+      raise RuntimeError(f"group {spec['model']}/{'xla' if spec['jit'] else 'graph'} exited "
+                         f"{proc.returncode}")
     with open(out) as f:
       return json.load(f), usage.ru_maxrss / 1024  # Linux: kilobytes
+
+
+def child(spec: dict) -> None:
+  """One (model, jit) group, in the process ``_run_group`` started: ``spec`` holds the model,
+  jit, modes, steps, rounds and scale, and ``out``, where its step times go (JSON)."""
+  steps = measure([spec["model"]], spec["modes"], [bool(spec["jit"])], spec["steps"],
+                  spec["rounds"], spec["scale"])
+  with open(spec["out"], "w") as f:
+    json.dump(steps, f)
 
 
 def _explain(group: str, figures: dict) -> str:
@@ -270,8 +265,9 @@ def _goals(ratios: Dict[str, dict]) -> dict:
                                                            "met": count >= GOAL_MODELS}}}
 
 
-def write_report(summary: dict, path: str) -> None:
-  """report.md: the regenerating command, step times, speedups and the goal, from ``summary``."""
+def write_report(summary: dict, results_dir: str) -> None:
+  """``results_dir``/report.md: the regenerating command, step times, speedups and the goal,
+  from ``summary``."""
   steps, ratios, goals = (summary["step_time"], summary["speedup_unfused_over_fused"],
                           summary["goals"])
   cfg = summary["config"]
@@ -339,78 +335,108 @@ def write_report(summary: dict, path: str) -> None:
             "`jit_compile` only: that layer makes XLA recompile the train step on every call; "
             "`lstm_lm_rnn_adam` is the same architecture on `RNN(LSTMCell)`, which XLA compiles "
             "once (see `benchmarks/models.py`).", ""]
-  with open(path, "w") as f:
+  os.makedirs(results_dir, exist_ok=True)
+  with open(os.path.join(results_dir, "report.md"), "w") as f:
     f.write("\n".join(lines))
 
 
-def main(argv):
-  del argv
-  if FLAGS.report_only:
-    with open(FLAGS.out) as f:
-      write_report(json.load(f), os.path.join(os.path.dirname(FLAGS.out), "report.md"))
-    return
-  if FLAGS.group:  # child: one (model, jit) group
-    name, jit = FLAGS.group.split("/")
-    steps = measure([name], FLAGS.modes, [bool(int(jit))], FLAGS.steps, FLAGS.rounds, FLAGS.scale)
-    with open(FLAGS.out, "w") as f:
-      json.dump(steps, f)
-    return
-  load_before = os.getloadavg()
-  start = time.time()
+def _check(name: str, values: Sequence, known: Sequence) -> None:
+  """ValueError naming ``bench.fusion.<name>`` unless ``values`` are some of ``known``."""
+  unknown = [v for v in values if v not in known]
+  if unknown or not values:
+    raise ValueError(f"bench.fusion.{name}={list(values)!r}: give one or more of {list(known)}"
+                     + (f" (unknown: {unknown})" if unknown else ""))
+
+
+def _measure_groups(ctx: registry.Context, settings: dict, models: Sequence[str],
+                    jits: Sequence[bool]) -> Tuple[Dict[str, dict], Dict[str, dict], dict]:
+  """Every (model, jit) group, each in a process of its own: the step times, per group its peak
+  RSS, wall time and load at its end, and the groups skipped (why)."""
   steps: Dict[str, dict] = {}
   groups: Dict[str, dict] = {}
   skipped = {}
-  for name in FLAGS.models:
-    for jit in [bool(int(j)) for j in FLAGS.jit]:
+  for name in models:
+    for jit in jits:
       group = f"{name}/{'xla' if jit else 'graph'}"
       if jit and name in NO_JIT:
         skipped[group] = ("tf_keras' LSTM layer makes XLA recompile the train step at every "
                           "call; lstm_lm_rnn_adam is the same architecture for XLA")
-        print(f"{group}: skipped ({skipped[group]})", flush=True)
+        ctx.progress(f"{group}: skipped ({skipped[group]})")
         continue
       t0 = time.time()
-      measured, peak = _run_group(name, jit, FLAGS.scale)
+      measured, peak = _run_group({**settings, "model": name, "jit": jit}, ctx.work_dir)
       steps.update(measured)
       groups[group] = {"peak_rss_mb": peak, "wall_s": time.time() - t0,
                        "load_avg_1min": os.getloadavg()[0]}
-      print(f"{group}: peak RSS {peak:.0f} MB, {time.time() - t0:.0f} s", flush=True)
-  ratios = speedups(steps)
+      ctx.progress(f"{group}: peak RSS {peak:.0f} MB, {time.time() - t0:.0f} s")
+  return steps, groups, skipped
+
+
+@gin.configurable("fusion", module="bench", denylist=["ctx"])
+def measure_fusion(ctx: registry.Context, steps: int = 10, rounds: int = 7,
+                   models: Sequence[str] = ("ctr_adam", "ctr_adagrad", "mlp_adam",
+                                            "lstm_lm_adam"),
+                   modes: Sequence[str] = ("none", "kernels", "backward", "forward",
+                                           "grads_only"),
+                   jit: Sequence[bool] = (False, True), scale: float = 1.0) -> dict:
+  """Step times of every (model, jit) group, each in a fresh process; the speedups and goals.
+
+  Args:
+    ctx: the run's context (the groups' scratch files go under its work_dir).
+    steps: steps per arm per round.
+    rounds: interleaved rounds.
+    models: models to measure (``benchmarks.models.MODELS``).
+    modes: arms per model.
+    jit: jit_compile settings (False: graph, True: XLA), a group per model and setting.
+    scale: scales model sizes and batches down for smoke runs (0 < s <= 1).
+  """
+  _check("models", models, tuple(MODELS))
+  _check("modes", modes, MODES_SHOWN)
+  _check("jit", jit, (False, True))
+  if not 0 < scale <= 1:
+    raise ValueError(f"bench.fusion.scale={scale!r}: 0 < scale <= 1")
+  load_before = os.getloadavg()
+  start = time.time()
+  settings = {"steps": steps, "rounds": rounds, "scale": scale, "modes": list(modes)}
+  step_time, groups, skipped = _measure_groups(ctx, settings, models, [bool(j) for j in jit])
+  ratios = speedups(step_time)
   summary = {
       "suite": "fusion",
-      "command": "python -m benchmarks.fusion " + " ".join(
-          f"--{k}={','.join(v) if isinstance(v, list) else v}" for k, v in
-          (("rounds", FLAGS.rounds), ("steps", FLAGS.steps), ("models", FLAGS.models),
-           ("modes", FLAGS.modes), ("jit", FLAGS.jit), ("scale", FLAGS.scale))),
-      "config": {"steps": FLAGS.steps, "rounds": FLAGS.rounds, "scale": FLAGS.scale,
+      "config": {"steps": steps, "rounds": rounds, "scale": scale,
                  "cpus": os.cpu_count(), "tensorflow": tf.__version__},
       "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
       "wall_s": time.time() - start,
       "groups": groups, "skipped_groups": skipped,
-      "step_time": steps,
+      "step_time": step_time,
       "speedup_unfused_over_fused": ratios,
       "best_fusion_speedup_by_group": {
           group: max(figures.get(m, {}).get("paired", 0.0) for m in FUSED)
           for group, figures in ratios.items()},
       **_goals(ratios),
   }
-  print(f"\n{'model/jit':<22} {'unfused ms':>10} " + " ".join(f"{m:>16}" for m in FUSED)
-        + f" {'update share':>13}")
+  for line in _summary_lines(summary):
+    ctx.progress(line)
+  return summary
+
+
+def _summary_lines(summary: dict) -> List[str]:
+  """The unfused step time and the speedups per group, and the goal figures, as text."""
+  steps, ratios = summary["step_time"], summary["speedup_unfused_over_fused"]
+  lines = ["", f"{'model/jit':<22} {'unfused ms':>10} " + " ".join(f"{m:>16}" for m in FUSED)
+           + f" {'update share':>13}"]
   for group, figures in ratios.items():
     unfused = steps[f"{group}/none"]
     cells = [f"{figures[m]['paired']:.2f} ({figures[m]['best']:.2f})" if m in figures else "n/a"
              for m in FUSED]
     share = figures.get("update_share_paired")
-    print(f"{group:<22} {unfused['ms_per_step_best']:>10.1f} " + " ".join(f"{c:>16}" for c in cells)
-          + f" {'n/a' if share is None else f'{share:.0%}':>13}")
-  print(f"speedups are unfused/fused step time, paired median over rounds (best rounds); "
-        f"best_fusion_speedup {summary['goals']['best_fusion_speedup']:.3f} "
-        f"({summary['best_fusion_arm']}); models at >= x{GOAL}: "
-        f"{summary['goals']['models_with_fusion_speedup']}")
-  machine.write_json(FLAGS.out, summary)
-  write_report(summary, os.path.join(os.path.dirname(FLAGS.out), "report.md"))
-  print(f"wrote {FLAGS.out} and report.md")
+    lines.append(f"{group:<22} {unfused['ms_per_step_best']:>10.1f} "
+                 + " ".join(f"{c:>16}" for c in cells)
+                 + f" {'n/a' if share is None else f'{share:.0%}':>13}")
+  lines.append(f"speedups are unfused/fused step time, paired median over rounds (best rounds); "
+               f"best_fusion_speedup {summary['goals']['best_fusion_speedup']:.3f} "
+               f"({summary['best_fusion_arm']}); models at >= x{GOAL}: "
+               f"{summary['goals']['models_with_fusion_speedup']}")
+  return lines
 
 
-if __name__ == "__main__":
-  define_flags()
-  machine.run_script(main, "benchmarks.fusion", on_recorded=standalone.update_results_index)
+BENCHMARK = registry.Benchmark("fusion", measure_fusion, write_report, child=child)

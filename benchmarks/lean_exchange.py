@@ -23,7 +23,7 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -140,8 +140,9 @@ def amortized_bytes_per_step(sizes: dict, k: int, whole_every: int) -> float:
 
 
 def measure(data_dir: str, steps: int, batch: int, intervals: Sequence[int],
-            num_buckets: int = 20_000) -> dict:
-  """Per format and interval: version sizes, amortized bytes per step, write/read seconds."""
+            num_buckets: int = 20_000, progress: Callable[[str], None] = print) -> dict:
+  """Per format and interval: version sizes, amortized bytes per step, write/read seconds (a
+  line of ``progress`` each)."""
   every = min(intervals)
   model, snapshots, loss = train_snapshots(data_dir, steps, batch, every, num_buckets)
   out = {"steps": steps, "batch": batch, "final_train_loss": loss, "formats": {}}
@@ -155,8 +156,9 @@ def measure(data_dir: str, steps: int, batch: int, intervals: Sequence[int],
                              snapshots, tmp)
       sizes["bytes_per_step"] = amortized_bytes_per_step(sizes, k, fmt.whole_every)
       out["formats"][name]["by_interval"][str(k)] = sizes
-      print(f"{name:>16} K={k:<5} whole {statistics.median(sizes['whole_bytes']) / 1e6:7.2f} MB"
-            + (f", delta {statistics.median(sizes['delta_bytes']) / 1e6:7.3f} MB"
-               if sizes["delta_bytes"] else "")
-            + f", {sizes['bytes_per_step'] / 1e3:8.2f} kB/step", flush=True)
+      progress(f"{name:>16} K={k:<5} whole "
+               f"{statistics.median(sizes['whole_bytes']) / 1e6:7.2f} MB"
+               + (f", delta {statistics.median(sizes['delta_bytes']) / 1e6:7.3f} MB"
+                  if sizes["delta_bytes"] else "")
+               + f", {sizes['bytes_per_step'] / 1e3:8.2f} kB/step")
   return out

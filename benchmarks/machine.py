@@ -1,6 +1,6 @@
 """One benchmark at a time, on a quiet machine: an exclusive lock and the load around every figure.
 
-Every benchmark (``benchmarks.run`` and each standalone script) runs inside ``exclusive``: it
+Every benchmark (``benchmarks.run``) runs inside ``exclusive``: it
 takes an exclusive ``flock`` on one lock file per machine, so a second benchmark refuses to start
 (naming the one that runs) instead of measuring beside it; the test suite takes the same lock
 shared (tests/conftest.py), so benchmarks and tests exclude each other too. Before each measured
@@ -27,7 +27,6 @@ import threading
 import time
 from typing import Callable, Iterator, List, Optional, Sequence
 
-from absl import app
 from absl import flags
 
 LOCK_ENV = "TF_CODISTILL_BENCH_LOCK"
@@ -254,47 +253,6 @@ class CpuPool:
       with self._changed:
         self._free = sorted(self._free + taken)
         self._changed.notify_all()
-
-
-def run_script(main: Callable[[List[str]], object], name: str,
-               unless: Sequence[str] = ("report_only", "table", "group"),
-               on_recorded: Optional[Callable[[str], object]] = None) -> None:
-  """``app.run(main)`` for a standalone benchmark script, holding the machine (``exclusive``)
-  while it measures, unless one of the ``unless`` flags is set (a report rewritten from recorded
-  results, or a child process of a benchmark that holds it already). The load before and after
-  is added, as ``machine``, to the JSON the script wrote at ``--out``; then ``on_recorded``
-  (e.g. the results index's update) is called with that path."""
-  define_flags()
-
-  def held(argv: List[str]) -> None:
-    values = flags.FLAGS.flag_values_dict()
-    if any(values.get(flag) for flag in unless):
-      main(argv)
-      return
-    try:
-      with exclusive(name, values["allow_load"], max_wait_s=values["settle_s"]) as session:
-        main(argv)
-        _record_into(flags.FLAGS.flag_values_dict().get("out"), session, on_recorded)
-    except (MachineBusy, MachineLoaded) as e:
-      raise app.UsageError(str(e)) from None
-
-  app.run(held)
-
-
-def _record_into(path: Optional[str], session: Session,
-                 on_recorded: Optional[Callable[[str], object]] = None) -> None:
-  """Adds the session's load record to the JSON object at ``path`` (atomically), if there is one,
-  then calls ``on_recorded(path)``."""
-  if not path or not os.path.exists(path):
-    return
-  with open(path) as f:
-    summary = json.load(f)
-  if not isinstance(summary, dict):
-    return
-  summary["machine"] = session.record()
-  write_json(path, summary, indent=1)
-  if on_recorded is not None:
-    on_recorded(path)
 
 
 def write_json(path: str, value: object, indent: int = 2) -> None:

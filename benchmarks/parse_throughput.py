@@ -1,22 +1,27 @@
 """Throughput of the input paths: Criteo (the generator's rows/sec, then make_dataset's
 examples/sec) and, given a built Debian corpus, the token pipeline against the training step.
 
-For each format (TSV and Parquet) the same rows are generated into a temporary directory and read
-three times with ``data_pipelines.criteo.make_dataset``; the median of the last two passes is the
-reported rate (the first includes graph building and cold caches), per wall second and per CPU
-second of this process (all its threads: the rate per core). Parquet is read with pyarrow (the
+For each format (TSV and Parquet) the same rows are generated into a temporary directory (under
+the benchmark's work directory) and read three times with ``data_pipelines.criteo.make_dataset``;
+the median of the last two passes is the reported rate (the first includes graph building and
+cold caches), per wall second and per CPU second of this process (all its threads: the rate per
+core). Parquet is read with pyarrow (the
 default reader, the goal's), and also with tensorflow-io where its ops load
 (``parquet_tensorflow_io``). The goal: Parquet within 2x of TSV per core
 (``parquet_over_tsv_per_core`` >= 0.5).
 
-With ``--corpus_dir`` (a corpus built by data_pipelines.debian_text), the token pipeline
-(token_lm.make_dataset, windows of 64 at batch 64) is read for ``--token_batches`` batches and
+With ``corpus_dir`` (a corpus built by data_pipelines.debian_text), the token pipeline
+(token_lm.make_dataset, windows of 64 at batch 64) is read for ``token_batches`` batches and
 the language model of gin/lm/debian.gin (an LSTM, embedding 128, 256 units, softmax over the
-corpus's vocabulary, Adam) trains ``--token_batches`` steps on it; both as tokens per CPU second
+corpus's vocabulary, Adam) trains ``token_batches`` steps on it; both as tokens per CPU second
 of this process. The goal: the pipeline >= 5x what training consumes per core
-(``token_pipeline_over_training_per_core``). Prints a table and writes JSON.
+(``token_pipeline_over_training_per_core``). Prints a table; the summary and report go to the
+results directory.
 
-  .venv/bin/python -m benchmarks.parse_throughput [--num_rows=200000] [--corpus_dir=data/english]
+  python -m benchmarks.run parse_throughput
+  python -m benchmarks.run parse_throughput \
+      --gin_bindings='bench.parse_throughput.num_rows = 200000' \
+      --gin_bindings="bench.parse_throughput.corpus_dir = 'data/english'"
 """
 
 from __future__ import annotations
@@ -27,14 +32,13 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
+import gin
 import tensorflow as tf
 import tf_keras as keras
-from absl import flags
 
-from benchmarks import machine
-from benchmarks import standalone
+from benchmarks import registry
 from data_pipelines import corpus
 from data_pipelines import criteo
 from data_pipelines import make_criteo_like
@@ -42,21 +46,6 @@ from data_pipelines import parquet
 from data_pipelines import token_lm
 from tf_codistill.models import lm
 
-FLAGS = flags.FLAGS
-
-
-def define_flags() -> None:
-  """The command line (defined only when run as a script, so that the module can be imported
-  beside the other benchmarks)."""
-  flags.DEFINE_integer("num_rows", 200_000, "Rows generated per format.")
-  flags.DEFINE_integer("num_files", 2, "Files the rows are split over.")
-  flags.DEFINE_integer("batch_size", 4096, "make_dataset batch size.")
-  flags.DEFINE_list("formats", list(criteo.FILE_FORMATS), "File formats to measure.")
-  flags.DEFINE_string("corpus_dir", None, "A built Debian corpus: also measure its token "
-                      "pipeline against the training step.")
-  flags.DEFINE_integer("token_batches", 60, "Batches of the token pipeline read, and steps "
-                       "trained, per measurement.")
-  standalone.define_flags("parse_throughput", work_dir=False)
 GOAL = 0.5
 TOKEN_GOAL = 5.0
 
@@ -79,12 +68,16 @@ def _examples_per_sec(paths: List[str], file_format: str, batch_size: int,
           "examples_per_cpu_second": statistics.median(per_cpu[1:]), "examples": examples}
 
 
-def measure(num_rows: int, num_files: int, batch_size: int, formats: List[str],
-            parquet_readers: Sequence[str] = ("pyarrow",)) -> Dict[str, Dict]:
-  """Generates and parses num_rows rows per format; returns the numbers per format (Parquet per
-  reader: ``parquet`` is pyarrow's, ``parquet_<reader>`` another's, on the same files)."""
+def measure(num_rows: int, num_files: int, batch_size: int, formats: Sequence[str],
+            parquet_readers: Sequence[str] = ("pyarrow",), work_dir: Optional[str] = None
+            ) -> Dict[str, Dict]:
+  """Generates and parses num_rows rows per format (in a temporary directory, under
+  ``work_dir`` if given); returns the numbers per format (Parquet per reader: ``parquet`` is
+  pyarrow's, ``parquet_<reader>`` another's, on the same files)."""
   results = {}
-  with tempfile.TemporaryDirectory() as directory:
+  if work_dir:
+    os.makedirs(work_dir, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=work_dir) as directory:
     make_criteo_like.planted_model()  # built once and cached; not part of the generation rate
     for file_format in formats:
       start = time.perf_counter()
@@ -137,44 +130,58 @@ def measure_tokens(corpus_dir: str, batches: int, batch_size: int = 64,
                                               / training["tokens_per_cpu_second"])}
 
 
-def main(argv: List[str]) -> None:
-  del argv
-  readers = ["pyarrow"] + (["tensorflow_io"] if parquet.tensorflow_io_loads() else [])
-  results = measure(FLAGS.num_rows, FLAGS.num_files, FLAGS.batch_size, FLAGS.formats, readers)
-  print(f"{'format':22} {'generator rows/s':>17} {'parse ex/s':>11} {'ex/CPU s':>11} "
-        f"{'(1st pass)':>11} {'MB':>7}")
-  for file_format, r in results.items():
-    print(f"{file_format:22} {r['generator_rows_per_sec']:17,.0f} {r['examples_per_sec']:11,.0f} "
-          f"{r['examples_per_cpu_second']:11,.0f} {r['first_pass_examples_per_sec']:11,.0f} "
-          f"{r['bytes'] / 1e6:7.1f}")
+def _goals(results: Dict[str, Dict]) -> tuple:
+  """(goal figures, their thresholds): Parquet over TSV where both were read, and the token
+  pipeline over training where it was measured."""
   goals = {}
   if {"tsv", "parquet"} <= set(results):
     goals["parquet_over_tsv_per_core"] = (results["parquet"]["examples_per_cpu_second"]
                                           / results["tsv"]["examples_per_cpu_second"])
     goals["parquet_over_tsv"] = (results["parquet"]["examples_per_sec"]
                                  / results["tsv"]["examples_per_sec"])
-    print(f"Parquet / TSV examples per CPU second: {goals['parquet_over_tsv_per_core']:.2f} "
-          f"(goal >= {GOAL}); per wall second: {goals['parquet_over_tsv']:.2f}")
   thresholds = {"parquet_over_tsv_per_core": GOAL}  # Parquet within 2x of TSV per core
-  if FLAGS.corpus_dir:
-    tokens = measure_tokens(FLAGS.corpus_dir, FLAGS.token_batches)
-    results["token_lm"] = tokens
-    goals["token_pipeline_over_training_per_core"] = tokens["pipeline_over_training_per_core"]
+  if "token_lm" in results:
+    goals["token_pipeline_over_training_per_core"] = (
+        results["token_lm"]["pipeline_over_training_per_core"])
     thresholds["token_pipeline_over_training_per_core"] = TOKEN_GOAL
-    print(f"token pipeline {tokens['pipeline']['tokens_per_cpu_second']:,.0f} tokens/CPU s, "
-          f"training {tokens['training']['tokens_per_cpu_second']:,.0f}: "
-          f"{tokens['pipeline_over_training_per_core']:.1f}x (goal >= {TOKEN_GOAL:g}x)")
+  return goals, thresholds
+
+
+@gin.configurable("parse_throughput", module="bench", denylist=["ctx"])
+def measure_throughput(ctx: registry.Context, num_rows: int = 200_000, num_files: int = 2,
+                       batch_size: int = 4096, formats: Sequence[str] = criteo.FILE_FORMATS,
+                       corpus_dir: Optional[str] = None, token_batches: int = 60) -> dict:
+  """Every format's generation and parse rates, the token pipeline's (with ``corpus_dir``) and
+  the goals.
+
+  Args:
+    ctx: the run's context (the generated files go to a temporary directory under its work_dir).
+    num_rows: rows generated per format.
+    num_files: files the rows are split over.
+    batch_size: make_dataset batch size.
+    formats: file formats to measure (``tsv``, ``parquet``).
+    corpus_dir: a built Debian corpus: also measure its token pipeline against the training
+      step.
+    token_batches: batches of the token pipeline read, and steps trained, per measurement.
+  """
+  unknown = [f for f in formats if f not in criteo.FILE_FORMATS]
+  if unknown or not formats:
+    raise ValueError(f"bench.parse_throughput.formats={list(formats)!r}: give one or more of "
+                     f"{list(criteo.FILE_FORMATS)}")
+  readers = ["pyarrow"] + (["tensorflow_io"] if parquet.tensorflow_io_loads() else [])
+  results = measure(num_rows, num_files, batch_size, formats, readers, work_dir=ctx.work_dir)
+  if corpus_dir:
+    results["token_lm"] = measure_tokens(corpus_dir, token_batches)
+  goals, thresholds = _goals(results)
   summary = {
       "suite": "parse_throughput",
-      "command": (f"python -m benchmarks.parse_throughput --num_rows={FLAGS.num_rows}"
-                  + (f" --corpus_dir={FLAGS.corpus_dir}" if FLAGS.corpus_dir else "")),
       "goals": goals,
       "goal_verdicts": {name: {"threshold": [">=", thresholds[name]],
                                "met": value >= thresholds[name]}
                         for name, value in goals.items() if name in thresholds},
-      "num_rows": FLAGS.num_rows,
-      "num_files": FLAGS.num_files,
-      "batch_size": FLAGS.batch_size,
+      "num_rows": num_rows,
+      "num_files": num_files,
+      "batch_size": batch_size,
       "results": results,
       "environment": {
           "tensorflow": tf.__version__,
@@ -185,11 +192,40 @@ def main(argv: List[str]) -> None:
           "load_average_1min_at_end": os.getloadavg()[0],
       },
   }
-  machine.write_json(FLAGS.out, summary)
-  print(f"wrote {FLAGS.out}")
+  for line in _tables(summary):
+    ctx.progress(line)
+  return summary
 
 
-if __name__ == "__main__":
-  define_flags()
-  machine.run_script(main, "benchmarks.parse_throughput",
-                     on_recorded=standalone.update_results_index)
+def _tables(summary: dict) -> List[str]:
+  """Each format's rates, the goal ratios and the token pipeline's rates, as Markdown."""
+  results, goals = summary["results"], summary["goals"]
+  lines = [f"{summary['num_rows']:,} rows per format in {summary['num_files']} files, batch "
+           f"{summary['batch_size']}; rates per wall second and per CPU second of the process "
+           "(median of the passes after the first).", "",
+           "| format | generator rows/s | parse ex/s | ex/CPU s | (1st pass ex/s) | MB |",
+           "| --- | --- | --- | --- | --- | --- |"]
+  lines += [f"| {name} | {r['generator_rows_per_sec']:,.0f} | {r['examples_per_sec']:,.0f} | "
+            f"{r['examples_per_cpu_second']:,.0f} | {r['first_pass_examples_per_sec']:,.0f} | "
+            f"{r['bytes'] / 1e6:.1f} |"
+            for name, r in results.items() if "generator_rows_per_sec" in r]
+  if "parquet_over_tsv_per_core" in goals:
+    lines += ["", f"Parquet / TSV examples per CPU second: "
+              f"{goals['parquet_over_tsv_per_core']:.2f} (goal >= {GOAL}); per wall second: "
+              f"{goals['parquet_over_tsv']:.2f}."]
+  tokens = results.get("token_lm")
+  if tokens:
+    lines += ["", f"Token pipeline {tokens['pipeline']['tokens_per_cpu_second']:,.0f} tokens/CPU "
+              f"s, training {tokens['training']['tokens_per_cpu_second']:,.0f}: "
+              f"{tokens['pipeline_over_training_per_core']:.1f}x (goal >= {TOKEN_GOAL:g}x)."]
+  return lines
+
+
+def write_report(summary: dict, results_dir: str) -> None:
+  """report.md: the formats' rates, the goal ratios and the token pipeline's."""
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  report.write_benchmark_report(summary, results_dir, "Input throughput: Criteo TSV and Parquet "
+                                "parsing, and the token pipeline", _tables(summary))
+
+
+BENCHMARK = registry.Benchmark("parse_throughput", measure_throughput, write_report)

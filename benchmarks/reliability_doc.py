@@ -1,10 +1,12 @@
 """Regenerates the measured table of docs/reliability.md from the fault-trial and soak summaries.
 
-  .venv/bin/python -m benchmarks.fault_trials --trials=10   # benchmarks/results/fault_trials/
-  .venv/bin/python -m benchmarks.soak --duration_s=1200     # benchmarks/results/soak/
-  .venv/bin/python -m benchmarks.reliability_doc            # rewrites the table in the doc
+  python -m benchmarks.run fault_trials                      # benchmarks/results/fault_trials/
+  python -m benchmarks.run soak --gin_bindings='bench.soak.duration_s = 1200'  # results/soak/
+  python -m benchmarks.reliability_doc                       # rewrites the table in the doc
 
-Only the part of docs/reliability.md between the ``<!-- measured:begin -->`` and
+The soak with shared CPUs (``bench.soak.pin_groups = False``, run with another --results_dir) has
+a row too once its summary is copied to benchmarks/results/soak/shared_cpus.json (soak.py shows
+how). Only the part of docs/reliability.md between the ``<!-- measured:begin -->`` and
 ``<!-- measured:end -->`` markers is replaced; the numbers come from the summaries, never by hand.
 """
 
@@ -16,15 +18,20 @@ import sys
 from typing import Sequence
 
 from benchmarks import fault_trials
+from benchmarks import registry
 from benchmarks import soak
-from benchmarks import standalone
 
-DOC = os.path.join(standalone.REPO, "docs", "reliability.md")
+DOC = os.path.join(os.path.dirname(registry.BENCHMARKS_DIR), "docs", "reliability.md")
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
+# The committed summaries the section is made from.
+FAULTS_SUMMARY = os.path.join(registry.RESULTS_DIR, "fault_trials", "summary.json")
+SOAK_SUMMARY = os.path.join(registry.RESULTS_DIR, "soak", "summary.json")
+# The same soak with both groups on every CPU (bench.soak.pin_groups = False), copied here.
+SHARED_CPUS_SOAK_SUMMARY = os.path.join(registry.RESULTS_DIR, "soak", "shared_cpus.json")
 
 
-def measured_section(faults_path: str = standalone.results_path("fault_trials"),
-                     soak_paths: Sequence[str] = (soak.DEFAULT_OUT, soak.SHARED_CPUS_OUT)) -> str:
+def measured_section(faults_path: str = FAULTS_SUMMARY,
+                     soak_paths: Sequence[str] = (SOAK_SUMMARY, SHARED_CPUS_SOAK_SUMMARY)) -> str:
   """The table (kill trials, then one row per soak summary) and a paragraph per measurement."""
   soaks = []
   for path in soak_paths:

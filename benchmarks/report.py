@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import matplotlib
@@ -36,7 +35,7 @@ def _value(value) -> str:
 
 def _interval(goals: dict, name: str, verdict: Optional[dict] = None) -> str:
   """A goal's 90% bootstrap interval as [low, high] (an open upper end: not reached): a suite's
-  ``<name>_interval`` goal, or a standalone script's verdict ``interval90``."""
+  ``<name>_interval`` goal, or a registered benchmark's verdict ``interval90``."""
   interval = goals.get(f"{name}_interval") or (verdict or {}).get("interval90")
   if not interval:
     return ""
@@ -398,6 +397,46 @@ def write_report(summary: dict, results_dir: str, command: str) -> Dict[str, Lis
   return {"report": [path], "plots": plots}
 
 
+def machine_lines(summary: dict) -> List[str]:
+  """Where and how loaded a registered benchmark's figures were taken (its ``machine`` record)."""
+  m = summary.get("machine") or {}
+  if not m:
+    return ["- machine load not recorded"]
+  lines = [f"- CPU: {m.get('cpu_model', 'not recorded')}, {m.get('cores', '?')} cores; "
+           f"TensorFlow {m.get('tensorflow', 'not recorded')}",
+           f"- 1-minute load average before / after: "
+           f"{m.get('load_avg_1m_before', float('nan')):.2f} / "
+           f"{m.get('load_avg_1m_after', float('nan')):.2f}; CPU used by other processes: "
+           f"{100 * m.get('foreign_cpu_share', 0.0):.1f}% of the cores' time"]
+  if m.get("above_nproc_load"):
+    lines.append("- **taken on a loaded machine** (above the cores' load, or others busy): the "
+                 "figures are not trustworthy")
+  return lines
+
+
+def write_benchmark_report(summary: dict, results_dir: str, title: str,
+                           body: Sequence[str] = ()) -> str:
+  """report.md of a registered benchmark: its command, machine, goals, then ``body`` (its own
+  tables) and its settings; returns the path."""
+  lines = [f"# {title}", "", f"`{summary.get('command', 'command not recorded')}`", ""]
+  lines += machine_lines(summary) + [""]
+  rows = goal_rows(summary)
+  if rows:
+    lines += ["| goal figure | value | 90% interval | spread | goal | met |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["| `" + name + "` | " + " | ".join(cells) + " |" for name, *cells in rows] + [""]
+  lines += list(body)
+  config = summary.get("config")
+  if isinstance(config, dict) and config:
+    lines += ["", "## Settings", "", "| setting | value |", "| --- | --- |"]
+    lines += [f"| {key} | `{json.dumps(value)}` |" for key, value in sorted(config.items())]
+  os.makedirs(results_dir, exist_ok=True)
+  path = os.path.join(results_dir, "report.md")
+  with open(path, "w") as f:
+    f.write("\n".join(lines).rstrip() + "\n")
+  return path
+
+
 REAL_DATA = {"fashion_mnist": "Fashion-MNIST", "adult": "Adult census", "kjv": "King James Bible",
              "debian_english": "English text from Debian (16M words)",
              "debian_kernel": "Linux kernel C source"}
@@ -415,19 +454,14 @@ ALTERNATIVES = (("diloco_h500_minus_best_sync_loss", "DiLoCo (H = 10K): best val
 
 
 def _summaries(results_root: str) -> Dict[str, dict]:
-  """Every ``<suite>/summary.json``, keyed by suite, and every ``<suite>/summary_<variant>.json``
-  (one benchmark run under several settings, e.g. teacher_overhead's optimizers), keyed
-  ``<suite> (<variant>)``."""
+  """Every ``<name>/summary.json``, keyed by benchmark name (earlier variants under
+  ``<name>/history/`` are not figures of record, and are left out)."""
   out = {}
   for name in sorted(os.listdir(results_root)):
-    folder = os.path.join(results_root, name)
-    if not os.path.isdir(folder):
-      continue
-    for file in sorted(os.listdir(folder)):
-      variant = re.fullmatch(r"summary(?:_(\w+))?\.json", file)
-      if variant:
-        with open(os.path.join(folder, file)) as f:
-          out[name + (f" ({variant.group(1)})" if variant.group(1) else "")] = json.load(f)
+    path = os.path.join(results_root, name, "summary.json")
+    if os.path.isfile(path):
+      with open(path) as f:
+        out[name] = json.load(f)
   return out
 
 
@@ -494,14 +528,13 @@ def helps_section(summaries: Mapping[str, dict]) -> List[str]:
 
 
 def index_markdown(results_root: str) -> str:
-  """The "Does codistillation help?" section, then one table of every suite's goal figures,
-  read from each ``<suite>/summary.json`` and ``<suite>/summary_<variant>.json``."""
+  """The "Does codistillation help?" section, then one table of every benchmark's goal figures,
+  read from each ``<name>/summary.json``."""
   summaries = _summaries(results_root)
   lines = ["# Benchmark results", "",
-           "Generated from each suite's `summary.json` (or `summary_<variant>.json`) by "
-           "`benchmarks.run` after every suite run, and by each standalone benchmark after its "
-           "run (numbers are never typed in). Each suite's `report.md` starts with the command "
-           "that regenerates it.", ""]
+           "Generated from each benchmark's `summary.json` by `benchmarks.run` after every run "
+           "(numbers are never typed in). Each `report.md` starts with the command that "
+           "regenerates it; earlier variants are under each folder's `history/`.", ""]
   lines += helps_section(summaries)
   lines += ["## Every suite's goal figures", "",
             "| suite | goal figure | value | 90% interval | spread (mean ± std [min, max]) | goal "
@@ -523,12 +556,3 @@ def write_index(results_root: str) -> str:
   with open(path, "w") as f:
     f.write(index_markdown(results_root))
   return path
-
-
-def update_index_for(summary_path: str) -> Optional[str]:
-  """Rewrites the committed index when ``summary_path`` lies in ``benchmarks/results/<suite>/``
-  (a run written elsewhere leaves it alone); returns its path, or None."""
-  results = os.path.dirname(os.path.dirname(os.path.abspath(summary_path)))
-  if results != os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"):
-    return None
-  return write_index(results)

@@ -1,40 +1,41 @@
-"""Runs a benchmark suite and writes its summary.json, Markdown report and plots.
+"""Runs one benchmark by name and writes its summary.json, report.md and plots.
 
-  python -m benchmarks.run --suite=quick
-  python -m benchmarks.run --suite=codistill_vs_sync --work_dir=/tmp/bench
+  python -m benchmarks.run quick                       # a suite: benchmarks/suites/quick.gin
+  python -m benchmarks.run fusion --gin_bindings='bench.fusion.rounds = 3' --results_dir=/tmp/r
+  python -m benchmarks.run --suite_file=my_suite.gin   # a suite elsewhere
+  python -m benchmarks.run fusion --report_only        # rewrite the report from the summary
 
-A suite is ``benchmarks/suites/<suite>.gin`` (or any file given by --suite_file). Results go to
-``--results_dir/<suite>/``; models to ``--work_dir/<suite>/``, data to ``--work_dir/data/`` (shared
-by the suites and reused across runs).
+Results go to ``--results_dir/<name>/``; models and data to ``--work_dir/<name>/`` (suites share
+``--work_dir/data/``, reused across runs). ``registry`` lists the names and what they measure.
 """
 
 import os
 import shlex
 import sys
+from typing import List
 
 from absl import app
 from absl import flags
 
 from benchmarks import machine
-from benchmarks import report
-from benchmarks import runner
-from tf_codistill.launch import gin_config as config
+from benchmarks import registry
 
-SUITES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suites")
-flags.DEFINE_string("suite", None, "Suite name: benchmarks/suites/<suite>.gin.")
-flags.DEFINE_string("suite_file", None, "A suite gin file elsewhere (instead of --suite).")
-flags.DEFINE_multi_string("gin_bindings", [], "Extra bindings for the suite, e.g. "
-                          "'bench.Suite.train_rows = 100000'.")
-flags.DEFINE_string("results_dir", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                "results"),
-                    "Results root; the suite writes <results_dir>/<suite>/.")
+flags.DEFINE_string("suite_file", None, "A suite gin file outside benchmarks/suites/ (instead "
+                    "of a NAME).")
+flags.DEFINE_multi_string("gin_file", [], "Gin files with the benchmark's settings.")
+flags.DEFINE_multi_string("gin_bindings", [], "Settings, e.g. 'bench.Suite.train_rows = 100000' "
+                          "or 'bench.fusion.rounds = 3'.")
+flags.DEFINE_string("results_dir", registry.RESULTS_DIR,
+                    "Results root; the benchmark writes <results_dir>/<name>/.")
 DEFAULT_WORK_DIR = "/tmp/tf_codistill_bench"
 flags.DEFINE_string("work_dir", DEFAULT_WORK_DIR,
-                    "Models and exchange directories (<work_dir>/<suite>/) and the data the suites "
-                    "share (<work_dir>/data/).")
-flags.DEFINE_bool("force", False, "Rerun arms that already have recorded results.")
-flags.DEFINE_bool("report_only", False, "Train nothing: summarize the recorded runs (every arm "
-                  "and tuning run must be recorded) and rewrite summary.json and the report.")
+                    "Models, runs and data (<work_dir>/<name>/; the suites' shared data in "
+                    "<work_dir>/data/).")
+flags.DEFINE_bool("force", False, "Rerun what is already recorded (suites' arms).")
+flags.DEFINE_bool("report_only", False, "Measure nothing: rewrite the report (and a suite's "
+                  "summary.json) from what is recorded.")
+flags.DEFINE_string("child", None, "Internal: run one part of the benchmark in this process, "
+                    "as its parent asked (JSON).")
 machine.define_flags()
 FLAGS = flags.FLAGS
 
@@ -46,54 +47,133 @@ def _shell_quote(value: str) -> str:
   return shlex.quote(value)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if bool(FLAGS.suite) == bool(FLAGS.suite_file):
-    names = sorted(f[:-4] for f in os.listdir(SUITES_DIR) if f.endswith(".gin"))
-    raise app.UsageError(f"give exactly one of --suite (one of {', '.join(names)}) or --suite_file")
-  path = FLAGS.suite_file or os.path.join(SUITES_DIR, f"{FLAGS.suite}.gin")
-  if not os.path.exists(path):
-    names = sorted(f[:-4] for f in os.listdir(SUITES_DIR) if f.endswith(".gin"))
-    raise app.UsageError(f"--suite={FLAGS.suite}: no {path}; suites: {', '.join(names)}")
+def _command(name: str, extra: List[str] = ()) -> str:
+  """The command line that reproduces this run."""
+  return " ".join(
+      ["python -m benchmarks.run", f"--suite_file={FLAGS.suite_file}" if FLAGS.suite_file
+       else name]
+      + [f"--gin_file={f}" for f in FLAGS.gin_file]
+      + [f"--gin_bindings={_shell_quote(b)}" for b in FLAGS.gin_bindings]
+      + (["--work_dir=" + FLAGS.work_dir] if FLAGS.work_dir != DEFAULT_WORK_DIR else [])
+      + list(extra))
+
+
+def _parse_gin(what: str, files: List[str]) -> None:
+  from tf_codistill.launch import gin_config  # pylint: disable=g-import-not-at-top
   try:
-    config.parse_gin([path], FLAGS.gin_bindings)
+    gin_config.parse_gin(files, FLAGS.gin_bindings)
+  except gin_config.ConfigError as e:
+    raise app.UsageError(f"{what}: {e}") from None
+
+
+def _name(argv: List[str]) -> str:
+  """The benchmark named on the command line (or the suite of --suite_file)."""
+  known = ", ".join(registry.names())
+  if FLAGS.suite_file:
+    if len(argv) > 1:
+      raise app.UsageError(f"give a NAME or --suite_file, not both (got {argv[1:]})")
+    if not os.path.exists(FLAGS.suite_file):
+      raise app.UsageError(f"--suite_file={FLAGS.suite_file}: no such file")
+    return ""
+  if len(argv) != 2:
+    raise app.UsageError(f"give one benchmark NAME (one of {known}), or --suite_file "
+                         f"(got {argv[1:]})")
+  if argv[1] not in registry.names():
+    raise app.UsageError(f"unknown benchmark {argv[1]!r}; benchmarks: {known}")
+  return argv[1]
+
+
+def run_registered(name: str) -> None:
+  """Measures (or, with --report_only, reports) a registered benchmark."""
+  benchmark = registry.load(name)
+  if FLAGS.child is not None:
+    import json  # pylint: disable=g-import-not-at-top
+    benchmark.child(json.loads(FLAGS.child))
+    return
+  _parse_gin(name, FLAGS.gin_file)
+  results_dir = os.path.join(FLAGS.results_dir, name)
+  path = os.path.join(results_dir, "summary.json")
+  if FLAGS.report_only:
+    import json  # pylint: disable=g-import-not-at-top
+    with open(path) as f:
+      benchmark.report(json.load(f), results_dir)
+    print(f"wrote {os.path.join(results_dir, 'report.md')} and the index {_write_index()}")
+    return
+  ctx = registry.Context(name=name, results_dir=results_dir,
+                         work_dir=os.path.join(FLAGS.work_dir, name), command=_command(name),
+                         allow_load=FLAGS.allow_load, progress=lambda s: print(s, flush=True))
+  if not benchmark.exclusive:
+    summary = benchmark.measure(ctx)
+  else:
+    try:
+      with machine.exclusive(f"benchmarks.run {name}", FLAGS.allow_load,
+                             max_wait_s=FLAGS.settle_s) as session:
+        summary = benchmark.measure(ctx)
+        summary["machine"] = session.record()
+    except (machine.MachineBusy, machine.MachineLoaded) as e:
+      raise app.UsageError(str(e)) from None
+  summary.setdefault("command", ctx.command)
+  machine.write_json(path, summary, indent=1)
+  benchmark.report(summary, results_dir)
+  _write_index()
+  print(f"wrote {path} and {os.path.join(results_dir, 'report.md')}")
+  failed = benchmark.failure(summary) if benchmark.failure else None
+  if failed:
+    print(f"{name}: {failed}", file=sys.stderr)
+    sys.exit(1)
+
+
+def run_suite(name: str) -> None:
+  """Trains (or, with --report_only, summarizes) a suite's arms."""
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  from benchmarks import runner  # pylint: disable=g-import-not-at-top
+  path = FLAGS.suite_file or os.path.join(registry.SUITES_DIR, f"{name}.gin")
+  _parse_gin(f"suite {path}", [path])
+  try:
     suite = runner.Suite()
     if not FLAGS.report_only:
       runner.check_tensorflow(suite)
-  except (config.ConfigError, ValueError, TypeError) as e:
+  except (ValueError, TypeError) as e:
     raise app.UsageError(f"suite {path}: {e}") from None
   paths = runner.RunPaths(work_dir=os.path.join(FLAGS.work_dir, suite.name),
                           results_dir=os.path.join(FLAGS.results_dir, suite.name),
                           data_dir=os.path.join(FLAGS.work_dir, "data"))
-  progress = lambda line: print(line, flush=True)
   try:
     if FLAGS.report_only:
       summary = runner.summarize_recorded(suite, paths)
     else:
-      with machine.exclusive(f"benchmarks.run --suite={suite.name}", FLAGS.allow_load,
+      with machine.exclusive(f"benchmarks.run {suite.name}", FLAGS.allow_load,
                              max_wait_s=FLAGS.settle_s):
-        summary = runner.run_suite(suite, paths, force=FLAGS.force, progress=progress,
+        summary = runner.run_suite(suite, paths, force=FLAGS.force,
+                                   progress=lambda line: print(line, flush=True),
                                    allow_load=FLAGS.allow_load)
   except (machine.MachineBusy, machine.MachineLoaded) as e:
     raise app.UsageError(str(e)) from None
-  command = "python -m benchmarks.run " + " ".join(
-      [f"--suite={FLAGS.suite}" if FLAGS.suite else f"--suite_file={FLAGS.suite_file}"]
-      + [f"--gin_bindings={_shell_quote(b)}" for b in FLAGS.gin_bindings]
-      + (["--work_dir=" + FLAGS.work_dir] if FLAGS.work_dir != DEFAULT_WORK_DIR else [])
-      + ["--force"])
-  written = report.write_report(summary, paths.results_dir, command)
-  for name, verdict in summary["goal_verdicts"].items():
-    value = summary["goals"].get(name)
+  written = report.write_report(summary, paths.results_dir, _command(suite.name, ["--force"]))
+  for goal, verdict in summary["goal_verdicts"].items():
+    value = summary["goals"].get(goal)
     shown = "not reached" if value is None else f"{value:.4f}"
-    print(f"goal {name} = {shown} (goal {verdict['threshold'][0]} {verdict['threshold'][1]}: "
+    print(f"goal {goal} = {shown} (goal {verdict['threshold'][0]} {verdict['threshold'][1]}: "
           f"{'met' if verdict['met'] else 'MISSED'})")
-  index = report.write_index(FLAGS.results_dir)
+  index = _write_index()
   print(f"wrote {os.path.join(paths.results_dir, 'summary.json')}, {written['report'][0]}, "
         f"{len(written['plots'])} plot(s) and the index {index}")
 
 
-def run():
+def _write_index() -> str:
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  return report.write_index(FLAGS.results_dir)
+
+
+def main(argv: List[str]) -> None:
+  name = _name(argv)
+  if name in registry.MODULES:
+    run_registered(name)
+  else:
+    run_suite(name)
+
+
+def run() -> None:
   app.run(main)
 
 

@@ -5,14 +5,14 @@ evaluation and checkpoints) must meet a per-step rule (below).
 
 The job is ``tf-codistill-launch`` as users run it: 2 groups, each a parameter-server cluster
 (chief, 1 worker, 1 ps) on 127.0.0.1 ports, generated Criteo-format data, and
-``trainer.train.max_wall_seconds`` ending training after ``--duration_s``. By default
-(``--pin_groups``) each group runs on its own half of the CPUs, as on separate machines;
-``--nopin_groups`` lets both share every CPU. Every ``--sample_s`` the RSS of every task (from
+``trainer.train.max_wall_seconds`` ending training after ``duration_s``. By default
+(``pin_groups``) each group runs on its own half of the CPUs, as on separate machines;
+``pin_groups = False`` lets both share every CPU. Every ``sample_s`` the RSS of every task (from
 /proc/<pid>/status) and of the launcher is sampled.
 
 RSS is flat when, for every process, the median of the last fifth of the samples after warm-up
-exceeds the median of the first fifth by at most max(``--rss_tolerance_mib``,
-``--rss_tolerance_frac`` x RSS). Whether a growth has levelled off is reported as
+exceeds the median of the first fifth by at most max(``rss_tolerance_mib``,
+``rss_tolerance_frac`` x RSS) (``judge``). Whether a growth has levelled off is reported as
 ``second_half_growth_mib``: the median of the last fifth minus that of the middle fifth.
 
 Step times come from each chief's step timeline (trainer.train.save_step_timeline): under
@@ -25,12 +25,15 @@ plain steps is at most 3x their median, at most 0.1% of them take over 5x the me
 over 1 s. When the groups share CPUs, a slow step that overlaps the other group's refresh,
 publish or epoch end is that group's work on the same cores and is reported but not counted.
 
-  .venv/bin/python -m benchmarks.soak --duration_s=1200
-  .venv/bin/python -m benchmarks.soak --duration_s=1200 --nopin_groups \
-      --out=benchmarks/results/soak/shared_cpus.json
+  python -m benchmarks.run soak --gin_bindings='bench.soak.duration_s = 1200'
+  python -m benchmarks.run soak --results_dir=/tmp/soak_shared_cpus \
+      --gin_bindings='bench.soak.duration_s = 1200' --gin_bindings='bench.soak.pin_groups = False'
+  cp /tmp/soak_shared_cpus/soak/summary.json benchmarks/results/soak/shared_cpus.json
 
-write benchmarks/results/soak/summary.json (or ``--out``) and beside it the raw timelines
-(``<out>_step_timelines.json.gz``); ``--table`` prints the summary's row of docs/reliability.md.
+write benchmarks/results/soak/summary.json (or ``<results_dir>/soak/``), report.md and beside
+them the raw timelines (``step_timelines.json.gz``); the summary's row of docs/reliability.md is
+``markdown_row``, which ``python -m benchmarks.reliability_doc`` puts into the doc (for the
+committed summary.json and, when there is one, shared_cpus.json).
 """
 
 from __future__ import annotations
@@ -41,23 +44,21 @@ import os
 import re
 import shutil
 import statistics
-import sys
 import threading
 import time
 from typing import Dict, List, Optional
 
+import gin
 import numpy as np
-from absl import flags
 
 from benchmarks import fault_trials
-from benchmarks import machine
+from benchmarks import registry
 from benchmarks import standalone
 from tf_codistill import layout
 from tf_codistill.launch import launcher
 
-DEFAULT_OUT = standalone.results_path("soak")
-# The same soak with both groups on every CPU (--nopin_groups).
-SHARED_CPUS_OUT = os.path.join(os.path.dirname(DEFAULT_OUT), "shared_cpus.json")
+# The raw step timelines, beside summary.json in the results directory.
+TIMELINES_FILE = "step_timelines.json.gz"
 
 BINDINGS = (
     "NUM_BUCKETS = 1000",
@@ -339,50 +340,75 @@ def markdown_row(summary: dict) -> str:
           f"{'ok' if v['step_times_ok'] else 'NOT ok'} | - | - |")
 
 
-def _define_flags() -> None:
-  """Flags of the script (defined only when run as one, so importing defines none)."""
-  flags.DEFINE_float("duration_s", 1200.0, "Training time (trainer.train.max_wall_seconds).")
-  flags.DEFINE_integer("publish_every_steps", 40, "Publish interval (steps).")
-  flags.DEFINE_float("poll_interval_s", 0.5, "How often each task looks for new teachers.")
-  flags.DEFINE_float("sample_s", 5.0, "RSS sampling interval.")
-  flags.DEFINE_string("strategy", "parameter_server", "Each group's strategy.")
-  flags.DEFINE_bool("pin_groups", True, "Give each group half of the CPUs, as if it had its "
-                    "own machine; --nopin_groups lets both groups share every CPU.")
-  standalone.define_flags("soak")
-  flags.DEFINE_bool("table", False, "Only print the Markdown row of --out and exit.")
+@gin.configurable("soak", module="bench", denylist=["ctx"])
+def measure_soak(ctx: registry.Context, duration_s: float = 1200.0, publish_every_steps: int = 40,
+                 poll_interval_s: float = 0.5, sample_s: float = 5.0,
+                 strategy: str = "parameter_server", pin_groups: bool = True) -> dict:
+  """The soak job's measurements and verdict; its raw step timelines go to TIMELINES_FILE.
 
-
-FLAGS = flags.FLAGS
-
-
-def main(argv):
-  del argv
-  if FLAGS.table:
-    with open(FLAGS.out) as f:
-      print(markdown_row(json.load(f)))
-    return
-  work = standalone.work_dir("soak")
+  Args:
+    ctx: the run's context (data and the job go under its work_dir).
+    duration_s: training time (trainer.train.max_wall_seconds).
+    publish_every_steps: publish interval (steps).
+    poll_interval_s: how often each task looks for new teachers.
+    sample_s: RSS sampling interval.
+    strategy: each group's strategy.
+    pin_groups: give each group half of the CPUs, as if it had its own machine; False lets both
+      groups share every CPU.
+  """
+  work = ctx.work_dir
+  duration_s, poll_interval_s, sample_s = float(duration_s), float(poll_interval_s), float(sample_s)
   started = time.time()
-  run = run_soak(work, FLAGS.duration_s, FLAGS.publish_every_steps, FLAGS.poll_interval_s,
-                 sample_s=FLAGS.sample_s, strategy=FLAGS.strategy, pin_groups=FLAGS.pin_groups)
-  summary = {"command": "python -m benchmarks.soak " + " ".join(sys.argv[1:]),
-             "cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
+  run = run_soak(work, duration_s, publish_every_steps, poll_interval_s, sample_s=sample_s,
+                 strategy=strategy, pin_groups=pin_groups)
+  summary = {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
              "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
              "verdict": judge(run), "run": run}
   # The raw step timelines (one interval per step: megabytes) go beside the summary, gzipped.
-  timelines_path = os.path.splitext(FLAGS.out)[0] + "_step_timelines.json.gz"
+  os.makedirs(ctx.results_dir, exist_ok=True)
+  timelines_path = os.path.join(ctx.results_dir, TIMELINES_FILE)
   with gzip.open(timelines_path + ".tmp", "wt") as f:
     json.dump(run.pop("timelines"), f)
   os.replace(timelines_path + ".tmp", timelines_path)
-  summary["timelines_file"] = os.path.basename(timelines_path)
-  machine.write_json(FLAGS.out, summary, indent=1)
-  print(json.dumps(summary["verdict"], indent=1))
-  print(markdown_row(summary))
+  summary["timelines_file"] = TIMELINES_FILE
+  for line in json.dumps(summary["verdict"], indent=1).splitlines() + [markdown_row(summary)]:
+    ctx.progress(line)
   shutil.rmtree(os.path.join(work, "job"), ignore_errors=True)
-  if not summary["verdict"]["ok"]:
-    sys.exit(1)
+  return summary
 
 
-if __name__ == "__main__":
-  _define_flags()
-  machine.run_script(main, "benchmarks.soak")
+def _failure(summary: dict) -> Optional[str]:
+  """The soak's verdict when it is not ok (the run then exits 1)."""
+  return None if summary["verdict"]["ok"] else "the soak's verdict is NOT ok"
+
+
+def _tables(summary: dict) -> List[str]:
+  """The row of docs/reliability.md, then every process's RSS and every group's step times."""
+  lines = standalone.markdown_table(fault_trials.TABLE_HEADER, []).splitlines()
+  lines += [markdown_row(summary), "",
+            "| process | samples | after warm-up MiB | end MiB | growth MiB | second half MiB "
+            "| tolerance MiB | flat |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for name, r in sorted(summary["verdict"]["rss"].items()):
+    cells = [r.get(key, "-") for key in ("after_warmup_mib", "end_mib", "growth_mib",
+                                         "second_half_growth_mib", "tolerance_mib")]
+    lines.append(f"| {name} | {r['samples']} | " + " | ".join(map(str, cells))
+                 + f" | {r['flat']} |")
+  lines += ["", "| group | plain steps | p50 ms | p99 ms | max ms | slow | during peer events "
+            "| unexplained | in own windows | ok |", "|" + " --- |" * 10]
+  for group, s in sorted(summary["verdict"]["step_times"].items()):
+    lines.append(f"| {group} | " + " | ".join(str(s[key]) for key in (
+        "plain_steps", "plain_p50_ms", "plain_p99_ms", "plain_max_ms", "plain_slow",
+        "during_peer_events", "unexplained", "steps_in_own_windows", "ok")) + " |")
+  if summary.get("timelines_file"):
+    lines += ["", f"Raw step timelines: `{summary['timelines_file']}`."]
+  return lines
+
+
+def write_report(summary: dict, results_dir: str) -> None:
+  """report.md: the soak's row of docs/reliability.md, its RSS and its step times."""
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  report.write_benchmark_report(summary, results_dir, "Soak: 2-way codistillation with teacher "
+                                "refreshes every few seconds", _tables(summary))
+
+
+BENCHMARK = registry.Benchmark("soak", measure_soak, write_report, failure=_failure)

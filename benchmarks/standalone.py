@@ -1,10 +1,7 @@
-"""What the standalone benchmark scripts share: output flags, generated CTR data, a
-``tf-codistill-launch`` job run as users run it, waiting on it, and the JSON and Markdown they
-write.
-
-A script defines its own flags plus ``define_flags(name)`` (``--out``, ``--work_dir``) and runs
-under ``machine.run_script`` (the lock and the load). TensorFlow and the package are imported
-only where used, so the tests' helpers can use ``Launch`` without them.
+"""What the registered benchmarks share: generated CTR data, a ``tf-codistill-launch`` job run
+as users run it, waiting on it, a digest of the sources a reusable measurement was made with,
+and Markdown tables. TensorFlow and the package are imported only where used, so the tests'
+helpers can use ``Launch`` without them.
 """
 
 from __future__ import annotations
@@ -15,33 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
-from absl import flags
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = TypeVar("T")
-
-
-def results_path(name: str) -> str:
-  """Where a benchmark's committed summary lives: ``benchmarks/results/<name>/summary.json``."""
-  return os.path.join(REPO, "benchmarks", "results", name, "summary.json")
-
-
-def define_flags(name: str, work_dir: bool = True) -> None:
-  """Defines ``--out`` (default ``results_path(name)``) and, with ``work_dir``, ``--work_dir``."""
-  flags.DEFINE_string("out", results_path(name), "JSON output.")
-  if work_dir:
-    flags.DEFINE_string("work_dir", None,
-                        "Where data and runs go (default: a temporary directory).")
-
-
-def work_dir(prefix: str) -> str:
-  """``--work_dir``, or a new temporary directory named after ``prefix``."""
-  return flags.FLAGS.work_dir or tempfile.mkdtemp(prefix=f"{prefix}_")
 
 
 def ensure_ctr_data(data_dir: str, train_rows: int, eval_rows: int = 10_000,
@@ -165,14 +141,6 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str, poll: float 
       return value
     time.sleep(poll)
   raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def update_results_index(path: str) -> None:
-  """Rewrites the committed results index when ``path`` is a summary under
-  ``benchmarks/results/<suite>/`` (``report.update_index_for``; matplotlib is imported only
-  now): ``machine.run_script``'s ``on_recorded`` for scripts whose summaries hold goals."""
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  report.update_index_for(path)
 
 
 def source_digest(packages: Sequence[str] = ("tf_codistill", "benchmarks")) -> str:

@@ -21,7 +21,9 @@ teacher's cost when no looked-up row has to come from memory). Also measured: th
 training thread sees when a refreshed teacher is swapped in, against assigning its values in
 place.
 
-  .venv/bin/python -m benchmarks.teacher_overhead [--optimizer=adagrad]
+  python -m benchmarks.run teacher_overhead
+  python -m benchmarks.run teacher_overhead --results_dir=/tmp/adagrad \
+      --gin_bindings="bench.teacher_overhead.optimizer = 'adagrad'"
 """
 
 from __future__ import annotations
@@ -33,32 +35,17 @@ import time
 from concurrent import futures
 from typing import Callable, Dict, List, Optional, Sequence
 
+import gin
 import tensorflow as tf
 import tf_keras as keras
-from absl import flags
 
-from benchmarks import machine
 from benchmarks import models
-from benchmarks import standalone
+from benchmarks import registry
 from benchmarks import step_times
 from tf_codistill.models import ctr
 from tf_codistill.teachers import quantization
 from tf_codistill.training.model import CodistillModel
 from tf_codistill.training.model import clone_architecture
-
-flags.DEFINE_integer("batch_size", 512, "Examples per step.")
-flags.DEFINE_integer("num_buckets", 20_000, "Hash buckets per categorical feature.")
-flags.DEFINE_integer("embedding_dim", 16, "Embedding width.")
-flags.DEFINE_integer("steps", 80, "Timed steps per arm per round (arms alternate step by step).")
-flags.DEFINE_integer("rounds", 5, "Rounds per process (arm order drawn anew each round).")
-flags.DEFINE_integer("processes", 3, "Fresh processes run one after another, each with every arm "
-                     "built anew; their rounds are pooled, with intervals over processes.")
-flags.DEFINE_enum("optimizer", "adam", ["adam", "adagrad"],
-                  "adam updates whole embedding tables every step (dense slots); adagrad only the "
-                  "looked-up rows, so the forward passes weigh more in its step time.")
-flags.DEFINE_string("out", None, "JSON output (default benchmarks/results/teacher_overhead/"
-                    "summary_<optimizer>.json).")
-FLAGS = flags.FLAGS
 
 
 def _dataset(batch_size: int, num_buckets: int) -> tf.data.Dataset:
@@ -285,13 +272,33 @@ def swap_pause(model: CodistillModel, repeats: int = 10) -> Dict[str, float]:
           "in_place_assign_ms_median": 1e3 * statistics.median(assigns)}
 
 
-def main(argv):
-  del argv
-  settings = {"optimizer": FLAGS.optimizer, "batch_size": FLAGS.batch_size,
-              "num_buckets": FLAGS.num_buckets, "embedding_dim": FLAGS.embedding_dim,
-              "steps": FLAGS.steps, "rounds": FLAGS.rounds}
-  summary = run_processes(settings, FLAGS.processes)
-  summary["config"] = {**settings, "processes": FLAGS.processes, "cpus": os.cpu_count(),
+OPTIMIZERS = ("adam", "adagrad")
+
+
+@gin.configurable("teacher_overhead", module="bench", denylist=["ctx"])
+def measure_overhead(ctx: registry.Context, batch_size: int = 512, num_buckets: int = 20_000,
+                     embedding_dim: int = 16, steps: int = 80, rounds: int = 5,
+                     processes: int = 3, optimizer: str = "adam") -> dict:
+  """The arms' step times and throughput ratios, pooled over ``processes`` fresh processes.
+
+  Args:
+    ctx: the run's context.
+    batch_size: examples per step.
+    num_buckets: hash buckets per categorical feature.
+    embedding_dim: embedding width.
+    steps: timed steps per arm per round (arms alternate step by step).
+    rounds: rounds per process (arm order drawn anew each round).
+    processes: fresh processes run one after another, each with every arm built anew; their
+      rounds are pooled, with intervals over processes.
+    optimizer: adam updates whole embedding tables every step (dense slots); adagrad only the
+      looked-up rows, so the forward passes weigh more in its step time.
+  """
+  if optimizer not in OPTIMIZERS:
+    raise ValueError(f"bench.teacher_overhead.optimizer={optimizer!r}: one of {OPTIMIZERS}")
+  settings = {"optimizer": optimizer, "batch_size": batch_size, "num_buckets": num_buckets,
+              "embedding_dim": embedding_dim, "steps": steps, "rounds": rounds}
+  summary = run_processes(settings, processes)
+  summary["config"] = {**settings, "processes": processes, "cpus": os.cpu_count(),
                        "harness": "arms alternating step by step (step_times.alternate_steps) "
                                   "in fresh processes, rounds pooled (step_times.pool_processes)"}
   values = {goal: summary["ratios"][ratio] for goal, ratio in GOAL_RATIOS.items()}
@@ -301,29 +308,40 @@ def main(argv):
       name: {"threshold": list(GOALS[name]), "interval90": v["interval90"],
              "process_medians": v["process_medians"], "met": bool(v["median"] >= GOALS[name][1])}
       for name, v in values.items()}
-  print(f"{'arm':<28} {'median ms':>10} {'p90 ms':>8} {'steps/s':>8}")
-  for name, row in summary["step_times"].items():
-    print(f"{name:<28} {row['median_ms']:>10.2f} {row['p90_ms']:>8.2f} "
-          f"{row['steps_per_sec']:>8.1f}")
+  for line in _tables(summary):
+    ctx.progress(line)
+  return summary
+
+
+def _tables(summary: dict) -> List[str]:
+  """The step times, ratios, forward times and swap pause, as Markdown."""
+  lines = ["| arm | median ms | p90 ms | steps/s |", "| --- | --- | --- | --- |"]
+  lines += [f"| {name} | {row['median_ms']:.2f} | {row['p90_ms']:.2f} | "
+            f"{row['steps_per_sec']:.1f} |" for name, row in summary["step_times"].items()]
+  lines += ["", "| throughput ratio | median | 90% interval | per process |",
+            "| --- | --- | --- | --- |"]
   for name, ratio in summary["ratios"].items():
     low, high = ratio["interval90"]
     by_process = ", ".join(f"{m:.3f}" for m in ratio["process_medians"])
-    print(f"throughput ratio {name}: {ratio['median']:.3f} [{low:.3f}, {high:.3f}] "
-          f"(processes: {by_process})"
-          + ("  (two identical models: the noise floor)" if name.startswith("no_teacher_again")
-             else ""))
+    floor = " (two identical models: the noise floor)" if name.startswith("no_teacher_again") \
+        else ""
+    lines.append(f"| {name}{floor} | {ratio['median']:.3f} | [{low:.3f}, {high:.3f}] | "
+                 f"{by_process} |")
   forward = summary["teacher_forward_ms"]
-  for name, ms in forward.items():
-    print(f"teacher forward alone, {name}: {ms:.3f} ms "
-          f"(x{forward['codistill_one_teacher'] / ms:.2f} float32's speed)")
-  print(f"training-thread pause of a refresh: flip {summary['swap_flip_ms_median']:.2f} ms "
-        f"(in-place assign would be {summary['in_place_assign_ms_median']:.1f} ms)")
-  FLAGS.out = FLAGS.out or os.path.join(
-      os.path.dirname(standalone.results_path("teacher_overhead")),
-      f"summary_{FLAGS.optimizer}.json")
-  machine.write_json(FLAGS.out, summary)
+  lines += ["", "| teacher forward alone | ms | speed vs float32 |", "| --- | --- | --- |"]
+  lines += [f"| {name} | {ms:.3f} | x{forward['codistill_one_teacher'] / ms:.2f} |"
+            for name, ms in forward.items()]
+  if "swap_flip_ms_median" in summary:
+    lines += ["", f"Training-thread pause of a refresh: flip {summary['swap_flip_ms_median']:.2f} "
+              f"ms (an in-place assign would be {summary['in_place_assign_ms_median']:.1f} ms)."]
+  return lines
 
 
-if __name__ == "__main__":
-  machine.run_script(main, "benchmarks.teacher_overhead",
-                     on_recorded=standalone.update_results_index)
+def write_report(summary: dict, results_dir: str) -> None:
+  """report.md: the goals, then every arm's step time and ratio."""
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  report.write_benchmark_report(summary, results_dir, "Teacher overhead: CTR step time with "
+                                "and without teachers", _tables(summary))
+
+
+BENCHMARK = registry.Benchmark("teacher_overhead", measure_overhead, write_report)

@@ -10,22 +10,23 @@ absolute difference between each reduced-precision teacher's probabilities and t
 float32 student whose weights it holds. The effect on final loss is the ``codistill_bf16`` arm of
 the ``lm`` and ``image`` suites.
 
-  .venv/bin/python -m benchmarks.teacher_precision --data_dir=/tmp/bench/data
+  python -m benchmarks.run teacher_precision
+  python -m benchmarks.run teacher_precision \
+      --gin_bindings="bench.teacher_precision.data_dir = '/tmp/bench/data'"
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Sequence
 
+import gin
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
-from absl import flags
 
-from benchmarks import machine
-from benchmarks import standalone
+from benchmarks import registry
 from benchmarks import step_times
 from data_pipelines import images
 from data_pipelines import text_lm
@@ -35,25 +36,19 @@ from tf_codistill.models import resnet
 from tf_codistill.training.model import CodistillModel
 from tf_codistill.training.model import clone_architecture
 
-flags.DEFINE_string("data_dir", "/tmp/bench/data", "Where the suites' data is (prepared if not).")
-flags.DEFINE_integer("vocab_size", 4000, "LM vocabulary (the lm suite's).")
-flags.DEFINE_integer("steps", 20, "Steps per arm per round.")
-flags.DEFINE_integer("rounds", 7, "Interleaved rounds.")
-flags.DEFINE_multi_enum("task", ["lm", "image"], ["lm", "image"], "Tasks to measure.")
-standalone.define_flags("teacher_precision", work_dir=False)
-FLAGS = flags.FLAGS
+TASKS = ("lm", "image")
 
 
-def _setup(task: str):
+def _setup(task: str, data_dir: str, vocab_size: int):
   """(model factory, output, training data, loss) at the lm/image suites' sizes."""
   if task == "lm":
-    directory = os.path.join(FLAGS.data_dir, "kjv")
-    train, _, _ = text_lm.prepare(directory, vocab_size=FLAGS.vocab_size)
-    data = text_lm.make_dataset(train, 32, vocab_size=FLAGS.vocab_size, sequence_length=32,
+    directory = os.path.join(data_dir, "kjv")
+    train, _, _ = text_lm.prepare(directory, vocab_size=vocab_size)
+    data = text_lm.make_dataset(train, 32, vocab_size=vocab_size, sequence_length=32,
                                 repeat=True)
-    make = lambda: lm.lstm_lm(FLAGS.vocab_size, 64, (128,))
+    make = lambda: lm.lstm_lm(vocab_size, 64, (128,))
     return make, "softmax", data, keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-  train, _ = images.convert_fashion_mnist(os.path.join(FLAGS.data_dir, "fashion_mnist"))
+  train, _ = images.convert_fashion_mnist(os.path.join(data_dir, "fashion_mnist"))
   data = images.make_dataset(train, 64, repeat=True)
   make = lambda: resnet.resnet(10, widths=(8, 16, 32))
   return make, "softmax", data, keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -70,10 +65,10 @@ def _forward_times(run: Callable[[], object], steps: int) -> List[float]:
   return times
 
 
-def _arms(task: str):
+def _arms(task: str, data_dir: str, vocab_size: int):
   """The no-teacher, float32-teacher and bfloat16-teacher models of ``task`` (teachers hold the
   student's weights), the batches they train on and the task's output."""
-  make, output, data, loss = _setup(task)
+  make, output, data, loss = _setup(task, data_dir, vocab_size)
   data = data.take(8).cache().repeat()  # the same real batches every step, no input cost
   sample = next(iter(data))[0]
   arms = {}
@@ -91,11 +86,12 @@ def _arms(task: str):
   return arms, data, sample, output
 
 
-def measure(task: str) -> Dict[str, object]:
+def measure(task: str, data_dir: str, vocab_size: int, steps: int, rounds: int
+            ) -> Dict[str, object]:
   """Per-step times of the three arms (interleaved, inside one fit per round), the teachers'
   forward passes alone, and how far bfloat16's probabilities are from float32's."""
-  arms, data, sample, output = _arms(task)
-  reduced = ("bfloat16_teacher", "mixed_bfloat16_teacher")
+  arms, data, sample, output = _arms(task, data_dir, vocab_size)
+  reduced = REDUCED
   teachers = {name: arms[name].active_teacher(0)
               for name in ("float32_teacher",) + reduced}
   probabilities = lambda model, x: losses.probabilities(
@@ -104,13 +100,13 @@ def measure(task: str) -> Dict[str, object]:
   diffs = {name: np.concatenate([np.abs(probabilities(teachers[name], x) - probabilities(
       arms[name].student, x)).reshape(-1) for x, _ in data.take(4)]) for name in reduced}
   times = step_times.interleave(
-      {name: (lambda m=model: step_times.fit_step_times(m, data, FLAGS.steps))
-       for name, model in arms.items()}, FLAGS.rounds)
+      {name: (lambda m=model: step_times.fit_step_times(m, data, steps))
+       for name, model in arms.items()}, rounds)
   runs = {name: tf.function(lambda x, t=teacher: t(x, training=False))
           for name, teacher in teachers.items()}
   forward = step_times.interleave(
-      {name: (lambda r=run: _forward_times(lambda: r(sample), FLAGS.steps))
-       for name, run in runs.items()}, FLAGS.rounds)
+      {name: (lambda r=run: _forward_times(lambda: r(sample), steps))
+       for name, run in runs.items()}, rounds)
   ratio = lambda arm, base, t=times: step_times.throughput_ratio(t, arm, base)
   return {
       "step_times": step_times.describe(times),
@@ -126,26 +122,94 @@ def measure(task: str) -> Dict[str, object]:
   }
 
 
-def main(argv):
-  del argv
-  summary = {"config": {"steps": FLAGS.steps, "rounds": FLAGS.rounds, "cpus": os.cpu_count(),
+REDUCED = ("bfloat16_teacher", "mixed_bfloat16_teacher")
+
+
+@gin.configurable("teacher_precision", module="bench", denylist=["ctx"])
+def measure_precision(ctx: registry.Context, data_dir: Optional[str] = None,
+                      vocab_size: int = 4000, steps: int = 20, rounds: int = 7,
+                      task: Sequence[str] = TASKS) -> dict:
+  """Every task's step times, throughput ratios, teacher forward passes and probability gaps.
+
+  Args:
+    ctx: the run's context.
+    data_dir: where the suites' data is (prepared if not); None: the suites' own, ``data/``
+      beside this benchmark's work_dir (``--work_dir``/data, as ``benchmarks.run`` gives the
+      suites).
+    vocab_size: LM vocabulary (the lm suite's).
+    steps: steps per arm per round.
+    rounds: interleaved rounds.
+    task: tasks to measure (``lm``, ``image``).
+  """
+  unknown = [t for t in task if t not in TASKS]
+  if unknown or not task:
+    raise ValueError(f"bench.teacher_precision.task={list(task)!r}: give one or more of "
+                     f"{list(TASKS)}")
+  # The suites' data root is <work root>/data; this benchmark's work_dir is <work root>/<name>.
+  data_dir = data_dir or os.path.join(os.path.dirname(ctx.work_dir), "data")
+  summary = {"config": {"steps": steps, "rounds": rounds, "cpus": os.cpu_count(),
                         "load_avg_1m_at_start": os.getloadavg()[0],
                         "gpus": len(tf.config.list_physical_devices("GPU"))}}
-  for task in FLAGS.task:
-    summary[task] = result = measure(task)
-    ratio = lambda key: (f"{result[key]['median']:.3f} [{result[key]['interval90'][0]:.3f}, "
-                         f"{result[key]['interval90'][1]:.3f}]")
-    print(f"{task}: throughput fp32 teacher/none {ratio('throughput_ratio_fp32_teacher_vs_none')}")
-    for name in ("bfloat16_teacher", "mixed_bfloat16_teacher"):
-      diff = result["prob_abs_diff"][name]
-      print(f"  {name}: throughput vs fp32 teacher "
-            f"{ratio(f'throughput_ratio_{name}_vs_fp32_teacher')}, vs none "
-            f"{ratio(f'throughput_ratio_{name}_vs_none')}, teacher forward speed vs fp32 "
-            f"{ratio(f'teacher_forward_speed_ratio_{name}_vs_fp32')}; |p - p32| max "
-            f"{diff['max']:.4f} mean {diff['mean']:.6f}")
+  for name in task:
+    summary[name] = measure(name, data_dir, vocab_size, steps, rounds)
+    for line in _task_lines(name, summary[name]):
+      ctx.progress(line)
   summary["config"]["load_avg_1m_at_end"] = os.getloadavg()[0]
-  machine.write_json(FLAGS.out, summary)
+  return summary
 
 
-if __name__ == "__main__":
-  machine.run_script(main, "benchmarks.teacher_precision")
+def _ratio(result: dict, key: str) -> str:
+  """A throughput ratio's median and 90% interval."""
+  low, high = result[key]["interval90"]
+  return f"{result[key]['median']:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def _task_lines(task: str, result: dict) -> List[str]:
+  """One task's ratios and probability gaps, as text."""
+  lines = [f"{task}: throughput fp32 teacher/none "
+           f"{_ratio(result, 'throughput_ratio_fp32_teacher_vs_none')}"]
+  for name in REDUCED:
+    diff = result["prob_abs_diff"][name]
+    lines.append(f"  {name}: throughput vs fp32 teacher "
+                 f"{_ratio(result, f'throughput_ratio_{name}_vs_fp32_teacher')}, vs none "
+                 f"{_ratio(result, f'throughput_ratio_{name}_vs_none')}, teacher forward speed "
+                 f"vs fp32 {_ratio(result, f'teacher_forward_speed_ratio_{name}_vs_fp32')}; "
+                 f"|p - p32| max {diff['max']:.4f} mean {diff['mean']:.6f}")
+  return lines
+
+
+def _tables(summary: dict) -> List[str]:
+  """Per task: the arms' step times, the teachers' forward passes, the ratios (median, 90%
+  interval) and the probability gaps, as Markdown."""
+  lines = []
+  for task in (t for t in TASKS if t in summary):
+    result = summary[task]
+    lines += [f"## {task}", "", "| arm | median ms | p90 ms | steps/s |",
+              "| --- | --- | --- | --- |"]
+    lines += [f"| {name} | {row['median_ms']:.2f} | {row['p90_ms']:.2f} | "
+              f"{row['steps_per_sec']:.1f} |" for name, row in result["step_times"].items()]
+    keys = (["throughput_ratio_fp32_teacher_vs_none"]
+            + [f"throughput_ratio_{name}_vs_none" for name in REDUCED]
+            + [f"throughput_ratio_{name}_vs_fp32_teacher" for name in REDUCED]
+            + [f"teacher_forward_speed_ratio_{name}_vs_fp32" for name in REDUCED])
+    lines += ["", "| teacher forward alone | median ms |", "| --- | --- |"]
+    lines += [f"| {name} | {row['median_ms']:.2f} |"
+              for name, row in result["teacher_forward"].items()]
+    lines += ["", "| ratio | median [90% interval] |", "| --- | --- |"]
+    lines += [f"| {key} | {_ratio(result, key)} |" for key in keys if key in result]
+    lines += ["", "| teacher | max abs(p - p32) | mean abs(p - p32) |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {diff['max']:.4f} | {diff['mean']:.6f} |"
+              for name, diff in result["prob_abs_diff"].items()]
+    lines.append("")
+  return lines
+
+
+def write_report(summary: dict, results_dir: str) -> None:
+  """report.md: per task, the arms' step times, the ratios and the probability gaps."""
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  report.write_benchmark_report(summary, results_dir, "Teacher precision: codistillation step "
+                                "time with float32, bfloat16 and mixed_bfloat16 teachers",
+                                _tables(summary))
+
+
+BENCHMARK = registry.Benchmark("teacher_precision", measure_precision, write_report)

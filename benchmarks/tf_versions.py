@@ -5,12 +5,13 @@ tensorflow-io where it loads), each benchmark run under one interpreter then the
 alternates between benchmarks, so neither version always goes first on a warmer machine).
 
 Ratios are measured within each version's own run (its arms interleaved), so the versions are
-compared ratio to ratio; step times are compared across the two runs, seconds apart. Each run
-writes its own summary (with its load and TensorFlow version) under ``--out_dir``; this writes
-``comparison.json`` and ``report.md`` from them.
+compared ratio to ratio; step times are compared across the two runs, seconds apart. Each run is
+a ``benchmarks.run`` of its own (holding the machine, recording its load and TensorFlow version)
+into ``<results_dir>/tf<version>/<benchmark>/``; the comparison is this benchmark's summary.
 
-  .venv/bin/python -m benchmarks.tf_versions \\
-      --pythons=.venv/bin/python,.venv-tf217/bin/python   # make test-io builds .venv-tf217
+  .venv/bin/python -m benchmarks.run tf_versions \\
+      --gin_bindings="bench.tf_versions.pythons = ['.venv/bin/python', '.venv-tf217/bin/python']"
+  # make test-io builds .venv-tf217
 """
 
 from __future__ import annotations
@@ -21,33 +22,23 @@ import subprocess
 import sys
 from typing import Callable, Dict, List, Sequence
 
-from absl import app
-from absl import flags
+import gin
 
-from benchmarks import machine
+from benchmarks import registry
 
-# Each benchmark's command-line arguments at this run's sizes (a few minutes per version).
+# Each benchmark's settings at this run's sizes (a few minutes per version).
 BENCHMARKS: Dict[str, List[str]] = {
-    "teacher_overhead": ["--processes=2", "--rounds=4", "--steps=60"],
-    "fusion": ["--models=ctr_adam,mlp_adam,lstm_lm_adam", "--modes=none,kernels,backward",
-               "--jit=0", "--rounds=5", "--steps=10"],
-    "cluster_step_times": ["--launches=1", "--rounds=2", "--steps=150", "--window_pairs=4"],
-    "parse_throughput": ["--num_rows=100000"],
+    "teacher_overhead": ["bench.teacher_overhead.processes = 2",
+                         "bench.teacher_overhead.rounds = 4", "bench.teacher_overhead.steps = 60"],
+    "fusion": ["bench.fusion.models = ['ctr_adam', 'mlp_adam', 'lstm_lm_adam']",
+               "bench.fusion.modes = ['none', 'kernels', 'backward']", "bench.fusion.jit = [False]",
+               "bench.fusion.rounds = 5", "bench.fusion.steps = 10"],
+    "cluster_step_times": ["bench.cluster_step_times.launches = 1",
+                           "bench.cluster_step_times.rounds = 2",
+                           "bench.cluster_step_times.steps = 150",
+                           "bench.cluster_step_times.window_pairs = 4"],
+    "parse_throughput": ["bench.parse_throughput.num_rows = 100000"],
 }
-
-
-def define_flags() -> None:
-  """The command line (defined only when run as a script, so that the module can be imported
-  beside the other benchmarks)."""
-  flags.DEFINE_list("pythons", [".venv/bin/python", ".venv-tf217/bin/python"],
-                    "Interpreters of the environments to compare (each with tf-codistill "
-                    "installed).")
-  flags.DEFINE_list("benchmarks", list(BENCHMARKS), "Which of the benchmarks to run.")
-  flags.DEFINE_string("out_dir", "benchmarks/results/tf_versions", "Where the summaries go.")
-  flags.DEFINE_boolean("report_only", False, "Only rewrite comparison.json and report.md.")
-
-
-FLAGS = flags.FLAGS
 
 
 def tf_version(python: str) -> str:
@@ -57,22 +48,25 @@ def tf_version(python: str) -> str:
                         text=True).stdout.strip()
 
 
-def part_path(out_dir: str, benchmark: str, version: str) -> str:
-  return os.path.join(out_dir, f"{benchmark}_tf{version}.json")
+def part_path(results_dir: str, benchmark: str, version: str) -> str:
+  """Where ``benchmark``'s summary under TensorFlow ``version`` is."""
+  return os.path.join(results_dir, f"tf{version}", benchmark, "summary.json")
 
 
-def run_all(pythons: Sequence[str], benchmarks: Sequence[str], out_dir: str) -> None:
+def run_all(ctx: registry.Context, pythons: Sequence[str], benchmarks: Sequence[str]) -> None:
   """Runs every benchmark under every interpreter, the order alternating per benchmark."""
   versions = [tf_version(p) for p in pythons]
   if len(set(versions)) != len(versions):
-    raise app.UsageError(f"--pythons must have different TensorFlow versions, got {versions}")
-  os.makedirs(out_dir, exist_ok=True)
+    raise ValueError(f"bench.tf_versions.pythons must have different TensorFlow versions, got "
+                     f"{versions}")
   for index, name in enumerate(benchmarks):
     order = list(zip(pythons, versions))
     for python, version in order[::-1] if index % 2 else order:
-      out = part_path(out_dir, name, version)
-      command = [python, "-m", f"benchmarks.{name}", *BENCHMARKS[name], f"--out={out}"]
-      print(f"[tf_versions] TF {version}: {' '.join(command)}", flush=True)
+      command = registry.command(name, BENCHMARKS[name], python=python,
+                                 results_dir=os.path.join(ctx.results_dir, f"tf{version}"),
+                                 work_dir=os.path.join(ctx.work_dir, f"tf{version}"))
+      command += ["--allow_load"] if ctx.allow_load else []
+      ctx.progress(f"[tf_versions] TF {version}: {' '.join(command)}")
       subprocess.run(command, check=True)
 
 
@@ -131,11 +125,10 @@ def collect(out_dir: str, benchmarks: Sequence[str], versions: Sequence[str]) ->
   return result
 
 
-def write_report(result: dict, versions: Sequence[str], path: str) -> None:
-  """report.md: one table per benchmark, a column per TensorFlow version."""
-  lines = ["# Figures that depend on TensorFlow, per version", "",
-           "`python -m benchmarks.tf_versions` (module docstring: sizes and order). Ratios are",
-           "within each version's own run; step times are across runs minutes apart.", ""]
+def _tables(result: dict, versions: Sequence[str]) -> List[str]:
+  """One table per benchmark, a column per TensorFlow version."""
+  lines = ["Ratios are within each version's own run; step times are across runs minutes apart.",
+           ""]
   for name, by_version in result.items():
     shown = [v for v in versions if v in by_version]
     lines += [f"## {name}", "", "| figure | " + " | ".join(f"TF {v}" for v in shown) + " |",
@@ -150,29 +143,43 @@ def write_report(result: dict, versions: Sequence[str], path: str) -> None:
         f"{m.get('load_avg_1m_before', float('nan')):.2f} / "
         f"{m.get('load_avg_1m_after', float('nan')):.2f}" for m in loads) + " |")
     lines.append("")
-  with open(path, "w") as f:
-    f.write("\n".join(lines))
+  return lines
 
 
-def main(argv: Sequence[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  unknown = sorted(set(FLAGS.benchmarks) - set(BENCHMARKS))
+def write_report(summary: dict, results_dir: str) -> None:
+  """report.md: the per-version tables."""
+  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  report.write_benchmark_report(summary, results_dir, "Figures that depend on TensorFlow, per "
+                                "version", _tables(summary["benchmarks"], summary["versions"]))
+
+
+@gin.configurable("tf_versions", module="bench", denylist=["ctx"])
+def compare(ctx: registry.Context,
+            pythons: Sequence[str] = (".venv/bin/python", ".venv-tf217/bin/python"),
+            benchmarks: Sequence[str] = tuple(BENCHMARKS), rerun: bool = True) -> dict:
+  """Runs each benchmark under each interpreter and tables their figures side by side.
+
+  Args:
+    ctx: the run's context.
+    pythons: interpreters of the environments to compare (each with tf-codistill installed).
+    benchmarks: which of ``BENCHMARKS`` to run.
+    rerun: False: only collect the summaries already under ``ctx.results_dir``.
+  """
+  unknown = sorted(set(benchmarks) - set(BENCHMARKS))
   if unknown:
-    raise app.UsageError(f"--benchmarks: unknown {unknown}; known: {sorted(BENCHMARKS)}")
-  missing = [p for p in FLAGS.pythons if not os.path.exists(p)]
+    raise ValueError(f"bench.tf_versions.benchmarks: unknown {unknown}; known: "
+                     f"{sorted(BENCHMARKS)}")
+  missing = [p for p in pythons if not os.path.exists(p)]
   if missing:
-    raise app.UsageError(f"--pythons: {missing} do not exist (make test-io builds .venv-tf217)")
-  versions = [tf_version(p) for p in FLAGS.pythons]
-  if not FLAGS.report_only:
-    run_all(FLAGS.pythons, FLAGS.benchmarks, FLAGS.out_dir)
-  result = collect(FLAGS.out_dir, FLAGS.benchmarks, versions)
-  machine.write_json(os.path.join(FLAGS.out_dir, "comparison.json"),
-                     {"versions": versions, "benchmarks": result, "python": sys.version})
-  write_report(result, versions, os.path.join(FLAGS.out_dir, "report.md"))
-  print(open(os.path.join(FLAGS.out_dir, "report.md")).read())
+    raise ValueError(f"bench.tf_versions.pythons: {missing} do not exist (make test-io builds "
+                     f".venv-tf217)")
+  if rerun:
+    run_all(ctx, pythons, benchmarks)
+  versions = [tf_version(p) for p in pythons]
+  return {"versions": versions, "python": sys.version,
+          "benchmarks": collect(ctx.results_dir, benchmarks, versions),
+          "config": {"pythons": list(pythons), "benchmarks": list(benchmarks)}}
 
 
-if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+# Each benchmark it runs holds the machine itself.
+BENCHMARK = registry.Benchmark("tf_versions", compare, write_report, exclusive=False)

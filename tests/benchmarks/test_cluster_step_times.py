@@ -1,5 +1,6 @@
-"""benchmarks/cluster_step_times.py on real local clusters: a parameter-server group and a
-MultiWorkerMirrored group, every arm timed, teachers really refreshed, the goals computed."""
+"""The cluster_step_times benchmark (``python -m benchmarks.run cluster_step_times``) on real
+local clusters: a parameter-server group and a MultiWorkerMirrored group, every arm timed,
+teachers really refreshed, the goals computed."""
 
 import json
 import os
@@ -15,6 +16,22 @@ from benchmarks import machine
 from benchmarks import standalone
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(tmp_path, settings, timeout=600):
+  """``python -m benchmarks.run cluster_step_times`` with ``settings`` (gin bindings of
+  ``bench.cluster_step_times``), its results under ``tmp_path/results`` and its work directory
+  ``tmp_path/work/cluster_step_times``."""
+  env = {**os.environ, "TF_CODISTILL_BENCH_LOCK": str(tmp_path / "lock")}
+  return subprocess.run(
+      [sys.executable, "-m", "benchmarks.run", "cluster_step_times",
+       f"--results_dir={tmp_path / 'results'}", f"--work_dir={tmp_path / 'work'}", "--allow_load",
+       "--settle_s=0", *[f"--gin_bindings=bench.cluster_step_times.{s}" for s in settings]],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _summary(tmp_path):
+  return json.loads((tmp_path / "results" / "cluster_step_times" / "summary.json").read_text())
 
 
 def test_goals_take_the_parameter_server_ratio_and_the_worst_refresh_loss():
@@ -183,16 +200,11 @@ def test_launches_alternate_the_groups_each_in_its_own_directory(tmp_path):
 
 @pytest.mark.cluster
 def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
-  out = tmp_path / "summary.json"
-  env = {**os.environ, "TF_CODISTILL_BENCH_LOCK": str(tmp_path / "lock")}
-  done = subprocess.run(
-      [sys.executable, "-m", "benchmarks.cluster_step_times", "--rounds=1", "--steps=100",
-       "--refresh_every_steps=10", "--window_pairs=2", "--poll_interval_s=0.2", "--num_buckets=500",
-       "--batch_size=32", "--launches=1", "--allow_load", "--settle_s=0",
-       f"--out={out}", f"--work_dir={tmp_path / 'work'}"],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  done = _run(tmp_path, ["rounds = 1", "steps = 100", "refresh_every_steps = 10",
+                         "window_pairs = 2", "poll_interval_s = 0.2", "num_buckets = 500",
+                         "batch_size = 32", "launches = 1"])
   assert done.returncode == 0, done.stderr[-3000:]
-  summary = json.loads(out.read_text())
+  summary = _summary(tmp_path)
   assert set(summary["groups"]) == {"parameter_server", "multi_worker_mirrored"}
   for name, group in summary["groups"].items():
     assert set(group["step_times"]) == set(cluster_step_times.ARMS), name
@@ -212,7 +224,8 @@ def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
     assert sum(windows["loads"].values()) >= 1 and windows["window_s"][0] > 0, (name, windows)
   assert set(summary["goal_verdicts"]) == set(cluster_step_times.GOALS)
   assert summary["config"]["launches"] == 1 and summary["config"]["window_pairs"] == 2
-  launch = json.loads((tmp_path / "work" / "parameter_server_0" / "launch.json").read_text())
+  launch = json.loads((tmp_path / "work" / "cluster_step_times" / "parameter_server_0"
+                       / "launch.json").read_text())
   assert launch["config"]["steps"] == 100 and set(launch["part"]["times"]) == set(
       cluster_step_times.ARMS)
   assert launch["sources"] == standalone.source_digest() and launch["load_avg_1m_before"] >= 0
@@ -221,24 +234,21 @@ def test_both_groups_time_every_arm_and_refresh_their_teacher(tmp_path):
     assert record["reused"] is False and record["sources"] == launch["sources"]
   assert summary["config"]["teacher_form"] == "stacked"  # the CTR model's teachers, on ps too
   assert summary["machine"]["allow_load"] is True and "foreign_cpu_share" in summary["machine"]
+  report = (tmp_path / "results" / "cluster_step_times" / "report.md").read_text()
+  assert "teacher_throughput_ratio_parameter_server" in report and "refreshing vs quiet" in report
 
 
 def test_one_process_times_every_arm_and_refreshes_its_teacher_without_a_cluster(tmp_path):
-  out = tmp_path / "summary.json"
-  env = {**os.environ, "TF_CODISTILL_BENCH_LOCK": str(tmp_path / "lock")}
-  done = subprocess.run(
-      [sys.executable, "-m", "benchmarks.cluster_step_times", "--groups=one_process",
-       # Rounds of 200 steps (about 1.2 s here): with 60 the first round ended before the first
-       # load had landed even on an idle machine ([0, 2] swaps), and under load neither did.
-       # Windows of 25 steps (about 0.1 s): windows of 10 (about 0.045 s) were each emptied by
-       # one stall of the process under a full test run, so no pair was left.
-       "--rounds=2", "--steps=200", "--refresh_every_steps=25", "--window_pairs=2",
-       "--poll_interval_s=0.2",
-       "--num_buckets=500", "--batch_size=32", "--launches=1", "--allow_load", "--settle_s=0",
-       f"--out={out}", f"--work_dir={tmp_path / 'work'}"],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  done = _run(tmp_path, [
+      "groups = ['one_process']",
+      # Rounds of 200 steps (about 1.2 s here): with 60 the first round ended before the first
+      # load had landed even on an idle machine ([0, 2] swaps), and under load neither did.
+      # Windows of 25 steps (about 0.1 s): windows of 10 (about 0.045 s) were each emptied by
+      # one stall of the process under a full test run, so no pair was left.
+      "rounds = 2", "steps = 200", "refresh_every_steps = 25", "window_pairs = 2",
+      "poll_interval_s = 0.2", "num_buckets = 500", "batch_size = 32", "launches = 1"])
   assert done.returncode == 0, done.stderr[-3000:]
-  summary = json.loads(out.read_text())
+  summary = _summary(tmp_path)
   (group,) = summary["groups"].values()
   assert list(summary["groups"]) == ["one_process"]
   for arm, row in group["step_times"].items():
@@ -253,14 +263,14 @@ def test_one_process_times_every_arm_and_refreshes_its_teacher_without_a_cluster
   assert windows["pairs"] >= 1, windows
   assert summary["goals"]["refresh_throughput_loss"] == pytest.approx(
       1 - windows["refreshing_vs_quiet"]["median"])
+  report = (tmp_path / "results" / "cluster_step_times" / "report.md").read_text()
+  assert "refresh_throughput_loss" in report and "one_process" in report
 
 
-def test_an_unknown_group_is_refused_naming_the_flag(tmp_path):
-  done = subprocess.run(
-      [sys.executable, "-m", "benchmarks.cluster_step_times", "--groups=one_process,mirrored",
-       f"--out={tmp_path / 'summary.json'}", f"--work_dir={tmp_path / 'work'}"],
-      cwd=REPO, capture_output=True, text=True, timeout=120)
+def test_an_unknown_group_is_refused_naming_the_parameter(tmp_path):
+  done = _run(tmp_path, ["groups = ['one_process', 'mirrored']"], timeout=120)
   assert done.returncode != 0
-  assert "--groups: each must be one of parameter_server, multi_worker_mirrored, one_process" in (
-      done.stderr)
+  assert ("bench.cluster_step_times.groups: each must be one of parameter_server, "
+          "multi_worker_mirrored, one_process") in done.stderr
   assert not (tmp_path / "work").exists()
+  assert not (tmp_path / "results" / "cluster_step_times" / "summary.json").exists()

@@ -1,6 +1,7 @@
-"""benchmarks/forward_fusion_ps.py on real local parameter-server clusters: forward fusion's
-pending protocol applies every gradient exactly once with one worker; with two, every gradient
-is accounted for as applied once, lost or applied more often."""
+"""The forward_fusion_ps benchmark (``python -m benchmarks.run forward_fusion_ps``) on real local
+parameter-server clusters: forward fusion's pending protocol applies every gradient exactly once
+with one worker; with two, every gradient is accounted for as applied once, lost or applied more
+often."""
 
 import json
 import os
@@ -23,15 +24,19 @@ def test_accounting_sorts_gradients_into_applied_once_lost_and_applied_more_ofte
 
 @pytest.mark.cluster
 def test_one_worker_applies_every_gradient_once_and_two_are_all_accounted_for(tmp_path):
-  out = tmp_path / "summary.json"
   env = {**os.environ, "TF_CODISTILL_BENCH_LOCK": str(tmp_path / "lock")}
-  done = subprocess.run([sys.executable, "-m", "benchmarks.forward_fusion_ps", "--steps=150",
-                         "--allow_load", "--settle_s=0", f"--out={out}"],
+  done = subprocess.run([sys.executable, "-m", "benchmarks.run", "forward_fusion_ps",
+                         f"--results_dir={tmp_path}", "--allow_load", "--settle_s=0",
+                         "--gin_bindings=bench.forward_fusion_ps.steps = 150"],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
-  arms = json.loads(out.read_text())["arms"]
+  summary = json.loads((tmp_path / "forward_fusion_ps" / "summary.json").read_text())
+  arms = summary["arms"]
   one = arms["1_workers"]
   assert (one["steps"], one["applied_once"], one["lost"], one["applied_twice_or_more"]) == (
       150, 150, 0, 0)
   two = arms["2_workers"]
   assert two["applied_once"] + two["lost"] + two["applied_twice_or_more"] == two["steps"] == 150
+  assert summary["config"] == {"steps": 150, "work": 4}
+  report = (tmp_path / "forward_fusion_ps" / "report.md").read_text()
+  assert "2_workers" in report and "applied twice or more" in report

@@ -112,16 +112,6 @@ def test_a_figure_is_marked_when_it_started_above_nproc_load_or_others_were_busy
   assert record["tensorflow"] == tf.__version__
 
 
-def test_the_results_index_is_updated_after_the_load_record_is_in_the_summary(tmp_path):
-  path = tmp_path / "summary.json"
-  path.write_text('{"goals": {"ratio": 0.9}}')
-  seen = []
-  machine._record_into(str(path), machine.Session("b", False, 0.5, 2),
-                       on_recorded=lambda p: seen.append(json.load(open(p))["machine"]))
-  assert len(seen) == 1 and seen[0]["cpu_model"] == machine.cpu_model()
-  assert seen[0]["load_avg_1m_before"] == 0.5
-
-
 def test_json_is_written_whole_into_a_new_directory(tmp_path):
   path = str(tmp_path / "new" / "summary.json")
   machine.write_json(path, {"b": 1, "a": [1, 2]})

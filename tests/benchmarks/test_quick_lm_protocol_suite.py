@@ -1,4 +1,4 @@
-"""`python -m benchmarks.run --suite=quick_lm_protocol`: english_lm's protocol end to end at toy
+"""`python -m benchmarks.run quick_lm_protocol`: english_lm's protocol end to end at toy
 size, on a corpus the runner builds from small .deb files of every english package."""
 
 import json
@@ -19,7 +19,7 @@ def test_lm_protocol_suite_builds_its_corpus_and_accounts_for_every_token(tmp_pa
   for package, files in debian_fixtures.every_english_package().items():
     debian_fixtures.make_deb(str(debs), package, files)
   results, work = tmp_path / "results", tmp_path / "work"
-  command = [sys.executable, "-m", "benchmarks.run", "--suite=quick_lm_protocol",
+  command = [sys.executable, "-m", "benchmarks.run", "quick_lm_protocol",
              f"--results_dir={results}", f"--work_dir={work}", "--allow_load",
              f"--gin_bindings=bench.Suite.debs_dir = '{debs}'"]
   proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.run --suite=quick_protocol`: the pre-registered protocol end to end at
+"""`python -m benchmarks.run quick_protocol`: the pre-registered protocol end to end at
 toy size (scaling to B*, tuning, runs pinned two at a time, intervals, churn vs loss, alpha = 0)."""
 
 import json
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 def test_protocol_suite_finds_b_star_tunes_and_reports_goals_with_intervals(tmp_path):
   results, work = tmp_path / "results", tmp_path / "work"
-  command = [sys.executable, "-m", "benchmarks.run", "--suite=quick_protocol",
+  command = [sys.executable, "-m", "benchmarks.run", "quick_protocol",
              f"--results_dir={results}", f"--work_dir={work}", "--allow_load"]
   proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
   assert proc.returncode == 0, proc.stderr[-4000:]

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.run --suite=quick` end to end: every arm trained or computed, recorded."""
+"""`python -m benchmarks.run quick` end to end: every arm trained or computed, recorded."""
 
 import json
 import math
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 def test_quick_suite_writes_every_arm_goals_report_and_plots(tmp_path):
   results, work = tmp_path / "results", tmp_path / "work"
-  command = [sys.executable, "-m", "benchmarks.run", "--suite=quick", f"--results_dir={results}",
+  command = [sys.executable, "-m", "benchmarks.run", "quick", f"--results_dir={results}",
              f"--work_dir={work}", "--allow_load"]  # the tests themselves load the machine
   proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)
   assert proc.returncode == 0, proc.stderr[-4000:]
@@ -36,7 +36,7 @@ def test_quick_suite_writes_every_arm_goals_report_and_plots(tmp_path):
   # Progress lines, one per run, and the report with its plots.
   assert proc.stdout.count("[quick] ") >= len(expected)
   report = (results / "quick" / "report.md").read_text()
-  assert "python -m benchmarks.run --suite=quick" in report
+  assert "python -m benchmarks.run quick" in report
   for plot in ("val_loss_vs_steps.png", "val_loss_vs_wall_time.png"):
     assert os.path.getsize(results / "quick" / plot) > 1000
     assert f"]({plot})" in report

@@ -1,10 +1,15 @@
-"""The verdicts and tables of benchmarks/soak.py, fault_trials.py and reliability_doc.py on
-synthetic measurements (the real runs are tests/reliability/test_soak.py and
-test_process_faults.py)."""
+"""The verdicts, tables and reports of benchmarks/soak.py, fault_trials.py and reliability_doc.py
+on synthetic measurements (the real runs are tests/reliability/test_soak.py and
+test_process_faults.py), and the reports of the committed summaries of those and of
+cluster_throughput.py."""
 
 import json
+import os
+
+import pytest
 
 from benchmarks import fault_trials
+from benchmarks import registry
 from benchmarks import reliability_doc
 from benchmarks import soak
 
@@ -111,13 +116,51 @@ def test_fault_summary_and_doc_section(tmp_path):
   summary = fault_trials.summarize(trials)
   assert summary["chief"]["finished"] == 1 and summary["chief"]["trials"] == 2
   assert summary["chief"]["steps_lost"] == {"median": 20, "min": 10, "max": 30}
-  faults = {"command": "python -m benchmarks.fault_trials --trials=2", "started_utc": "now",
+  faults = {"command": "python -m benchmarks.run fault_trials "
+                       "--gin_bindings='bench.fault_trials.trials = 2'", "started_utc": "now",
             "wall_s": 600, "cpus": 2, "load_avg_at_end": [3.0, 3.0, 3.0], "summary": summary,
             "trials": trials}
-  soak_summary = {"command": "python -m benchmarks.soak", "started_utc": "now", "cpus": 2,
+  soak_summary = {"command": "python -m benchmarks.run soak", "started_utc": "now", "cpus": 2,
                   "load_avg_at_end": [3.0, 3.0, 3.0], "run": _run(), "verdict": soak.judge(_run())}
   (tmp_path / "f.json").write_text(json.dumps(faults))
   (tmp_path / "s.json").write_text(json.dumps(soak_summary))
   text = reliability_doc.measured_section(str(tmp_path / "f.json"), [str(tmp_path / "s.json")])
   assert "| kill -9 of the chief" in text and "1/2 finished" in text and "20 (10-30)" in text
   assert "| soak: 2-way codistillation" in text and "RSS flat after warm-up" in text
+  # The benchmarks' own reports hold the same table and row.
+  fault_trials.write_report(faults, str(tmp_path / "fault_trials"))
+  text = (tmp_path / "fault_trials" / "report.md").read_text()
+  assert "| kill -9 of the chief" in text and "1/2 finished" in text
+  assert "Kill steps per kind: worker [100, 101]; chief [100, 101]." in text
+  assert "**1 trial(s) did not recover:**" in text and "- chief seed 1:" in text
+  soak.write_report(soak_summary, str(tmp_path / "soak"))
+  text = (tmp_path / "soak" / "report.md").read_text()
+  assert "| case | trials | outcome |" in text and "| soak: 2-way codistillation" in text
+  assert "| group_0/chief_0 | " in text and "| 0 | 3796 | 10.0 |" in text
+
+
+def test_bad_kinds_are_refused_before_anything_runs(tmp_path):
+  ctx = registry.Context(name="fault_trials", results_dir=str(tmp_path / "r"),
+                         work_dir=str(tmp_path / "w"), command="test")
+  with pytest.raises(ValueError, match=r"bench\.fault_trials\.kinds"):
+    fault_trials.measure_trials(ctx, kinds=("worker", "bogus"))
+  assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("name", ["fault_trials", "soak", "cluster_throughput"])
+def test_the_committed_summaries_are_reported(tmp_path, name):
+  benchmark = registry.load(name)
+  with open(os.path.join(registry.RESULTS_DIR, name, "summary.json")) as f:
+    summary = json.load(f)
+  benchmark.report(summary, str(tmp_path))
+  text = (tmp_path / "report.md").read_text()
+  assert text.startswith("# ") and summary.get("command", "command not recorded") in text
+  expected = {"fault_trials": "| kill -9 of the ps task", "soak": "| soak: 2-way codistillation",
+              "cluster_throughput": "| async_2workers | "}[name]
+  assert expected in text
+
+
+def test_the_doc_section_is_made_from_the_committed_summaries():
+  text = reliability_doc.measured_section()
+  assert "| kill -9 of the ps task" in text and "| soak: 2-way codistillation" in text
+  assert "Kill trials: `" in text and "Soak: `" in text

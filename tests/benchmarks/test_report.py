@@ -26,13 +26,6 @@ def test_index_lists_each_suites_goals_with_verdicts_and_links(tmp_path):
   assert "notes" not in text
 
 
-def test_a_run_written_outside_the_committed_results_leaves_their_index_alone(tmp_path):
-  (tmp_path / "fusion").mkdir()
-  (tmp_path / "fusion" / "summary.json").write_text(json.dumps({"goals": {"x": 1.0}}))
-  assert report.update_index_for(str(tmp_path / "fusion" / "summary.json")) is None
-  assert not (tmp_path / "README.md").exists()
-
-
 def _protocol_summary(data, minus_sync, interval, ratio, churn):
   goals = {"codistill_minus_best_sync_loss": minus_sync,
            "codistill_minus_best_sync_loss_interval": interval,
@@ -148,20 +141,35 @@ def test_index_shows_each_suites_cpu(tmp_path):
   assert "| `step` | `ratio` | 0.9600 |  |" in text and text.rstrip().endswith("| CPU Z |")
 
 
-def test_index_lists_a_benchmark_run_under_several_settings_once_per_setting(tmp_path):
-  (tmp_path / "teacher_overhead").mkdir()
-  for optimizer, ratio in (("adam", 0.913), ("adagrad", 0.818)):
-    (tmp_path / "teacher_overhead" / f"summary_{optimizer}.json").write_text(json.dumps({
+def test_index_reads_each_folders_summary_and_leaves_history_and_partial_files_out(tmp_path):
+  (tmp_path / "teacher_overhead" / "history").mkdir(parents=True)
+  for path, ratio in (("summary.json", 0.913), ("history/adagrad.json", 0.818)):
+    (tmp_path / "teacher_overhead" / path).write_text(json.dumps({
         "goals": {"teacher_throughput_ratio": ratio},
         "goal_verdicts": {"teacher_throughput_ratio": {
             "threshold": [">=", 0.95], "interval90": [ratio - 0.01, ratio + 0.01], "met": False}},
         "machine": {"cpu_model": "CPU Z"}}))
-  (tmp_path / "teacher_overhead" / "summary_adam.json.tmp").write_text("{")
+  (tmp_path / "teacher_overhead" / "summary.json.tmp").write_text("{")
   text = report.index_markdown(str(tmp_path))
-  assert ("| `teacher_overhead (adam)` | `teacher_throughput_ratio` | 0.9130 | [0.9030, 0.9230] |"
+  assert ("| `teacher_overhead` | `teacher_throughput_ratio` | 0.9130 | [0.9030, 0.9230] |"
           in text)
-  assert "| `teacher_overhead (adagrad)` | `teacher_throughput_ratio` | 0.8180 |" in text
-  assert "tmp" not in text
+  assert "0.8180" not in text and "tmp" not in text
+
+
+def test_a_registered_benchmarks_report_has_its_command_machine_goals_body_and_settings(tmp_path):
+  summary = {"command": "python -m benchmarks.run x", "config": {"steps": 10},
+             "goals": {"ratio": 0.9}, "goal_verdicts": {"ratio": {"threshold": [">=", 0.95],
+                                                                    "met": False}},
+             "machine": {"cpu_model": "CPU Z", "cores": 2, "tensorflow": "2.21.0",
+                         "load_avg_1m_before": 0.5, "load_avg_1m_after": 1.5,
+                         "foreign_cpu_share": 0.01, "above_nproc_load": True}}
+  path = report.write_benchmark_report(summary, str(tmp_path / "x"), "X", ["| a | b |"])
+  text = open(path).read()
+  assert text.startswith("# X\n\n`python -m benchmarks.run x`")
+  assert "CPU Z, 2 cores; TensorFlow 2.21.0" in text and "0.50 / 1.50" in text
+  assert "**taken on a loaded machine**" in text
+  assert "| `ratio` | 0.9000 |  | n/a | >= 0.95 | **no** |" in text
+  assert "| a | b |" in text and "| steps | `10` |" in text
 
 
 def test_loss_against_bytes_plots_measured_arms_and_counted_all_reduce(tmp_path):

@@ -1,4 +1,4 @@
-"""What the standalone benchmark scripts share (benchmarks/standalone.py)."""
+"""What the registered benchmarks share (benchmarks/standalone.py)."""
 
 import os
 import sys

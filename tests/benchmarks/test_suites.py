@@ -5,12 +5,11 @@ import os
 import gin
 import pytest
 
-from benchmarks import run as run_binary
+from benchmarks import registry
 from benchmarks import runner
 from tf_codistill.launch import gin_config as config
 
-SUITES = sorted(f[:-4] for f in os.listdir(run_binary.SUITES_DIR)
-                if f.endswith(".gin") and not f.startswith("_"))
+SUITES = registry.suites()
 
 
 def test_the_issue_suites_are_all_there():
@@ -22,7 +21,7 @@ def test_the_issue_suites_are_all_there():
 def test_suite_parses_and_its_goals_evaluate_on_its_arms(name):
   gin.clear_config()
   try:
-    config.parse_gin([os.path.join(run_binary.SUITES_DIR, f"{name}.gin")])
+    config.parse_gin([os.path.join(registry.SUITES_DIR, f"{name}.gin")])
     suite = runner.Suite()
     # Goals are gin-bound partials: evaluate each on made-up arm summaries (while the suite's
     # bindings are in force, as in a run), so a goal naming an arm the suite does not have fails

@@ -1,6 +1,7 @@
 """tf_versions: the figures it reads from each benchmark's summary, and its per-version table."""
 
 import json
+import os
 
 from benchmarks import tf_versions
 
@@ -31,7 +32,9 @@ def _summaries(scale):
 def test_each_benchmarks_figures_are_read_per_version_and_tabled(tmp_path):
   for version, scale in (("2.17.1", 1.0), ("2.21.0", 0.5)):
     for name, summary in _summaries(scale).items():
-      with open(tf_versions.part_path(str(tmp_path), name, version), "w") as f:
+      path = tf_versions.part_path(str(tmp_path), name, version)
+      os.makedirs(os.path.dirname(path))
+      with open(path, "w") as f:
         json.dump(summary, f)
   result = tf_versions.collect(str(tmp_path), list(tf_versions.BENCHMARKS),
                                ["2.21.0", "2.17.1", "9.9"])
@@ -47,9 +50,9 @@ def test_each_benchmarks_figures_are_read_per_version_and_tabled(tmp_path):
       "parquet examples_per_cpu_second": 600.0}
   assert all("9.9" not in by_version for by_version in result.values())
 
-  report = tmp_path / "report.md"
-  tf_versions.write_report(result, ["2.21.0", "2.17.1"], str(report))
-  text = report.read_text()
+  summary = {"versions": ["2.21.0", "2.17.1"], "benchmarks": result, "command": "python -m x"}
+  tf_versions.write_report(summary, str(tmp_path))
+  text = (tmp_path / "report.md").read_text()
   assert "| figure | TF 2.21.0 | TF 2.17.1 |" in text
   assert "| teacher_throughput_ratio | 0.48 | 0.96 |" in text
   assert "| load before / after | 0.50 / 1.25 | 0.50 / 1.25 |" in text

@@ -4,7 +4,7 @@ seeded random step (benchmarks/fault_trials), under the launcher's default fault
 
 The reduced form (one trial of each kind that tests/cluster does not cover, marked ``cluster``)
 runs with the other cluster tests; the repeated trials (``soak``, deselected by default) are
-``python -m benchmarks.fault_trials --trials=10``, whose summary is the table of
+``python -m benchmarks.run fault_trials`` (10 trials of each kind), whose summary is the table of
 docs/reliability.md.
 """
 

@@ -8,8 +8,8 @@ real parameter-server cluster in about 30 s: a coordinator loads 100 versions of
 teachers that live on the ps, the way a group's chief does, and neither it nor the ps grows. The
 launch form (``soak``, deselected by default; ``pytest --soak``) runs the whole job: a reduced
 one (150 s of training: every process's memory, refreshes, timelines, pinning) and the 20-minute
-``python -m benchmarks.soak --duration_s=1200``, whose result is in docs/reliability.md. The
-verdicts themselves are tested on synthetic runs (tests/benchmarks/test_reliability_summaries.py).
+``python -m benchmarks.run soak``, whose result is in docs/reliability.md. The verdicts themselves
+are tested on synthetic runs (tests/benchmarks/test_reliability_summaries.py).
 """
 
 import json

@@ -1,0 +1,100 @@
+"""Every benchmark by name, behind one entry point: ``python -m benchmarks.run NAME``.
+
+A benchmark is either a suite (``benchmarks/suites/<name>.gin``: arms of training jobs, run by
+``runner``) or a measuring module registered here. A module defines ``BENCHMARK =
+registry.Benchmark(...)``: a gin-configurable ``measure(ctx)`` that returns the summary, a
+``report`` that writes ``report.md`` from a summary, and optionally a ``child`` that runs one
+measured part in a fresh process (``child_command``). ``benchmarks.run`` holds the machine
+(``machine.exclusive``), records the load into the summary, writes
+``<results_dir>/<name>/summary.json`` and the report, and updates the results index; settings
+come as gin bindings of ``bench.<name>``, e.g. ``--gin_bindings='bench.fusion.rounds = 3'``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import sys
+from typing import Callable, Dict, List, Optional
+
+BENCHMARKS_DIR = os.path.dirname(os.path.abspath(__file__))
+SUITES_DIR = os.path.join(BENCHMARKS_DIR, "suites")
+RESULTS_DIR = os.path.join(BENCHMARKS_DIR, "results")
+
+# name -> the module that defines it (imported only when that benchmark runs).
+MODULES: Dict[str, str] = {
+    "teacher_overhead": "benchmarks.teacher_overhead",
+    "teacher_precision": "benchmarks.teacher_precision",
+    "fusion": "benchmarks.fusion",
+    "forward_fusion_ps": "benchmarks.forward_fusion_ps",
+    "comm": "benchmarks.comm",
+    "parse_throughput": "benchmarks.parse_throughput",
+    "cluster_throughput": "benchmarks.cluster_throughput",
+    "cluster_step_times": "benchmarks.cluster_step_times",
+    "fault_trials": "benchmarks.fault_trials",
+    "soak": "benchmarks.soak",
+    "tf_versions": "benchmarks.tf_versions",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """Where a benchmark writes and what it was asked: given to ``measure`` by the runner."""
+  name: str
+  results_dir: str  # <results root>/<name>: summary.json, report.md, plots
+  work_dir: str  # <work root>/<name>: data, runs, anything a rerun may reuse
+  command: str  # the command line that reproduces the run
+  allow_load: bool = False
+  progress: Callable[[str], None] = print
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+  """A registered benchmark: how it measures, reports, and runs a part in a child process."""
+  name: str
+  measure: Callable[[Context], dict]
+  report: Callable[[dict, str], None]  # (summary, results_dir): writes results_dir/report.md
+  child: Optional[Callable[[dict], None]] = None  # one part, in a process of its own
+  # False for a benchmark that runs other benchmarks (each of which holds the machine itself).
+  exclusive: bool = True
+  # What failed in a recorded run (e.g. a fault trial that did not recover), or None: the
+  # summary and report are written, then the run exits 1 with this message.
+  failure: Optional[Callable[[dict], Optional[str]]] = None
+
+
+def suites() -> List[str]:
+  """The suite names (``benchmarks/suites/<name>.gin``; files starting with _ are includes)."""
+  return sorted(f[:-4] for f in os.listdir(SUITES_DIR)
+                if f.endswith(".gin") and not f.startswith("_"))
+
+
+def names() -> List[str]:
+  """Every benchmark a user can run: the registered modules and the suites."""
+  return sorted(set(MODULES) | set(suites()))
+
+
+def load(name: str) -> Benchmark:
+  """The registered benchmark ``name`` (its module imported now); KeyError for a suite or an
+  unknown name."""
+  module = importlib.import_module(MODULES[name])
+  benchmark = module.BENCHMARK
+  if benchmark.name != name:
+    raise RuntimeError(f"{MODULES[name]} registers {benchmark.name!r}, not {name!r}")
+  return benchmark
+
+
+def child_command(name: str, spec: dict, python: str = sys.executable) -> List[str]:
+  """The command that runs ``name``'s ``child(spec)`` in a fresh process (JSON ``spec``)."""
+  return [python, "-m", "benchmarks.run", name, f"--child={json.dumps(spec, sort_keys=True)}"]
+
+
+def command(name: str, bindings: List[str] = (), python: str = sys.executable,
+            results_dir: Optional[str] = None, work_dir: Optional[str] = None) -> List[str]:
+  """The command that runs benchmark ``name`` with gin ``bindings`` (as ``benchmarks.run``
+  takes them), e.g. under another interpreter."""
+  return ([python, "-m", "benchmarks.run", name]
+          + ([f"--results_dir={results_dir}"] if results_dir else [])
+          + ([f"--work_dir={work_dir}"] if work_dir else [])
+          + [f"--gin_bindings={b}" for b in bindings])

@@ -74,6 +74,7 @@ from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.models import ctr
 from tf_codistill.teachers import pool as teachers
+from tf_codistill.teachers.spec import TeacherSpec
 from tf_codistill.training.model import CodistillModel
 
 NAME = "cluster_step_times"
@@ -110,7 +111,7 @@ def _build_arms(strategy: tf.distribute.Strategy, settings: dict) -> Dict[str, C
       student = _make_model(settings["num_buckets"])
       factory = (lambda s=student: ctr.ctr_teacher(s)) if stacked else None
       model = CodistillModel(student, 0 if name == "no_teacher" else 1, alpha=1.0,
-                             teacher_factory=factory)
+                             teachers=TeacherSpec(factory=factory))
       model.compile(optimizer=keras.optimizers.Adam(1e-3),
                     loss=keras.losses.BinaryCrossentropy(from_logits=True))
       model(sample)

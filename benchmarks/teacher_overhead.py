@@ -1,7 +1,7 @@
 """Step time of the CTR model: plain tf_keras vs CodistillModel without a teacher, with a loaded
-float32 teacher, a bfloat16 one (teacher_precision='bfloat16': bfloat16 variables and compute),
-a mixed_bfloat16 one (float32 variables, bfloat16 compute) and an int8 one (teacher_precision=
-'int8': weight-only int8 embeddings and dense kernels, quantization.py), all clones of the
+float32 teacher, a bfloat16 one (TeacherSpec(precision='bfloat16'): bfloat16 variables and compute),
+a mixed_bfloat16 one (float32 variables, bfloat16 compute) and an int8 one (TeacherSpec(precision=
+'int8'): weight-only int8 embeddings and dense kernels, quantization.py), all clones of the
 student; and the CTR model's own teacher form (``models.ctr_teacher``: its 26 tables stacked into
 one, looked up with one gather) in float32, bfloat16 and int8. The goals read the stacked form
 (GOAL_RATIOS), as declared before the first run that had it in that precision.
@@ -44,6 +44,7 @@ from benchmarks import registry
 from benchmarks import step_times
 from tf_codistill.models import ctr
 from tf_codistill.teachers import quantization
+from tf_codistill.teachers.spec import TeacherSpec
 from tf_codistill.training.model import CodistillModel
 from tf_codistill.training.model import clone_architecture
 
@@ -130,13 +131,15 @@ def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
       continue
     student = make()
     arms[name] = _compile(CodistillModel(
-        student, 1, alpha=1.0, teacher_factory=lambda s=student, p=policy: _teacher_copy(s, p)),
+        student, 1, alpha=1.0, teachers=TeacherSpec(
+            factory=lambda s=student, p=policy: _teacher_copy(s, p))),
         optimizer)
   for name, factory in PART_ARMS.items():
     if not wanted(name):
       continue
     arms[name] = _compile(CodistillModel(
-        make(), 1, alpha=1.0, teacher_factory=lambda f=factory: f(num_buckets, embedding_dim)),
+        make(), 1, alpha=1.0, teachers=TeacherSpec(
+            factory=lambda f=factory: f(num_buckets, embedding_dim))),
         optimizer)
   for model in arms.values():
     model(sample)

@@ -33,6 +33,7 @@ from data_pipelines import text_lm
 from tf_codistill import losses
 from tf_codistill.models import lm
 from tf_codistill.models import resnet
+from tf_codistill.teachers.spec import TeacherSpec
 from tf_codistill.training.model import CodistillModel
 from tf_codistill.training.model import clone_architecture
 
@@ -77,7 +78,8 @@ def _arms(task: str, data_dir: str, vocab_size: int):
                                  ("mixed_bfloat16_teacher", 1, "mixed_bfloat16")):
     student = make()
     factory = (lambda s=student, p=policy: clone_architecture(s, p))
-    model = CodistillModel(student, teachers, alpha=1.0, output=output, teacher_factory=factory)
+    model = CodistillModel(student, teachers, alpha=1.0, output=output,
+                           teachers=TeacherSpec(factory=factory))
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
     model(sample)
     if teachers:

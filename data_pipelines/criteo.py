@@ -141,23 +141,26 @@ def raw_parser(num_buckets: int = 100_000) -> Callable[[tf.Tensor], dict[str, tf
 
   def parse(lines: tf.Tensor) -> dict[str, tf.Tensor]:
     lines = tf.strings.regex_replace(tf.convert_to_tensor(lines, tf.string), r"\r?\n$", "")
-    fields = tf.strings.split(lines, "\t").row_lengths()
-    labeled = tf.where(tf.equal(fields, NUM_FIELDS - 1), tf.strings.join(["0\t", lines]), lines)
+    fields = tf.strings.split(lines, "\t")
+    unlabeled = tf.cast(tf.equal(fields.row_lengths(), NUM_FIELDS - 1), tf.int64)
+    label = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(unlabeled)], "0"), unlabeled)
     where = lambda i: tf.strings.as_string(i)  # noqa: E731
     checked = functools.partial(records.enforce, where=where, prefix="malformed raw Criteo line ",
                                 policy="error", counter=None)
-    parsed = _parse_tsv_batch(labeled, checked, f"{NUM_FIELDS - 1} (or {NUM_FIELDS} with the "
-                              "label first)")
+    parsed = _parse_tsv_batch(lines, checked, f"{NUM_FIELDS - 1} (or {NUM_FIELDS} with the "
+                              "label first)", fields=tf.concat([label, fields], axis=1))
     return _features(*parsed, num_buckets)[0]
 
   return parse
 
 
 def _parse_tsv_batch(lines: tf.Tensor, enforce: EnforceFn,
-                     expected_fields: str = str(NUM_FIELDS)) -> Tensors:
+                     expected_fields: str = str(NUM_FIELDS),
+                     fields: tf.RaggedTensor | None = None) -> Tensors:
   """Validates a batch of TSV lines; returns label (bool), ints (int64) and categorical strings.
-  ``expected_fields``: how the field count is described when it is wrong."""
-  fields = tf.strings.split(lines, "\t")
+  ``expected_fields``: how the field count is described when it is wrong; ``fields``: the lines
+  already split on tabs, label first (raw serving input, whose label may be missing)."""
+  fields = tf.strings.split(lines, "\t") if fields is None else fields
   num_fields = fields.row_lengths()
   table = fields.to_tensor(default_value="", shape=[None, NUM_FIELDS])
   label, ints, cats = table[:, 0], table[:, 1:1 + NUM_INT], table[:, 1 + NUM_INT:]

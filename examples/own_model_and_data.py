@@ -7,7 +7,7 @@
 
 CSV rows are `label,feature_1,...,feature_n` (a 0/1 label, float features, no header). Each group
 reads its own shard of the training files, trains a small residual MLP (a subclassed model, so
-teachers are built by `teacher_factory`), publishes it and distills from the other group.
+teachers are built by a `tfc.TeacherSpec` factory), publishes it and distills from the other group.
 """
 
 import tensorflow as tf
@@ -65,7 +65,7 @@ def main(argv):
   train = csv_dataset(FLAGS.train_files, FLAGS.group, FLAGS.num_groups, train=True)
   validation = csv_dataset(FLAGS.eval_files, 0, 1, train=False)
   model = tfc.CodistillModel(
-      ResidualMLP(), teacher_factory=ResidualMLP, alpha=1.0,
+      ResidualMLP(), teachers=tfc.TeacherSpec(factory=ResidualMLP), alpha=1.0,
       burn_in_steps=FLAGS.publish_every_steps,
       exchange=tfc.Exchange(FLAGS.exchange_dir, group=FLAGS.group, num_groups=FLAGS.num_groups,
                             publish_every_steps=FLAGS.publish_every_steps))

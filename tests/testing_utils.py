@@ -165,14 +165,14 @@ def restored_lm_teacher(exchange_dir, teacher_precision, probe=False):
   from tf_codistill.exchange import directory as exchange
   from tf_codistill.exchange.config import Exchange
   from tf_codistill.teachers import pool as teachers
+  from tf_codistill.teachers.spec import TeacherSpec
   from tf_codistill.training.model import CodistillModel
   peer, output, x = project_model("lm")
   spec = {"tokens": tf.TensorSpec([None, 20], tf.int32)}
   exchange.publish(peer, str(exchange_dir), 1, 40, spec)
   student, _, _ = project_model("lm")
-  model = CodistillModel(student, exchange=Exchange(str(exchange_dir), group=0,
-                                                    teacher_precision=teacher_precision),
-                         output="softmax")
+  model = CodistillModel(student, exchange=Exchange(str(exchange_dir), group=0),
+                         teachers=TeacherSpec(precision=teacher_precision), output="softmax")
   model(x)
   pool = teachers.TeacherPool(str(exchange_dir), [1], model, spec, [None, 20, 200],
                               probe=x if probe else None)
@@ -188,11 +188,12 @@ def student_and_pool(exchange_dir, peers=(1,), poll_interval_s=0.05, probe=None,
   import tensorflow as tf
 
   from tf_codistill.teachers import pool as teachers
+  from tf_codistill.teachers.spec import TeacherSpec
   from tf_codistill.training.model import CodistillModel
   from tf_codistill.training.model import clone_architecture
   student = small_net()
   factory = teacher_policy and (lambda: clone_architecture(student, teacher_policy))
-  model = CodistillModel(student, len(peers), teacher_factory=factory)
+  model = CodistillModel(student, len(peers), teachers=TeacherSpec(factory=factory))
   model(tf.zeros([1, 4]))
   pool = teachers.TeacherPool(str(exchange_dir), list(peers), model,
                               tf.TensorSpec([None, 4], tf.float32), [None, 1],

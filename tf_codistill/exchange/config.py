@@ -18,12 +18,6 @@ from tf_codistill.exchange import averaging as averaging_lib
 from tf_codistill.exchange import lean_versions
 from tf_codistill.exchange import topology
 
-# teacher_precision -> the tf_keras dtype policy of the teacher copies (int8: of their layers
-# that are not quantized, see quantization.py).
-PRECISIONS = {"float32": "float32", "bfloat16": "bfloat16", "mixed_bfloat16": "mixed_bfloat16",
-              "int8": "float32"}
-
-
 # The nice increments a loading thread may take (Linux's range of nice values above 0).
 LOADER_NICE_RANGE = (0, 19)
 
@@ -46,10 +40,6 @@ class Exchange:
     loader_nice: how much lower than training that thread runs (a Linux nice increment, 0 to
       19). 0 by default: 10 saved no throughput in a 2-core parameter-server group and made
       loads slower (the thread shares the Python GIL with the training loop).
-    teacher_precision: ``float32``; ``bfloat16`` (teacher variables and compute in bfloat16:
-      half the memory, read by key from peers' float32 versions and cast: restoring.py);
-      ``mixed_bfloat16`` (float32 variables, bfloat16 compute); ``int8`` (Embedding and Dense
-      weights as int8 codes with per-row scales, under a third of the memory: quantization.py).
     publish_format: how versions are published: whole SavedModels (the default), or lean
       versions with bfloat16/int8 weights and row deltas (``tfc.PublishFormat``); readers
       accept every format.
@@ -78,7 +68,6 @@ class Exchange:
   keep_last: int = 2
   poll_interval_s: float = 2.0
   loader_nice: int = 0
-  teacher_precision: str = "float32"
   publish_format: lean_versions.PublishFormat = lean_versions.PublishFormat()
   wait_for_first_teachers_s: float = 0.0
   input_spec: Any = None
@@ -93,9 +82,6 @@ class Exchange:
                                "would exchange nothing")
     if self.averaging is not None:
       self.averaging.check_job(self.directory, self.num_groups)
-    if self.teacher_precision not in PRECISIONS:
-      raise ConfigurationError(f"Exchange.teacher_precision={self.teacher_precision!r} is not "
-                               f"one of {list(PRECISIONS)}")
     for name in ("publish_every_steps", "keep_last"):
       if getattr(self, name) < 1:
         raise ConfigurationError(f"Exchange.{name}={getattr(self, name)} must be >= 1")
@@ -134,8 +120,3 @@ class Exchange:
   def num_teachers(self) -> int:
     """How many teachers a CodistillModel of this exchange averages (0 without distillation)."""
     return len(self.peer_groups()) if self.distill else 0
-
-  def teacher_dtype_policy(self) -> Optional[str]:
-    """The dtype policy of teacher copies (None: the student's own)."""
-    policy = PRECISIONS[self.teacher_precision]
-    return None if policy == "float32" else policy

@@ -26,6 +26,7 @@ from tf_codistill.models import ctr  # noqa: F401
 from tf_codistill.models import lm  # noqa: F401
 from tf_codistill.models import mlp  # noqa: F401
 from tf_codistill.models import resnet  # noqa: F401
+from tf_codistill.teachers import spec  # noqa: F401
 from tf_codistill.training import strategies  # noqa: F401
 from tf_codistill.training import tasks  # noqa: F401
 from tf_codistill.training import train_config
@@ -77,6 +78,11 @@ def parse_gin(gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = ()) -
     renamed = re.search(r"'trainer\.train' doesn't have a parameter named '(\w+)'", str(e))
     if renamed:
       train_config.check_renamed([renamed.group(1)])
+    if re.search(r"'(?:tfc\.)?Exchange' doesn't have a parameter named 'teacher_precision'",
+                 str(e)):
+      raise ConfigError("tfc.Exchange.teacher_precision is now tfc.TeacherSpec.precision (the "
+                        "teachers belong to the model: tfc.CodistillModel(teachers=...)); "
+                        "trainer.train.teacher_precision is unchanged: rename the binding") from e
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ConfigError(f"gin configuration error: {first}") from e
   check_bound_types()

@@ -58,13 +58,13 @@ from absl import logging
 from tf_codistill import errors
 from tf_codistill import layout
 from tf_codistill.launch import isolation
+from tf_codistill.training import strategy_kinds
 
 _GRACE_SECONDS = 10.0
 DEFAULT_MAX_RESTARTS = 3
 _SYNC_WORKER_FINISH_SECONDS = 60.0
 DEFAULT_STALL_TIMEOUT_S = 1800.0
 STALLED_STATUS = -1000  # the status a stalled group's failure is recorded with (no process exit)
-STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
 FAILURE_POLICIES = ("stop_all", "continue")
 
 
@@ -81,8 +81,8 @@ class GroupShape:
 
   def __post_init__(self):
     refuse = errors.ConfigurationError
-    if self.strategy not in STRATEGIES:
-      raise refuse(f"--strategy={self.strategy!r} is not one of {STRATEGIES}")
+    if self.strategy not in strategy_kinds.KINDS:
+      raise refuse(f"--strategy={self.strategy!r} is not one of {strategy_kinds.KINDS}")
     if self.strategy in ("one_device", "mirrored") and (self.workers or self.ps):
       raise refuse(f"--strategy={self.strategy} runs one process per group: "
                    "--workers_per_group and --ps_per_group must be 0")

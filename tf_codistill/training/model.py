@@ -5,7 +5,7 @@
 loaded, else 0. With no teacher loaded the step is exactly the wrapped model's own step.
 
 Each peer's teacher is double-buffered: two copies of the student's function (a clone, or what
-``teacher_factory`` builds: another precision or form, e.g. ``models.ctr_teacher``) with
+``TeacherSpec`` says to build: another precision or form, e.g. ``models.ctr_teacher``) with
 non-trainable variables and an ``active_slot`` variable choosing the one the train step runs
 (``select_branch``; one ``Case`` op kept as such under parameter servers). A refresh restores the
 new values into the *inactive* copy (off the training thread, see teachers/pool.py) and then flips
@@ -39,6 +39,7 @@ from tf_codistill.optim import comm
 from tf_codistill.optim import fused_models
 from tf_codistill.optim import fusion as fusion_lib
 from tf_codistill.teachers import quantization
+from tf_codistill.teachers import spec as teacher_spec
 from tf_codistill.training import codistill_hooks
 
 
@@ -55,8 +56,9 @@ def clone_architecture(model: keras.Model, dtype_policy: Optional[str] = None) -
     return keras.models.clone_model(model, clone_function=_with_policy(dtype_policy))
   except ValueError as e:
     raise ValueError(
-        f"cannot clone {type(model).__name__} automatically ({e}); pass a teacher_factory that "
-        "builds the same architecture (needed for subclassed models)") from e
+        f"cannot clone {type(model).__name__} automatically ({e}); pass "
+        "teachers=TeacherSpec(factory=...) that builds the same architecture (needed for "
+        "subclassed models)") from e
 
 
 def _with_policy(dtype_policy: Optional[str]) -> Optional[Callable[[keras.layers.Layer],
@@ -131,18 +133,13 @@ def teacher_form_suffix(teacher: keras.Model, student: keras.Model) -> str:
   return "_form_" + hashlib.sha1("|".join(forms).encode()).hexdigest()[:12]
 
 
-def _teacher_maker(student: keras.Model, teacher_factory, exchange) -> Callable[[], keras.Model]:
-  precision = exchange.teacher_precision if exchange is not None else "float32"
-  policy = exchange.teacher_dtype_policy() if exchange is not None else None
-  if teacher_factory is not None:
-    if precision != "float32":
-      raise errors.ConfigurationError(
-          f"CodistillModel: teacher_precision={exchange.teacher_precision!r} applies to cloned "
-          "teachers; with a teacher_factory, build its layers with that dtype policy instead")
-    return teacher_factory
-  if precision == "int8":
+def _teacher_maker(student: keras.Model, teachers: teacher_spec.TeacherSpec
+                   ) -> Callable[[], keras.Model]:
+  if teachers.factory is not None:
+    return teachers.factory
+  if teachers.precision == "int8":
     return lambda: quantization.int8_copy(student)
-  return lambda: clone_architecture(student, dtype_policy=policy)
+  return lambda: clone_architecture(student, dtype_policy=teachers.dtype_policy())
 
 
 def export(model: keras.Model, path: str, input_spec=None, *,
@@ -182,13 +179,13 @@ class CodistillModel(keras.Model):
   """Wraps a student model; trains it on task loss plus distillation toward stale peer teachers.
 
   Args:
-    student: the model trained (any tf_keras model; subclassed ones need ``teacher_factory``).
+    student: the model trained (any tf_keras model; subclassed ones need a
+      ``TeacherSpec.factory``).
     num_teachers: how many peer teachers the train step averages (given by ``exchange`` if set).
     exchange: where and how to exchange models with peer groups (exchange_config.Exchange);
       with it ``fit`` publishes and refreshes teachers by itself.
-    teacher_factory: builds a teacher copy: the student's architecture (default: a clone), or
-      a form holding its weights otherwise (``quantization.ConvertedLayer``, e.g.
-      ``models.ctr_teacher``; copies for publishing are then clones of the student).
+    teachers: how the teacher copies are built (``tfc.TeacherSpec``: a clone of the student
+      at a precision, by default float32, or a factory of another form).
     alpha: weight of the distillation term once ``burn_in_steps`` steps have run.
     output: ``sigmoid`` or ``softmax``: how the student's logits become probabilities.
     distill_kind, temperature: the distillation loss (losses.distillation_loss).
@@ -201,7 +198,7 @@ class CodistillModel(keras.Model):
 
   def __init__(self, student: keras.Model, num_teachers: Optional[int] = None, *,
                exchange: Optional["exchange_config.Exchange"] = None,
-               teacher_factory: Optional[Callable[[], keras.Model]] = None,
+               teachers: teacher_spec.TeacherSpec = teacher_spec.TeacherSpec(),
                alpha: float = 1.0, burn_in_steps: int = 0, output: str = "sigmoid",
                distill_kind: str = "xent", temperature: float = 1.0,
                teacher_weights: Optional[Sequence[float]] = None, fusion: str = "none",
@@ -221,8 +218,8 @@ class CodistillModel(keras.Model):
     losses._check("distill_kind", distill_kind, losses.DISTILL_KINDS)
     self.student = student
     self.exchange = exchange
-    self._teacher_factory = teacher_factory
-    make = _teacher_maker(student, teacher_factory, exchange)
+    self.teachers = teachers
+    make = _teacher_maker(student, teachers)
     self.teacher_slots = [[make(), make()] for _ in range(num_teachers)]
     self.teacher_state_key = (teacher_form_suffix(self.teacher_slots[0][0], student)
                               if num_teachers else "")
@@ -282,11 +279,11 @@ class CodistillModel(keras.Model):
     """A new float32 model of the student's architecture (for local copies and exports): the
     teacher factory's model, unless the teachers it makes hold the weights in another form or
     precision (stacked tables, bfloat16); then a clone of the student."""
-    if self._teacher_factory is None:
+    if self.teachers.factory is None:
       return clone_architecture(self.student)
     if self.teacher_slots and not quantization.restores_from_float32(self.teacher_slots[0][0]):
       return clone_architecture(self.student)
-    return self._teacher_factory()
+    return self.teachers.factory()
 
   def float32_copy(self) -> keras.Model:
     """A float32 model of the teachers' architecture with its variables created (from the

@@ -19,8 +19,9 @@ import tensorflow as tf
 from absl import logging
 
 from tf_codistill import errors
+from tf_codistill.training import strategy_kinds
 
-KINDS = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
+KINDS = strategy_kinds.KINDS
 IMPLEMENTATIONS = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
                    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
                    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}

@@ -19,6 +19,7 @@ from tf_codistill.exchange import lean_versions
 from tf_codistill.models import ctr
 from tf_codistill.optim import comm
 from tf_codistill.optim import fusion as fusion_lib
+from tf_codistill.teachers import spec as teacher_spec
 from tf_codistill.training import tasks as tasks_lib
 
 DATA_SPLITS = ("disjoint", "same")
@@ -158,11 +159,8 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
   if config.max_wall_seconds is not None and config.strategy == "multi_worker_mirrored":
     raise ConfigurationError("trainer.train.max_wall_seconds cannot end a multi_worker_mirrored "
                              "group (its workers would wait for the chief): unbind it")
-  if config.teacher_fn is not None and config.teacher_precision != "float32":
-    raise ConfigurationError(
-        f"trainer.train.teacher_precision={config.teacher_precision!r} applies to cloned "
-        "teachers, and trainer.train.teacher_fn is bound: set the precision in teacher_fn's own "
-        "bindings (e.g. models.ctr_teacher.dtype_policy) and unbind teacher_precision")
+  teacher_spec.check(config.teacher_precision, config.teacher_fn is not None,
+                     "trainer.train.teacher_precision", "trainer.train.teacher_fn")
   for name in ("train_files", "eval_files"):
     if not getattr(config, name):
       raise ConfigurationError(
@@ -178,7 +176,7 @@ def exchange_for(config: TrainConfig, directory: str, group: int, num_groups: in
     return exchange_config.Exchange(
         directory, group, num_groups, config.teacher_graph,
         publish_every_steps=config.publish_every_steps, keep_last=config.keep_last,
-        poll_interval_s=config.poll_interval_s, teacher_precision=config.teacher_precision,
+        poll_interval_s=config.poll_interval_s,
         publish_format=config.publish_format,
         wait_for_first_teachers_s=config.wait_for_first_teachers_s, input_spec=input_spec,
         averaging=config.averaging, distill=config.codistill)
@@ -195,20 +193,20 @@ def _as_bindings() -> Iterator[None]:
     raise ConfigurationError(message) from None
 
 
-def teacher_factory(teacher_fn: Optional[Callable[[keras.Model], keras.Model]],
-                    student: keras.Model) -> Optional[Callable[[], keras.Model]]:
-  """CodistillModel's ``teacher_factory`` from ``trainer.train.teacher_fn``: a teacher_fn that
-  cannot build a teacher of this student raises ConfigurationError naming the binding (a
-  permanent failure, not one a restart fixes)."""
-  if teacher_fn is None:
-    return None
+def teachers(config: TrainConfig, student: keras.Model) -> teacher_spec.TeacherSpec:
+  """CodistillModel's ``TeacherSpec`` from ``trainer.train.teacher_precision`` and
+  ``teacher_fn``: a teacher_fn that cannot build a teacher of this student raises
+  ConfigurationError naming the binding (a permanent failure, not one a restart fixes)."""
+  if config.teacher_fn is None:
+    return teacher_spec.TeacherSpec(precision=config.teacher_precision)
+  teacher_fn = config.teacher_fn
 
   def make() -> keras.Model:
     try:
       return teacher_fn(student)
     except ValueError as e:
       raise ConfigurationError(f"trainer.train.teacher_fn: {e}") from None
-  return make
+  return teacher_spec.TeacherSpec(factory=make)
 
 
 def _validate_numbers(**values: int) -> None:

@@ -149,7 +149,7 @@ class GroupTrainer:
                  if config.allreduce_dtype != "float32" else None)
       model = CodistillModel(
           student, exchange=self.exchange_config(data.input_spec),
-          teacher_factory=train_config.teacher_factory(config.teacher_fn, student),
+          teachers=train_config.teachers(config, student),
           alpha=config.alpha,
           burn_in_steps=config.burn_in_steps, output=self.task.output,
           distill_kind=config.distill_kind, temperature=config.temperature,

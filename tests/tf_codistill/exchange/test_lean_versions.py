@@ -234,8 +234,8 @@ def test_publish_format_refuses_values_that_cannot_work_naming_them(changes, nam
 
 
 def _student_and_pool(tmp_path, teacher_precision="float32"):
-  model = CodistillModel(emb_net(), exchange=tfc.Exchange(
-      str(tmp_path), 0, teacher_precision=teacher_precision))
+  model = CodistillModel(emb_net(), exchange=tfc.Exchange(str(tmp_path), 0),
+                         teachers=tfc.TeacherSpec(precision=teacher_precision))
   model(tf.zeros([1, 3], tf.int32))
   pool = teachers.TeacherPool(str(tmp_path), [1], model, SPEC, [None, 1], poll_interval_s=0.05,
                               probe=tf.constant([[1, 2, 3]], tf.int32))

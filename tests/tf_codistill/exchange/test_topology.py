@@ -1,5 +1,7 @@
 """Tests of the teacher graphs: all-to-all and ring teacher selection for n = 2..8 groups."""
 
+import types
+
 import pytest
 
 from tf_codistill.exchange import topology
@@ -46,7 +48,7 @@ def test_trainer_refuses_unknown_graph_and_precision_naming_the_binding(tmp_path
     trainer.train(str(tmp_path), teacher_graph="star", **codistilling)
   with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_precision='int4'"):
     trainer.train(str(tmp_path), teacher_precision="int4", **codistilling)
-  with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_fn is bound"):
+  with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_fn is set"):
     trainer.train(str(tmp_path), teacher_precision="bfloat16", teacher_fn=lambda s: s,
                   train_files=["x"], eval_files=["y"])
 
@@ -56,8 +58,9 @@ def test_a_teacher_fn_that_does_not_fit_the_model_is_a_configuration_error():
   from tf_codistill.models import ctr
   from tf_codistill.models import mlp
   from tf_codistill.training import train_config
-  assert train_config.teacher_factory(None, mlp.mlp(num_classes=3)) is None
-  make = train_config.teacher_factory(ctr.ctr_teacher, mlp.mlp(num_classes=3))
+  settings = lambda fn: types.SimpleNamespace(teacher_fn=fn, teacher_precision="float32")  # noqa
+  assert train_config.teachers(settings(None), mlp.mlp(num_classes=3)).factory is None
+  make = train_config.teachers(settings(ctr.ctr_teacher), mlp.mlp(num_classes=3)).factory
   with pytest.raises(train_config.ConfigurationError,
                      match="trainer.train.teacher_fn: .* is not a models.ctr_model"):
     make()

@@ -33,6 +33,19 @@ def test_a_missing_include_is_a_config_error_naming_it(tmp_path):
     gin.clear_config()
 
 
+def test_the_exchanges_old_teacher_precision_names_the_models_teacher_spec():
+  gin.clear_config()
+  try:
+    with pytest.raises(config.errors.ConfigurationError,
+                       match=r"tfc.Exchange.teacher_precision is now tfc.TeacherSpec.precision"):
+      config.parse_gin([], ["tfc.Exchange.teacher_precision = 'bfloat16'"])
+    gin.clear_config()
+    config.parse_gin([], ["tfc.TeacherSpec.precision = 'bfloat16'"])
+    assert gin.query_parameter("tfc.TeacherSpec.precision") == "bfloat16"
+  finally:
+    gin.clear_config()
+
+
 def test_a_renamed_setting_names_its_new_name_in_gin_files_and_bindings(tmp_path):
   suite = tmp_path / "old.gin"
   suite.write_text("trainer.train.batch_size = 64\ntrainer.train.exchange_every_steps = 50\n")

@@ -8,6 +8,7 @@ import tf_keras as keras
 from tf_codistill.exchange import weight_codecs
 from tf_codistill.models import ctr
 from tf_codistill.teachers import quantization
+from tf_codistill.teachers.spec import TeacherSpec
 
 
 def _weights(seed=None, global_seed=None):
@@ -144,8 +145,8 @@ def test_a_run_resumed_with_the_other_teacher_form_restores_no_teacher(tmp_path,
 
   def codistill(stacked, seed):
     student = ctr.ctr_model(num_buckets=100, embedding_dim=4, hidden_units=(16, 8), seed=seed)
-    model = CodistillModel(student, 1, teacher_factory=(lambda: ctr.ctr_teacher(student))
-                           if stacked else None)
+    factory = (lambda: ctr.ctr_teacher(student)) if stacked else None
+    model = CodistillModel(student, 1, teachers=TeacherSpec(factory=factory))
     model(_batch())
     return model
 

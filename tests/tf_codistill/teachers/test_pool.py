@@ -15,6 +15,7 @@ import tf_keras as keras
 from tf_codistill import step_hooks
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.teachers import pool as teachers
+from tf_codistill.teachers.spec import TeacherSpec
 from tf_codistill.training.model import CodistillModel
 from tf_codistill.training.model import clone_architecture
 
@@ -107,7 +108,8 @@ def test_a_bfloat16_teacher_of_a_student_with_an_integer_weight_is_loaded(tmp_pa
   exchange.publish(peer, str(tmp_path), 1, 10, SPEC)
   student = normalized_net(np.ones([2, 4], np.float32))
   model = CodistillModel(student, 1,
-                         teacher_factory=lambda: clone_architecture(student, "bfloat16"))
+                         teachers=TeacherSpec(
+                             factory=lambda: clone_architecture(student, "bfloat16")))
   model(tf.zeros([1, 4]))
   pool = teachers.TeacherPool(str(tmp_path), [1], model, SPEC, [None, 1])
   assert pool.poll_once() == 1 and pool.rejections == 0
@@ -129,7 +131,8 @@ def test_the_ctr_models_stacked_teacher_is_loaded_in_each_precision(tmp_path, po
   exchange.publish(peer, str(tmp_path), 1, 20, spec)
   student = make(seed=0)
   model = CodistillModel(student, 1,
-                         teacher_factory=lambda: ctr.ctr_teacher(student, dtype_policy=policy))
+                         teachers=TeacherSpec(
+                             factory=lambda: ctr.ctr_teacher(student, dtype_policy=policy)))
   model(x)
   pool = teachers.TeacherPool(str(tmp_path), [1], model, spec, [None, 1])
   assert pool.poll_once() == 1 and pool.rejections == 0
@@ -305,6 +308,7 @@ from tf_codistill.teachers import restoring
 from tf_codistill.teachers import pool as teachers
 from tf_codistill.errors import ConfigurationError
 from tf_codistill.training.model import CodistillModel, clone_architecture
+from tf_codistill.teachers.spec import TeacherSpec
 
 exchange_dir = args[0]
 with strategy.scope():
@@ -349,7 +353,8 @@ restoring.read_weights = recorded_read
 with strategy.scope():
   student16 = small_net()
   model16 = CodistillModel(student16, 1,
-                           teacher_factory=lambda: clone_architecture(student16, "bfloat16"))
+                           teachers=TeacherSpec(
+                               factory=lambda: clone_architecture(student16, "bfloat16")))
   model16(tf.zeros([1, 4]))
 pool16 = teachers.TeacherPool(exchange_dir, [1], model16, spec, [None, 1])
 loaded16 = [pool16.poll_once(), pool16.rejections]
@@ -367,7 +372,8 @@ reads16 = list(reads)
 # An int8 teacher's codes are computed by numpy in the coordinator: its values are read there.
 with strategy.scope():
   student8 = small_net()
-  model8 = CodistillModel(student8, 1, teacher_factory=lambda: quantization.int8_copy(student8))
+  model8 = CodistillModel(student8, 1, teachers=TeacherSpec(
+      factory=lambda: quantization.int8_copy(student8)))
   model8(tf.zeros([1, 4]))
 pool8 = teachers.TeacherPool(exchange_dir, [1], model8, spec, [None, 1])
 loaded8 = pool8.poll_once()
@@ -388,7 +394,8 @@ exchange.publish(ctr_peer, exchange_dir + "/ctr", 1, 20, ctr_spec)
 with strategy.scope():
   ctr_student = make_ctr(0)
   ctr_model = CodistillModel(ctr_student, 1,
-                             teacher_factory=lambda: ctr.ctr_teacher(ctr_student, "int8"))
+                             teachers=TeacherSpec(
+                                 factory=lambda: ctr.ctr_teacher(ctr_student, "int8")))
   ctr_model(ctr_x)
 ctr_pool = teachers.TeacherPool(exchange_dir + "/ctr", [1], ctr_model, ctr_spec, [None, 1])
 loaded_ctr8 = ctr_pool.poll_once()

@@ -6,6 +6,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tf_codistill import losses
+from tf_codistill.teachers.spec import TeacherSpec
 from tf_codistill.training.model import CodistillModel
 from tf_codistill.training.model import clone_architecture
 
@@ -41,7 +42,8 @@ def test_bfloat16_teacher_predictions_within_tolerance(name, policy):
 def test_codistill_model_with_bfloat16_teachers_trains_in_float32():
   model, _, x = project_model("lm")
   wrapped = CodistillModel(model, 1, output="softmax",
-                           teacher_factory=lambda: clone_architecture(model, "mixed_bfloat16"))
+                           teachers=TeacherSpec(
+                               factory=lambda: clone_architecture(model, "mixed_bfloat16")))
   wrapped.compile(optimizer=keras.optimizers.SGD(0.1),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
   wrapped(x)

@@ -12,6 +12,7 @@ from tf_codistill.exchange.config import Exchange
 from tf_codistill.models import ctr
 from tf_codistill.teachers import pool as teachers
 from tf_codistill.teachers import quantization
+from tf_codistill.teachers.spec import TeacherSpec
 from tf_codistill.training.model import CodistillModel
 
 from testing_utils import project_model
@@ -95,7 +96,8 @@ def test_an_int8_teacher_is_restored_from_a_float32_peer_version(tmp_path):
 
 def test_a_codistill_model_with_an_int8_teacher_trains(tmp_path):
   student, _, x = project_model("ctr")
-  model = CodistillModel(student, exchange=Exchange(str(tmp_path), 0, teacher_precision="int8"))
+  model = CodistillModel(student, exchange=Exchange(str(tmp_path), 0),
+                         teachers=TeacherSpec(precision="int8"))
   model.compile(optimizer=keras.optimizers.SGD(0.1),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
   model(x)
@@ -114,7 +116,7 @@ def test_a_stacked_ctr_teacher_is_restored_from_a_float32_peer_version(tmp_path)
   exchange.publish(peer, str(tmp_path), 1, 40, spec)
   student, _, _ = project_model("ctr")
   model = CodistillModel(student, exchange=Exchange(str(tmp_path), group=0),
-                         teacher_factory=lambda: ctr.ctr_teacher(student))
+                         teachers=TeacherSpec(factory=lambda: ctr.ctr_teacher(student)))
   model(x)
   assert quantization.is_converted(model.inactive_teacher(0))
   assert not quantization.is_converted(model.copy_student())  # exports keep the student's form

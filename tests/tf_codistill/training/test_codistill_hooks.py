@@ -52,7 +52,6 @@ def test_exchange_peers_follow_the_teacher_graph_or_are_given(tmp_path):
     (dict(loader_nice=20), "Exchange.loader_nice=20"),
     (dict(wait_for_first_teachers_s=-1), "Exchange.wait_for_first_teachers_s=-1"),
     (dict(wait_for_first_teachers_s=float("inf")), "wait_for_first_teachers_s=inf must be"),
-    (dict(teacher_precision="int4"), "Exchange.teacher_precision='int4'"),
 ])
 def test_exchange_refuses_values_that_cannot_work_naming_them(tmp_path, changes, named):
   args = {"directory": str(tmp_path), "group": 0, "num_groups": 2, **changes}
@@ -65,9 +64,20 @@ def test_model_with_an_exchange_has_one_teacher_per_peer(tmp_path):
   assert model.num_teachers == 2
   with pytest.raises(tfc.ConfigurationError, match="num_teachers=1 but the exchange names 2"):
     tfc.CodistillModel(small_net(), 1, exchange=tfc.Exchange(str(tmp_path), 0, num_groups=3))
-  with pytest.raises(tfc.ConfigurationError, match="with a teacher_factory"):
-    tfc.CodistillModel(small_net(), teacher_factory=small_net, exchange=tfc.Exchange(
-        str(tmp_path), 0, teacher_precision="bfloat16"))
+
+
+
+def test_the_teachers_are_the_models_and_refuse_what_cannot_be_built():
+  with pytest.raises(tfc.ConfigurationError, match="TeacherSpec.precision='int4' is not one of"):
+    tfc.TeacherSpec(precision="int4")
+  with pytest.raises(tfc.ConfigurationError, match="applies to cloned teachers, and "
+                     "TeacherSpec.factory is set"):
+    tfc.TeacherSpec(precision="bfloat16", factory=small_net)
+  with pytest.raises(TypeError, match="teacher_precision"):
+    tfc.Exchange("/tmp/x", 0, teacher_precision="bfloat16")  # pylint: disable=unexpected-keyword-arg
+  model = tfc.CodistillModel(small_net(), 1, teachers=tfc.TeacherSpec(precision="bfloat16"))
+  assert model.teachers.precision == "bfloat16"
+  assert {w.dtype for w in model.all_teachers()[0].weights} == {tf.bfloat16}
 
 
 def test_the_exchange_gives_its_pool_the_loader_priority(tmp_path):

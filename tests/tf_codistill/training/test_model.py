@@ -6,6 +6,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tf_codistill.teachers import quantization
+from tf_codistill.teachers.spec import TeacherSpec
 from tf_codistill.training import model as model_lib
 from tf_codistill.training.model import CodistillModel
 from tf_codistill.training.model import clone_architecture
@@ -229,7 +230,7 @@ def test_select_branch_keeps_one_case_op_when_asked_and_follows_the_index():
 
 def test_export_writes_the_student_with_the_serving_signature(tmp_path):
   from tf_codistill.training.model import export
-  model = CodistillModel(_Subclassed(), teacher_factory=_Subclassed)
+  model = CodistillModel(_Subclassed(), teachers=TeacherSpec(factory=_Subclassed))
   x = tf.random.stateless_normal([3, 8], seed=[4, 2])
   with pytest.raises(ValueError, match="input spec is unknown"):
     export(model.student, str(tmp_path / "never_called"))
@@ -268,7 +269,8 @@ def test_the_distill_term_is_the_loss_toward_the_teachers_target_and_zero_when_o
 
 def test_a_step_with_a_loaded_teacher_compiles_under_xla():
   # Both branches of the teachers' cond give a target of the logits' shape, as XLA requires.
-  model = CodistillModel(_functional(), 1, teacher_factory=lambda: _functional(seed=5))
+  model = CodistillModel(_functional(), 1,
+                         teachers=TeacherSpec(factory=lambda: _functional(seed=5)))
   model.compile(optimizer=keras.optimizers.Adam(1e-2),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=True)
   model(tf.zeros([1, 8]))
@@ -279,8 +281,8 @@ def test_a_step_with_a_loaded_teacher_compiles_under_xla():
 
 def _with_loaded_teacher(teacher_factory=None, seed=1):
   student = _functional(seed)
-  model = CodistillModel(student, 1, teacher_factory=teacher_factory and (
-      lambda: teacher_factory(student)))
+  model = CodistillModel(student, 1, teachers=TeacherSpec(factory=teacher_factory and (
+      lambda: teacher_factory(student))))
   _compile(model)
   model(tf.zeros([2, 8]))
   return model

@@ -1,0 +1,57 @@
+"""How a CodistillModel builds its teacher copies: a clone of the student at a precision, or a
+factory of another form (``tfc.TeacherSpec``, owned by the model, not by the exchange)."""
+
+import dataclasses
+from typing import Callable, Optional
+
+import gin
+import tf_keras as keras
+
+from tf_codistill.errors import ConfigurationError
+
+# precision -> the tf_keras dtype policy of the teacher copies (int8: of their layers that are
+# not quantized, see quantization.py).
+PRECISIONS = {"float32": "float32", "bfloat16": "bfloat16", "mixed_bfloat16": "mixed_bfloat16",
+              "int8": "float32"}
+
+
+def check(precision: str, has_factory: bool, precision_name: str = "TeacherSpec.precision",
+          factory_name: str = "TeacherSpec.factory") -> None:
+  """Raises ConfigurationError, naming the settings, if the teachers cannot be built so."""
+  if precision not in PRECISIONS:
+    raise ConfigurationError(f"{precision_name}={precision!r} is not one of {list(PRECISIONS)}")
+  if has_factory and precision != "float32":
+    raise ConfigurationError(
+        f"{precision_name}={precision!r} applies to cloned teachers, and {factory_name} is "
+        "set: build the factory's layers in that dtype policy instead (e.g. "
+        "models.ctr_teacher.dtype_policy) and leave the precision float32")
+
+
+@gin.configurable(module="tfc")
+@dataclasses.dataclass(frozen=True)
+class TeacherSpec:
+  """How the teacher copies are built.
+
+  Attributes:
+    precision: of a clone of the student: ``float32``; ``bfloat16`` (teacher variables and
+      compute in bfloat16: half the memory, read by key from peers' float32 versions and cast:
+      restoring.py); ``mixed_bfloat16`` (float32 variables, bfloat16 compute); ``int8``
+      (Embedding and Dense weights as int8 codes with per-row scales, under a third of the
+      memory: quantization.py).
+    factory: builds a teacher copy in another form instead of a clone (a model holding the
+      student's weights otherwise, ``quantization.ConvertedLayer``, e.g. ``models.ctr_teacher``;
+      copies for publishing stay clones of the student). Its own layers set its precision.
+
+  Raises:
+    ConfigurationError: an unknown precision, or a precision with a factory.
+  """
+  precision: str = "float32"
+  factory: Optional[Callable[[], keras.Model]] = None
+
+  def __post_init__(self):
+    check(self.precision, self.factory is not None)
+
+  def dtype_policy(self) -> Optional[str]:
+    """The dtype policy of cloned teachers (None: the student's own)."""
+    policy = PRECISIONS[self.precision]
+    return None if policy == "float32" else policy

@@ -9,6 +9,7 @@ Results go to ``--results_dir/<name>/``; models and data to ``--work_dir/<name>/
 ``--work_dir/data/``, reused across runs). ``registry`` lists the names and what they measure.
 """
 
+import json
 import os
 import shlex
 import sys
@@ -87,14 +88,12 @@ def run_registered(name: str) -> None:
   """Measures (or, with --report_only, reports) a registered benchmark."""
   benchmark = registry.load(name)
   if FLAGS.child is not None:
-    import json  # pylint: disable=g-import-not-at-top
     benchmark.child(json.loads(FLAGS.child))
     return
   _parse_gin(name, FLAGS.gin_file)
   results_dir = os.path.join(FLAGS.results_dir, name)
   path = os.path.join(results_dir, "summary.json")
   if FLAGS.report_only:
-    import json  # pylint: disable=g-import-not-at-top
     with open(path) as f:
       benchmark.report(json.load(f), results_dir)
     print(f"wrote {os.path.join(results_dir, 'report.md')} and the index {_write_index()}")

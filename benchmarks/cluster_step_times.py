@@ -626,11 +626,6 @@ def _tables(summary: dict) -> List[str]:
   return lines
 
 
-def write_report(summary: dict, results_dir: str) -> None:
-  """report.md: the goals, then every group's step times, ratios and refresh windows."""
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  report.write_benchmark_report(summary, results_dir, "Cluster step times: a teacher's and a "
-                                "refresh's cost on real local clusters", _tables(summary))
-
-
-BENCHMARK = registry.Benchmark(NAME, measure_step_times, write_report, child=child)
+BENCHMARK = registry.Benchmark(
+    NAME, measure_step_times, tables=_tables, child=child,
+    title="Cluster step times: a teacher's and a refresh's cost on real local clusters")

@@ -163,11 +163,6 @@ def _tables(summary: dict) -> List[str]:
   return lines
 
 
-def write_report(summary: dict, results_dir: str) -> None:
-  """report.md: throughput per arm, refresh step times and the worker kill's recovery."""
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  report.write_benchmark_report(summary, results_dir, "Cluster throughput: sync and async groups "
-                                "on local clusters", _tables(summary))
-
-
-BENCHMARK = registry.Benchmark("cluster_throughput", measure_clusters, write_report)
+BENCHMARK = registry.Benchmark(
+    "cluster_throughput", measure_clusters, tables=_tables,
+    title="Cluster throughput: sync and async groups on local clusters")

@@ -409,4 +409,4 @@ def measure_comm(ctx: registry.Context, rounds: int = 2, train_steps: int = 300,
   return summary
 
 
-BENCHMARK = registry.Benchmark("comm", measure_comm, write_report)
+BENCHMARK = registry.Benchmark("comm", measure_comm, report=write_report)

@@ -366,12 +366,11 @@ def _details(summary: dict) -> List[str]:
   return lines
 
 
-def write_report(summary: dict, results_dir: str) -> None:
-  """report.md: the table of docs/reliability.md, the kill steps and any failed trial."""
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  report.write_benchmark_report(summary, results_dir, "Fault trials: kill -9 of tasks and groups "
-                                "on local clusters",
-                                markdown_table(summary).splitlines() + _details(summary))
+def _tables(summary: dict) -> List[str]:
+  """report.md's body: the table of docs/reliability.md, the kill steps and any failed trial."""
+  return markdown_table(summary).splitlines() + _details(summary)
 
 
-BENCHMARK = registry.Benchmark("fault_trials", measure_trials, write_report, failure=_failure)
+BENCHMARK = registry.Benchmark(
+    "fault_trials", measure_trials, tables=_tables, failure=_failure,
+    title="Fault trials: kill -9 of tasks and groups on local clusters")

@@ -113,11 +113,7 @@ def _tables(summary: dict) -> List[str]:
   return lines
 
 
-def write_report(summary: dict, results_dir: str) -> None:
-  """report.md: what became of every gradient in each arm."""
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  report.write_benchmark_report(summary, results_dir, "Forward fusion under parameter servers: "
-                                "gradients applied once, lost or applied twice", _tables(summary))
-
-
-BENCHMARK = registry.Benchmark(NAME, measure_forward_fusion_ps, write_report, child=child)
+BENCHMARK = registry.Benchmark(
+    NAME, measure_forward_fusion_ps, tables=_tables, child=child,
+    title="Forward fusion under parameter servers: gradients applied once, lost or applied "
+          "twice")

@@ -439,4 +439,4 @@ def _summary_lines(summary: dict) -> List[str]:
   return lines
 
 
-BENCHMARK = registry.Benchmark("fusion", measure_fusion, write_report, child=child)
+BENCHMARK = registry.Benchmark("fusion", measure_fusion, report=write_report, child=child)

@@ -221,11 +221,6 @@ def _tables(summary: dict) -> List[str]:
   return lines
 
 
-def write_report(summary: dict, results_dir: str) -> None:
-  """report.md: the formats' rates, the goal ratios and the token pipeline's."""
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  report.write_benchmark_report(summary, results_dir, "Input throughput: Criteo TSV and Parquet "
-                                "parsing, and the token pipeline", _tables(summary))
-
-
-BENCHMARK = registry.Benchmark("parse_throughput", measure_throughput, write_report)
+BENCHMARK = registry.Benchmark(
+    "parse_throughput", measure_throughput, tables=_tables,
+    title="Input throughput: Criteo TSV and Parquet parsing, and the token pipeline")

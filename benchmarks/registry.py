@@ -52,16 +52,31 @@ class Context:
 
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
-  """A registered benchmark: how it measures, reports, and runs a part in a child process."""
+  """A registered benchmark: how it measures, reports, and runs a part in a child process.
+
+  Its report.md is the common page (command, machine, goals, settings) titled ``title`` with
+  ``tables(summary)`` as its body, or what ``report`` writes instead.
+  """
   name: str
   measure: Callable[[Context], dict]
-  report: Callable[[dict, str], None]  # (summary, results_dir): writes results_dir/report.md
+  title: str = ""
+  tables: Optional[Callable[[dict], List[str]]] = None  # report.md's body, from a summary
+  report: Optional[Callable[[dict, str], None]] = None  # (summary, results_dir): own report.md
   child: Optional[Callable[[dict], None]] = None  # one part, in a process of its own
   # False for a benchmark that runs other benchmarks (each of which holds the machine itself).
   exclusive: bool = True
   # What failed in a recorded run (e.g. a fault trial that did not recover), or None: the
   # summary and report are written, then the run exits 1 with this message.
   failure: Optional[Callable[[dict], Optional[str]]] = None
+
+  def write_report(self, summary: dict, results_dir: str) -> None:
+    """Writes ``results_dir``/report.md from ``summary``."""
+    if self.report is not None:
+      self.report(summary, results_dir)
+      return
+    from benchmarks import report  # pylint: disable=g-import-not-at-top
+    report.write_benchmark_report(summary, results_dir, self.title or self.name,
+                                  self.tables(summary) if self.tables else ())
 
 
 def suites() -> List[str]:

@@ -95,7 +95,7 @@ def run_registered(name: str) -> None:
   path = os.path.join(results_dir, "summary.json")
   if FLAGS.report_only:
     with open(path) as f:
-      benchmark.report(json.load(f), results_dir)
+      benchmark.write_report(json.load(f), results_dir)
     print(f"wrote {os.path.join(results_dir, 'report.md')} and the index {_write_index()}")
     return
   ctx = registry.Context(name=name, results_dir=results_dir,
@@ -113,7 +113,7 @@ def run_registered(name: str) -> None:
       raise app.UsageError(str(e)) from None
   summary.setdefault("command", ctx.command)
   machine.write_json(path, summary, indent=1)
-  benchmark.report(summary, results_dir)
+  benchmark.write_report(summary, results_dir)
   _write_index()
   print(f"wrote {path} and {os.path.join(results_dir, 'report.md')}")
   failed = benchmark.failure(summary) if benchmark.failure else None

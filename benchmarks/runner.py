@@ -24,13 +24,15 @@ import itertools
 import json
 import os
 import shutil
+import subprocess
+import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import gin
 import numpy as np
 import tensorflow as tf
-import tf_keras as keras
 from absl import logging
 
 from benchmarks import machine
@@ -449,6 +451,18 @@ def ensemble_gain_captured(arms: Mapping[str, dict], arm: str = gin.REQUIRED,
   return value, [] if value is None else [value], interval
 
 
+@gin.configurable(module="bench", denylist=["arms"])
+def ensemble_gain(arms: Mapping[str, dict], arm: str = gin.REQUIRED) -> tuple:
+  """What an ``ensemble`` arm's averaging gains: its members' mean validation loss minus the
+  ensemble's, both scored on the same examples (mean over seeds); a 90% bootstrap interval over
+  seeds. None before the arm ran (or for runs recorded without member losses)."""
+  gains = [r.get("ensemble_gain") for r in arms[arm]["runs"]]
+  if not gains or any(g is None for g in gains):
+    return None, [], None
+  return (float(np.mean(gains)), gains,
+          protocol.bootstrap(lambda g: float(np.mean(g)), gains))
+
+
 def _pair_curves(arms: Mapping[str, dict], name: str) -> list:
   churn = arms[name].get("churn") or {}
   return [protocol.pair_curve(c) for c in churn.get("curves", [])]
@@ -620,14 +634,15 @@ def _arm_done(arm: Arm, paths: RunPaths, config: dict) -> bool:
   """Whether every run of the arm is recorded, from the same configuration, with its churn."""
   return (_recorded_config(arm, paths) == config
           and all(_seed_recorded(arm, paths, s) for s in arm.seed_list)
-          and (arm.seeds < 2 or os.path.exists(_churn_path(arm, paths))))
+          and (arm.seeds < 2 or _churn_complete(arm, _read_churn(arm, paths))))
 
 
 def _seeds_to_run(arm: Arm, paths: RunPaths, config: dict) -> List[int]:
   """The seeds a (re)started arm must still run. Runs recorded under the same configuration are
-  kept (a suite stopped mid-arm resumes seed by seed) where churn can still use them: their
-  predictions are in this work directory. Anything recorded under another configuration (or
-  none) is stale, removed, and the configuration is recorded before the first run."""
+  kept (a suite stopped mid-arm resumes seed by seed) where churn no longer needs them (their
+  pair's churn is recorded) or still can use them (their predictions are in this work dir).
+  Anything recorded under another configuration (or none) is stale, removed, and the
+  configuration is recorded before the first run."""
   arm_dir = os.path.join(paths.results_dir, "runs", arm.name)
   if _recorded_config(arm, paths) != config:
     shutil.rmtree(arm_dir, ignore_errors=True)
@@ -635,7 +650,8 @@ def _seeds_to_run(arm: Arm, paths: RunPaths, config: dict) -> List[int]:
     machine.write_json(_config_path(arm, paths), config, indent=1)
   return [seed for seed in arm.seed_list
           if not (_seed_recorded(arm, paths, seed)
-                  and (arm.seeds < 2 or os.path.exists(paths.predictions(arm.name, seed, 0))))]
+                  and (arm.seeds < 2 or os.path.exists(paths.predictions(arm.name, seed, 0))
+                       or _pair_recorded(arm, paths, seed)))]
 
 
 def _churn_path(arm: Arm, paths: RunPaths) -> str:
@@ -885,8 +901,14 @@ def run_arm(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], force:
              f"running seeds {seeds}")
   needed = _cpus_needed(arm)
   workers = cpus.size // needed if cpus and needed else 1
-  _at_once(lambda seed: _run_seed(arm, suite, paths, data, seed, allow_load, progress, cpus),
-           seeds, workers)
+  recording = threading.Lock()
+
+  def run_seed(seed: int) -> None:
+    _run_seed(arm, suite, paths, data, seed, allow_load, progress, cpus)
+    with recording:  # each pair's churn as soon as both runs are there
+      _churn(arm, paths, suite)
+
+  _at_once(run_seed, seeds, workers)
   churn = _churn(arm, paths, suite)
   if churn:
     progress(f"[{suite.name}] {arm.name}: churn mean |pa-pb| {churn['mean_abs_diff']['mean']:.5f} "
@@ -900,7 +922,7 @@ def _run_seed(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str], seed
   """Trains (or computes) one seed of ``arm`` and records it, on CPUs of its own from ``cpus``."""
   start = time.time()
   if arm.kind == "ensemble":
-    results = [_ensemble(arm, paths, seed, suite)]
+    results = [_ensemble(arm, suite, paths, seed, data, cpus)]
   else:
     if cpus is not None and cpus.in_use():
       # A sibling run of this suite, pinned to the other CPUs, is the load now (its tf.data and
@@ -946,69 +968,153 @@ def _offline_distill(arm: Arm, suite: Suite, paths: RunPaths, seed: int,
   return _record_run(arm, suite, paths, seed, 0, dirs[0], load)
 
 
-def _ensemble(arm: Arm, paths: RunPaths, seed: int, suite: Suite) -> dict:
-  """Averages the predictions of ``ensemble_size`` consecutive seeds of the source arm (group 0)."""
+def _ensemble(arm: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence[str],
+              cpus: Optional[machine.CpuPool]) -> dict:
+  """Scores the ensemble of ``ensemble_size`` consecutive seeds of the source arm (the mean of
+  their group-0 models' probabilities) and each member, in one pass over the whole evaluation
+  set (tf-codistill-evaluate), so that the ensemble's gain counts the same examples."""
   members = list(range(seed * arm.ensemble_size, (seed + 1) * arm.ensemble_size))
-  probs, labels, member_results = [], None, []
+  source = _recorded_arm(arm, paths)
+  missing = [m for m in members
+             if not os.path.exists(layout.group_run(paths.run_dir(source.name, m), 0).export)]
+  regenerated: List[dict] = []
+  _at_once(lambda m: regenerated.append(_regenerate(source, suite, paths, m, data, cpus)),
+           missing, cpus.size if cpus else 1)
+  out_dir = paths.run_dir(arm.name, seed)
+  os.makedirs(out_dir, exist_ok=True)
+  scored = os.path.join(out_dir, "scores.json")
+  bindings = list(suite.common_bindings) + list(source.gin_bindings) + list(data)
+  command = ([sys.executable, "-m", "tf_codistill.bin.evaluate", f"--json_out={scored}",
+              f"--predictions_out={paths.predictions(arm.name, seed, 0)}"]
+             + [f"--gin_file={_gin_path(f)}" for f in source.gin_files]
+             + [f"--gin_bindings={b}" for b in bindings]
+             + [f"--saved_model={layout.group_run(paths.run_dir(source.name, m), 0).export}"
+                for m in members])
+  done = subprocess.run(command, capture_output=True, text=True, check=False)
+  if done.returncode:
+    raise RuntimeError(f"arm {arm.name!r} seed {seed}: tf-codistill-evaluate failed: "
+                       f"{done.stderr[-2000:]}")
+  with open(scored) as f:
+    scores = json.load(f)
+  key = "val_xent" if suite.output == "softmax" else "val_logloss"
+  member_results = []
   for member in members:
-    path = paths.predictions(arm.source_arm, member, 0)
-    if not os.path.exists(path):
-      raise FileNotFoundError(f"arm {arm.name!r}: {path} is missing: arm {arm.source_arm!r} needs "
-                              f">= {members[-1] + 1} seeds run in this work dir")
-    with np.load(path) as npz:
-      probs.append(npz["probs"])
-      labels = npz["labels"]
-    with open(paths.result(arm.source_arm, member, 0)) as f:
+    with open(paths.result(source.name, member, 0)) as f:
       member_results.append(json.load(f))
-  mean = np.mean(probs, axis=0)
-  out = paths.predictions(arm.name, seed, 0)
-  os.makedirs(os.path.dirname(out), exist_ok=True)
-  np.savez(out, probs=mean.astype(np.float32), labels=labels)
-  if suite.output == "sigmoid":
-    auc = keras.metrics.AUC()
-    auc.update_state(labels, mean)
-    scores = {suite.loss_key: metrics.log_loss(mean, labels),
-              "val_auc": float(auc.result().numpy())}
-  else:
-    scores = metrics.categorical_scores(mean, labels)
-    scores[suite.loss_key] = scores["val_xent"]
-  result = {"group": 0, "members": members, **scores, "steps": member_results[0]["steps"],
+  member_losses = [m[key] for m in scores["members"]]
+  result = {"group": 0, "members": members, **scores["ensemble"],
+            suite.loss_key: scores["ensemble"][key], "member_losses": member_losses,
+            "ensemble_gain": float(np.mean(member_losses)) - scores["ensemble"][key],
+            "examples": scores["examples"], "regenerated": sorted(regenerated,
+                                                                 key=lambda r: r["seed"]),
+            "steps": member_results[0]["steps"],
             "wall_time_s": sum(r["wall_time_s"] for r in member_results),
             "examples_per_sec": None}
-  os.makedirs(os.path.dirname(paths.result(arm.name, seed, 0)), exist_ok=True)
   machine.write_json(paths.result(arm.name, seed, 0), result, indent=1)
   with open(paths.curve(arm.name, seed, 0), "w") as f:
     f.write(json.dumps({"step": result["steps"], "wall_time_s": result["wall_time_s"],
-                        **scores}) + "\n")
+                        **scores["ensemble"], suite.loss_key: result[suite.loss_key]}) + "\n")
   return result
 
 
+def _recorded_arm(arm: Arm, paths: RunPaths) -> Arm:
+  """The source arm of ``arm`` as its runs were recorded (tuned rate and B* substituted)."""
+  recorded = _recorded_config(dataclasses.replace(arm, name=arm.source_arm), paths)
+  if recorded is None:
+    raise FileNotFoundError(f"arm {arm.name!r}: arm {arm.source_arm!r} has no recorded runs in "
+                            f"{paths.results_dir}: run it first")
+  return Arm(**recorded["arm"])
+
+
+def _regenerate(source: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence[str],
+                cpus: Optional[machine.CpuPool]) -> dict:
+  """Trains a recorded seed of ``source`` again for its models (a work dir of another machine or
+  session held them), leaving its record as it is; returns how far the new run's validation
+  curve is from the recorded one (0 where training is deterministic)."""
+  with cpus.take(_cpus_needed(source)) if cpus else contextlib.nullcontext():
+    dirs = _launch(source, suite, paths, seed, data, pin=cpus is not None)
+  recorded = dict(protocol.curve_points(read_curve(paths.curve(source.name, seed, 0)),
+                                        suite.loss_key))
+  again = dict(protocol.curve_points(read_curve(layout.RunDir(dirs[0]).progress), suite.loss_key))
+  steps = sorted(set(recorded) & set(again))
+  return {"seed": seed, "steps_compared": len(steps),
+          "max_abs_loss_diff": max((abs(recorded[s] - again[s]) for s in steps), default=None)}
+
+
+def _independent_pairs(arm: Arm) -> List[Tuple[int, int]]:
+  """The disjoint pairs of the arm's seeds (0-1, 2-3, ...): independent retrains."""
+  seeds = list(arm.seed_list)
+  return [(seeds[i], seeds[i + 1]) for i in range(0, len(seeds) - 1, 2)]
+
+
+def _read_churn(arm: Arm, paths: RunPaths) -> dict:
+  try:
+    with open(_churn_path(arm, paths)) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
+
+
+def _churn_complete(arm: Arm, churn: Mapping[str, Any]) -> bool:
+  """Whether ``churn`` holds every disjoint pair of the arm (with its curve, where kept)."""
+  have = {tuple(p["seeds"]) for p in churn.get("independent", [])}
+  return (bool(churn) and all(pair in have for pair in _independent_pairs(arm))
+          and ("curves" in churn or not churn.get("expects_curves", False)))
+
+
+def _pair_recorded(arm: Arm, paths: RunPaths, seed: int) -> bool:
+  """Whether churn no longer needs ``seed``'s predictions: its disjoint pair is recorded (with
+  its curve, where kept), or it has none."""
+  pair = next((p for p in _independent_pairs(arm) if seed in p), None)
+  if pair is None:
+    return True
+  churn = _read_churn(arm, paths)
+  recorded = {tuple(p["seeds"]) for p in churn.get("independent", [])}
+  curves = {tuple(c["seeds"]) for c in churn.get("pair_curves", [])}
+  return pair in recorded and (pair in curves or not churn.get("expects_curves", False))
+
+
 def _churn(arm: Arm, paths: RunPaths, suite: Suite) -> Optional[dict]:
-  """Churn between independently retrained models of the arm (group 0 of each seed), recorded:
-  every pair of seeds (``pairs``), the disjoint pairs (seeds 0-1, 2-3, ...: ``independent``)
-  and, where runs kept their prediction history, each disjoint pair's churn at every evaluation
-  with the pair's mean validation loss there (``curves``: churn vs loss)."""
+  """Churn between independently retrained models of the arm (group 0 of each seed), recorded
+  pair by pair while both runs' predictions are in the work dir, so that an arm whose seeds run
+  in several sessions (on machines that keep no work dir) keeps what each measured: ``pairs``
+  (every pair whose predictions were there together), the disjoint pairs (seeds 0-1, 2-3, ...:
+  ``independent``) and, where runs kept their prediction history, each disjoint pair's churn
+  at every evaluation with the pair's mean validation loss there (``pair_curves``; ``curves``,
+  in pair order, once every pair has one). Returns the record once every disjoint pair is in
+  it; None before."""
   if arm.seeds < 2:
     return None
-  seeds = list(arm.seed_list)
-  preds = []
-  for seed in seeds:
+  old = _read_churn(arm, paths)
+  pairs = {tuple(p["seeds"]): p for p in old.get("pairs", [])}
+  curves = {tuple(c["seeds"]): c["points"] for c in old.get("pair_curves", [])}
+  present = [seed for seed in arm.seed_list if _seed_recorded(arm, paths, seed)
+             and os.path.exists(paths.predictions(arm.name, seed, 0))]
+  preds = {}
+  for seed in present:
     with np.load(paths.predictions(arm.name, seed, 0)) as npz:
-      preds.append(npz["probs"])
-  pairs = [{"seeds": [seeds[p["a"]], seeds[p["b"]]], "mean_abs_diff": p["mean_abs_diff"],
-            "total_variation": p["total_variation"], "disagreement": p["disagreement"]}
-           for p in metrics.pairwise_churn(preds, suite.output)]
-  independent = [p for p in pairs if p["seeds"][1] == p["seeds"][0] + 1
-                 and (p["seeds"][0] - arm.seed_offset) % 2 == 0]
-  churn = {"pairs": pairs, "independent": independent, "examples": int(preds[0].shape[0]),
-           "mean_abs_diff": _stat([p["mean_abs_diff"] for p in pairs]),
-           "total_variation": _stat([p["total_variation"] for p in pairs]),
-           "disagreement": _stat([p["disagreement"] for p in pairs])}
-  curves = [_churn_curve(arm, paths, suite, p["seeds"]) for p in independent]
-  if curves and all(curves):
-    churn["curves"] = curves
-  machine.write_json(_churn_path(arm, paths), churn, indent=1)
-  return churn
+      preds[seed] = npz["probs"]
+  for a, b in itertools.combinations(present, 2):
+    if (a, b) not in pairs:
+      pairs[(a, b)] = {"seeds": [a, b], **metrics.churn(preds[a], preds[b], suite.output)}
+  for pair in _independent_pairs(arm):
+    if pair not in curves and set(pair) <= set(present) and suite.prediction_history:
+      points = _churn_curve(arm, paths, suite, pair)
+      if points:
+        curves[pair] = points
+  ordered = [pairs[k] for k in sorted(pairs)]
+  churn = {"pairs": ordered, "independent": [pairs[p] for p in _independent_pairs(arm)
+                                             if p in pairs],
+           "examples": int(next(iter(preds.values())).shape[0]) if preds else old.get("examples"),
+           "expects_curves": bool(suite.prediction_history),
+           "pair_curves": [{"seeds": list(k), "points": v} for k, v in sorted(curves.items())],
+           **{key: _stat([p[key] for p in ordered])
+              for key in ("mean_abs_diff", "total_variation", "disagreement")}}
+  if suite.prediction_history and all(p in curves for p in _independent_pairs(arm)):
+    churn["curves"] = [curves[p] for p in _independent_pairs(arm)]
+  if ordered:
+    machine.write_json(_churn_path(arm, paths), churn, indent=1)
+  return churn if _churn_complete(arm, churn) else None
 
 
 def _churn_curve(arm: Arm, paths: RunPaths, suite: Suite, seeds: Sequence[int]) -> List[dict]:
@@ -1107,6 +1213,8 @@ def summarize(suite: Suite, paths: RunPaths, protocol_record: Optional[dict] = N
                    "repeated_tokens": result.get("repeated_tokens"),
                    "bytes_sent_per_step": bytes_sent_per_step(result),
                    "trainable_parameter_bytes": result.get("trainable_parameter_bytes"),
+                   "member_losses": result.get("member_losses"),
+                   "ensemble_gain": result.get("ensemble_gain"),
                    "curve": run["curve_file"]})
     churn_path = os.path.join(paths.results_dir, "runs", arm.name, "churn.json")
     churn = None
@@ -1132,6 +1240,7 @@ def summarize(suite: Suite, paths: RunPaths, protocol_record: Optional[dict] = N
         "started_above_nproc_load": sum(bool(r["started_above_nproc_load"]) for r in runs),
         "best_val_loss": _stat([r["best_val_loss"] for r in runs]),
         "bytes_sent_per_step": _stat([r["bytes_sent_per_step"] for r in runs]),
+        "ensemble_gain": _stat([r["ensemble_gain"] for r in runs]),
         "repeated_tokens": (None if any(r["repeated_tokens"] is None for r in runs)
                             else sum(r["repeated_tokens"] for r in runs)),
         "seed_curves": {str(seed): curve for seed, curve in

@@ -404,11 +404,6 @@ def _tables(summary: dict) -> List[str]:
   return lines
 
 
-def write_report(summary: dict, results_dir: str) -> None:
-  """report.md: the soak's row of docs/reliability.md, its RSS and its step times."""
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  report.write_benchmark_report(summary, results_dir, "Soak: 2-way codistillation with teacher "
-                                "refreshes every few seconds", _tables(summary))
-
-
-BENCHMARK = registry.Benchmark("soak", measure_soak, write_report, failure=_failure)
+BENCHMARK = registry.Benchmark(
+    "soak", measure_soak, tables=_tables, failure=_failure,
+    title="Soak: 2-way codistillation with teacher refreshes every few seconds")

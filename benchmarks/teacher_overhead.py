@@ -340,11 +340,6 @@ def _tables(summary: dict) -> List[str]:
   return lines
 
 
-def write_report(summary: dict, results_dir: str) -> None:
-  """report.md: the goals, then every arm's step time and ratio."""
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  report.write_benchmark_report(summary, results_dir, "Teacher overhead: CTR step time with "
-                                "and without teachers", _tables(summary))
-
-
-BENCHMARK = registry.Benchmark("teacher_overhead", measure_overhead, write_report)
+BENCHMARK = registry.Benchmark(
+    "teacher_overhead", measure_overhead, tables=_tables,
+    title="Teacher overhead: CTR step time with and without teachers")

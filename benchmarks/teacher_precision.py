@@ -206,12 +206,7 @@ def _tables(summary: dict) -> List[str]:
   return lines
 
 
-def write_report(summary: dict, results_dir: str) -> None:
-  """report.md: per task, the arms' step times, the ratios and the probability gaps."""
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  report.write_benchmark_report(summary, results_dir, "Teacher precision: codistillation step "
-                                "time with float32, bfloat16 and mixed_bfloat16 teachers",
-                                _tables(summary))
-
-
-BENCHMARK = registry.Benchmark("teacher_precision", measure_precision, write_report)
+BENCHMARK = registry.Benchmark(
+    "teacher_precision", measure_precision, tables=_tables,
+    title="Teacher precision: codistillation step time with float32, bfloat16 and "
+          "mixed_bfloat16 teachers")

@@ -146,11 +146,9 @@ def _tables(result: dict, versions: Sequence[str]) -> List[str]:
   return lines
 
 
-def write_report(summary: dict, results_dir: str) -> None:
-  """report.md: the per-version tables."""
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  report.write_benchmark_report(summary, results_dir, "Figures that depend on TensorFlow, per "
-                                "version", _tables(summary["benchmarks"], summary["versions"]))
+def _report_tables(summary: dict) -> List[str]:
+  """report.md's body: the per-version tables."""
+  return _tables(summary["benchmarks"], summary["versions"])
 
 
 @gin.configurable("tf_versions", module="bench", denylist=["ctx"])
@@ -182,4 +180,6 @@ def compare(ctx: registry.Context,
 
 
 # Each benchmark it runs holds the machine itself.
-BENCHMARK = registry.Benchmark("tf_versions", compare, write_report, exclusive=False)
+BENCHMARK = registry.Benchmark(
+    "tf_versions", compare, tables=_report_tables, exclusive=False,
+    title="Figures that depend on TensorFlow, per version")

@@ -48,6 +48,7 @@ _PUBLIC = {
     "prediction_churn": "tf_codistill.metrics",
     "predict_probabilities": "tf_codistill.metrics",
     "pairwise_churn": "tf_codistill.metrics",
+    "ensemble_scores": "tf_codistill.metrics",
     "raw_lines": "tf_codistill.serving",
     "parse_gin": "tf_codistill.launch.gin_config",
     "run_demo": "tf_codistill.launch.demo",

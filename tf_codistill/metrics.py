@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import itertools
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
+import tf_keras as keras
 
 from tf_codistill import losses
 from tf_codistill import serving
@@ -95,6 +96,77 @@ def model_probabilities(model, dataset: tf.data.Dataset, output: str = "sigmoid"
   if not probs:
     raise ValueError("the evaluation dataset is empty")
   return np.concatenate(probs, axis=0), np.concatenate(labels, axis=0)
+
+
+def ensemble_scores(saved_model_paths: Sequence[str], dataset: tf.data.Dataset,
+                    output: str = "sigmoid", keep_batches: int = 0) -> Dict[str, Any]:
+  """Each SavedModel's scores and their ensemble's (the mean of their probabilities) over a
+  ``(features, labels)`` dataset, streamed batch by batch, so that every score counts the same
+  examples (next tokens, for a language model) and no more than a batch is held.
+
+  Returns ``{"members": [scores, ...], "ensemble": scores, "examples": n}``, each ``scores`` as
+  categorical_scores (``softmax``) or ``val_logloss`` and ``val_auc`` (``sigmoid``); with
+  ``keep_batches`` also the ensemble's ``probs`` and the ``labels`` of the first batches.
+
+  Raises:
+    ValueError: an empty dataset, a model without the serving signature, or an unknown
+      ``output``.
+  """
+  losses._check("output", output, losses.OUTPUTS)
+  if not saved_model_paths:
+    raise ValueError("ensemble_scores: give at least one SavedModel")
+  serves = [_signature(path, exchange.SIGNATURE_KEY) for path in saved_model_paths]
+  totals = [_ScoreSums(output) for _ in range(len(serves) + 1)]
+  kept: List[Tuple[np.ndarray, np.ndarray]] = []
+  for element in dataset:
+    features, labels = element[0], np.asarray(element[1])
+    kwargs = features if isinstance(features, dict) else {"inputs": features}
+    probs = [losses.probabilities(serve(**kwargs)[exchange.OUTPUT_KEY], output).numpy()
+             for serve in serves]
+    probs.append(np.mean(probs, axis=0))
+    for total, p in zip(totals, probs):
+      total.add(p, labels)
+    if len(kept) < keep_batches:
+      kept.append((probs[-1].astype(np.float32), labels))
+  if not totals[0].count:
+    raise ValueError("ensemble_scores: the dataset is empty")
+  scores = {"members": [t.scores() for t in totals[:-1]], "ensemble": totals[-1].scores(),
+            "examples": totals[0].count}
+  if kept:
+    scores["probs"] = np.concatenate([p for p, _ in kept], axis=0)
+    scores["labels"] = np.concatenate([y for _, y in kept], axis=0)
+  return scores
+
+
+class _ScoreSums:
+  """Running sums of one model's log loss and accuracy (and AUC, for ``sigmoid``)."""
+
+  def __init__(self, output: str, eps: float = 1e-7):
+    self.eps = eps
+    self.loss, self.correct, self.count = 0.0, 0, 0
+    self.auc = keras.metrics.AUC() if output == "sigmoid" else None
+
+  def add(self, probs: np.ndarray, labels: np.ndarray) -> None:
+    p = np.asarray(probs, np.float64)
+    if self.auc is None:  # softmax: one prediction per position of the last axis but one
+      ids = labels.astype(np.int64).reshape(p.shape[:-1])
+      picked = np.take_along_axis(p, ids[..., None], axis=-1)[..., 0]
+      self.loss -= float(np.sum(np.log(np.clip(picked, self.eps, 1.0))))
+      self.correct += int(np.sum(np.argmax(p, axis=-1) == ids))
+      self.count += int(ids.size)
+      return
+    y = labels.astype(np.float64).reshape(p.shape)
+    q = np.clip(p, self.eps, 1 - self.eps)
+    self.loss -= float(np.sum(y * np.log(q) + (1 - y) * np.log(1 - q)))
+    self.auc.update_state(y, p)
+    self.count += int(p.size)
+
+  def scores(self) -> Dict[str, float]:
+    loss = self.loss / self.count
+    if self.auc is None:
+      return {"val_xent": loss, "val_accuracy": self.correct / self.count,
+              "val_perplexity": float(np.exp(loss))}
+    return {"val_logloss": loss, "val_auc": float(self.auc.result().numpy())}
 
 
 def log_loss(probs: np.ndarray, labels: np.ndarray, eps: float = 1e-7) -> float:

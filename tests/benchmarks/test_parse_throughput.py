@@ -39,7 +39,8 @@ def test_the_summary_has_the_goals_and_the_report_its_tables(tmp_path):
   goal = summary["goals"]["parquet_over_tsv_per_core"]
   assert summary["goal_verdicts"]["parquet_over_tsv_per_core"] == {
       "threshold": [">=", parse_throughput.GOAL], "met": goal >= parse_throughput.GOAL}
-  parse_throughput.write_report({**summary, "command": ctx.command}, ctx.results_dir)
+  parse_throughput.BENCHMARK.write_report({**summary, "command": ctx.command},
+                                          ctx.results_dir)
   report = (tmp_path / "results" / "report.md").read_text()
   assert "`parquet_over_tsv_per_core`" in report and "| tsv |" in report
   with pytest.raises(ValueError, match="bench.parse_throughput.formats="):

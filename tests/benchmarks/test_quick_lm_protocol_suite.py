@@ -39,9 +39,33 @@ def test_lm_protocol_suite_builds_its_corpus_and_accounts_for_every_token(tmp_pa
   assert goals["repeated_tokens"] == 0 and summary["goal_verdicts"]["repeated_tokens"]["met"]
   # The ensemble's gain bounds codistillation's; the wall-clock ratio compares it with a cluster.
   assert "ensemble_gain_captured" in goals
+  # The ensemble and its members are scored on every validation token, the same ones the
+  # members' runs scored themselves on: their losses are the runs' final validation losses.
+  recorded = results / "quick_lm_protocol" / "runs" / "ensemble"
+  ensemble = [json.loads((recorded / f"seed_{s}_group_0.json").read_text())
+              for s in range(arms["ensemble"]["seeds"])]
+  finals = {r["seed"]: r["final_val_loss"] for r in arms["sync_b"]["runs"]}
+  for run in ensemble:
+    assert run["member_losses"] == pytest.approx([finals[m] for m in run["members"]], abs=1e-4)
+    assert run["ensemble_gain"] == pytest.approx(sum(run["member_losses"]) / 2 - run["val_loss"])
+  assert len({run["examples"] for run in ensemble}) == 1 and ensemble[0]["examples"] > 0
+  assert goals["ensemble_gain"] == pytest.approx(
+      sum(run["ensemble_gain"] for run in ensemble) / len(ensemble))
   assert goals["codistill_wall_time_ratio"] is None or goals["codistill_wall_time_ratio"] > 0
   cluster = json.loads((results / "quick_lm_protocol" / "runs" / "sync_2b_cluster"
                         / "seed_0_group_0.json").read_text())
   assert cluster["strategy"] == "multi_worker_mirrored" and cluster["num_workers"] == 2
   churn = arms["codistill"]["churn"]
   assert churn["pairs"][0]["total_variation"] > 0
+  # On a machine without the members' models (another work dir), the ensemble trains its
+  # members again from their recorded configuration and says how far their curves are.
+  run_dir = work / "quick_lm_protocol" / "runs"
+  subprocess.run(["rm", "-rf", str(run_dir / "sync_b" / "seed_0"),
+                  str(results / "quick_lm_protocol" / "runs" / "ensemble")], check=True)
+  again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+  assert again.returncode == 0, again.stderr[-4000:]
+  rescored = json.loads((results / "quick_lm_protocol" / "runs" / "ensemble"
+                         / "seed_0_group_0.json").read_text())
+  assert [r["seed"] for r in rescored["regenerated"]] == [0]
+  assert rescored["regenerated"][0]["steps_compared"] >= 1
+  assert rescored["regenerated"][0]["max_abs_loss_diff"] < 0.05

@@ -128,12 +128,12 @@ def test_fault_summary_and_doc_section(tmp_path):
   assert "| kill -9 of the chief" in text and "1/2 finished" in text and "20 (10-30)" in text
   assert "| soak: 2-way codistillation" in text and "RSS flat after warm-up" in text
   # The benchmarks' own reports hold the same table and row.
-  fault_trials.write_report(faults, str(tmp_path / "fault_trials"))
+  fault_trials.BENCHMARK.write_report(faults, str(tmp_path / "fault_trials"))
   text = (tmp_path / "fault_trials" / "report.md").read_text()
   assert "| kill -9 of the chief" in text and "1/2 finished" in text
   assert "Kill steps per kind: worker [100, 101]; chief [100, 101]." in text
   assert "**1 trial(s) did not recover:**" in text and "- chief seed 1:" in text
-  soak.write_report(soak_summary, str(tmp_path / "soak"))
+  soak.BENCHMARK.write_report(soak_summary, str(tmp_path / "soak"))
   text = (tmp_path / "soak" / "report.md").read_text()
   assert "| case | trials | outcome |" in text and "| soak: 2-way codistillation" in text
   assert "| group_0/chief_0 | " in text and "| 0 | 3796 | 10.0 |" in text
@@ -152,7 +152,7 @@ def test_the_committed_summaries_are_reported(tmp_path, name):
   benchmark = registry.load(name)
   with open(os.path.join(registry.RESULTS_DIR, name, "summary.json")) as f:
     summary = json.load(f)
-  benchmark.report(summary, str(tmp_path))
+  benchmark.write_report(summary, str(tmp_path))
   text = (tmp_path / "report.md").read_text()
   assert text.startswith("# ") and summary.get("command", "command not recorded") in text
   expected = {"fault_trials": "| kill -9 of the ps task", "soak": "| soak: 2-way codistillation",

@@ -25,7 +25,8 @@ def _run(*args, env=None):
 def test_every_registered_benchmark_loads_under_its_name_with_a_report_and_gin_settings():
   for name, module in registry.MODULES.items():
     benchmark = registry.load(name)
-    assert benchmark.name == name and callable(benchmark.report)
+    assert benchmark.name == name and callable(benchmark.write_report)
+    assert (benchmark.title and callable(benchmark.tables)) or callable(benchmark.report), name
     assert importlib.import_module(module).BENCHMARK is benchmark
     assert gin.config._REGISTRY.get_match(f"bench.{name}") is not None, name  # gin 0.5.0
   assert set(registry.suites()) & set(registry.MODULES) == set()

@@ -158,41 +158,78 @@ def test_a_stopped_arm_resumes_seed_by_seed_and_a_changed_one_starts_over(tmp_pa
   assert runner._seeds_to_run(arm, paths, config) == []
   assert not runner._arm_done(arm, paths, config)  # churn not computed yet
   with open(runner._churn_path(arm, paths), "w") as f:
-    f.write("{}")
+    json.dump({"independent": [{"seeds": [0, 1]}], "expects_curves": False}, f)
   assert runner._arm_done(arm, paths, config)
+  # Once the pair's churn is recorded its runs' predictions are no longer needed (a later
+  # session on another machine keeps them); seed 2 has no pair of its own.
+  for seed in range(3):
+    os.remove(paths.predictions("a", seed, 0))
+  assert runner._seeds_to_run(arm, paths, config) == []
   changed = runner.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 20"])
   assert runner._seeds_to_run(arm, paths, runner.arm_config(arm, changed, data)) == [0, 1, 2]
   assert not os.path.exists(paths.result("a", 0, 0))
 
 
-def test_softmax_suites_average_class_probabilities_for_ensembles(tmp_path):
-  import json
-  import os
+def test_softmax_suites_compare_class_probabilities_for_churn(tmp_path):
 
   import numpy as np
 
-  suite = runner.Suite(name="s", arms=[runner.Arm("baseline", seeds=2),
-                                       runner.Arm("ens", kind="ensemble", source_arm="baseline")],
-                       loss_key="val_loss", output="softmax")
+  suite = runner.Suite(name="s", arms=[runner.Arm("baseline", seeds=2)], loss_key="val_loss",
+                       output="softmax")
   paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
   members = [np.array([[0.7, 0.2, 0.1], [0.2, 0.2, 0.6]]),
              np.array([[0.5, 0.4, 0.1], [0.6, 0.2, 0.2]])]
-  labels = np.array([0, 2])
   for seed, probs in enumerate(members):
-    os.makedirs(os.path.dirname(paths.predictions("baseline", seed, 0)), exist_ok=True)
-    np.savez(paths.predictions("baseline", seed, 0), probs=probs, labels=labels)
-    os.makedirs(os.path.dirname(paths.result("baseline", seed, 0)), exist_ok=True)
-    with open(paths.result("baseline", seed, 0), "w") as f:
-      json.dump({"steps": 10, "wall_time_s": 1.0}, f)
-  result = runner._ensemble(suite.arms[1], paths, 0, suite)
-  # The members' mean: [[0.6, 0.3, 0.1], [0.4, 0.2, 0.4]].
-  assert result["val_loss"] == pytest.approx(-(np.log(0.6) + np.log(0.4)) / 2)
-  assert result["val_accuracy"] == 0.5  # row 2's argmax is class 0 (first of a tie), label 2
+    _record_predictions(paths, "baseline", seed, probs)
   churn = runner._churn(suite.arms[0], paths, suite)  # argmax [0, 2] vs [0, 0]
   assert churn["disagreement"]["mean"] == 0.5
   assert churn["mean_abs_diff"]["mean"] == pytest.approx(np.mean(np.abs(members[0] - members[1])))
   with pytest.raises(ValueError, match="output='logits' is not one of"):
     runner.Suite(name="s", arms=[runner.Arm("a")], output="logits")
+
+
+def _record_predictions(paths, arm, seed, probs):
+  import numpy as np
+  for path in (paths.result(arm, seed, 0), paths.curve(arm, seed, 0)):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+      f.write("{}\n")
+  os.makedirs(os.path.dirname(paths.predictions(arm, seed, 0)), exist_ok=True)
+  np.savez(paths.predictions(arm, seed, 0), probs=probs, labels=np.zeros(len(probs)))
+
+
+def test_churn_is_recorded_pair_by_pair_across_sessions_without_a_work_dir(tmp_path):
+  import numpy as np
+
+  arm = runner.Arm("a", seeds=4)
+  suite = runner.Suite(name="s", arms=[arm], output="sigmoid")
+  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
+  probs = {0: [0.2, 0.9], 1: [0.4, 0.9], 2: [0.1, 0.3], 3: [0.1, 0.8]}
+  for seed in (0, 1):
+    _record_predictions(paths, "a", seed, np.array(probs[seed]))
+  assert runner._churn(arm, paths, suite) is None  # pair 2-3 not run yet
+  assert not runner._arm_done(arm, paths, runner._recorded_config(arm, paths))
+  # The next session runs on another machine: seeds 0-1's predictions are gone.
+  os.remove(paths.predictions("a", 0, 0))
+  os.remove(paths.predictions("a", 1, 0))
+  assert runner._pair_recorded(arm, paths, 0) and not runner._pair_recorded(arm, paths, 2)
+  for seed in (2, 3):
+    _record_predictions(paths, "a", seed, np.array(probs[seed]))
+  churn = runner._churn(arm, paths, suite)
+  assert [p["seeds"] for p in churn["independent"]] == [[0, 1], [2, 3]]
+  assert [p["seeds"] for p in churn["pairs"]] == [[0, 1], [2, 3]]  # never together: no 0-2
+  assert churn["independent"][0]["mean_abs_diff"] == pytest.approx(0.1)
+  assert churn["independent"][1]["disagreement"] == 0.5
+  assert churn["mean_abs_diff"]["mean"] == pytest.approx((0.1 + 0.25) / 2)
+
+
+def test_ensemble_gain_is_the_members_loss_minus_the_ensembles_on_the_same_examples():
+  arms = {"ensemble": {"runs": [{"ensemble_gain": 0.10}, {"ensemble_gain": 0.14}]},
+          "older": {"runs": [{"ensemble_gain": None}]}}
+  value, per, interval = runner.ensemble_gain(arms, arm="ensemble")
+  assert value == pytest.approx(0.12) and per == [0.10, 0.14]
+  assert interval[0] == pytest.approx(0.10) and interval[1] == pytest.approx(0.14)
+  assert runner.ensemble_gain(arms, arm="older") == (None, [], None)
 
 
 def test_teacher_minus_student_loss_reads_the_peer_curve_at_the_teachers_step():

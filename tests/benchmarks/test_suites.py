@@ -28,7 +28,8 @@ def test_suite_parses_and_its_goals_evaluate_on_its_arms(name):
     # here rather than after hours of training.
     fake = {a: {"runs": [{"final_val_loss": 0.5, "steps_to_target": 100,
                           "examples_per_sec": 10.0, "wall_time_to_target_s": 1.0,
-                          "bytes_sent_per_step": 10.0, "trainable_parameter_bytes": 4000}],
+                          "bytes_sent_per_step": 10.0, "trainable_parameter_bytes": 4000,
+                          "ensemble_gain": 0.01}],
                 "final_val_loss": runner._stat([0.5]), "steps_to_target": runner._stat([100]),
                 "examples_per_sec": runner._stat([10.0]),
                 "wall_time_to_target_s": runner._stat([1.0]),

@@ -51,7 +51,7 @@ def test_each_benchmarks_figures_are_read_per_version_and_tabled(tmp_path):
   assert all("9.9" not in by_version for by_version in result.values())
 
   summary = {"versions": ["2.21.0", "2.17.1"], "benchmarks": result, "command": "python -m x"}
-  tf_versions.write_report(summary, str(tmp_path))
+  tf_versions.BENCHMARK.write_report(summary, str(tmp_path))
   text = (tmp_path / "report.md").read_text()
   assert "| figure | TF 2.21.0 | TF 2.17.1 |" in text
   assert "| teacher_throughput_ratio | 0.48 | 0.96 |" in text

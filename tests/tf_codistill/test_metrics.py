@@ -108,3 +108,57 @@ def test_prediction_churn_of_two_models_on_a_dataset():
     metrics.prediction_churn(a, b, tf.data.Dataset.from_tensor_slices(x).take(0).batch(2))
   with pytest.raises(ValueError, match="output='probit'"):
     metrics.prediction_churn(a, b, labelled, output="probit")
+
+
+def _published(tmp_path, outputs, seeds, shape):
+  spec = tf.TensorSpec([None, *shape], tf.float32)
+  paths = []
+  for seed in seeds:
+    inputs = keras.Input(shape)
+    model = keras.Model(inputs, keras.layers.Dense(
+        outputs, kernel_initializer=keras.initializers.GlorotUniform(seed))(inputs))
+    paths.append(exchange.publish(model, str(tmp_path), seed, 1, spec))
+  return paths
+
+
+def test_ensemble_scores_stream_the_scores_of_the_whole_data_softmax(tmp_path):
+  # Next-token-like labels [batch, time]: every token counts once, whatever the batching.
+  paths = _published(tmp_path, 5, [0, 1], (4, 3))
+  rng = np.random.default_rng(2)
+  x = rng.normal(size=(23, 4, 3)).astype("float32")
+  y = rng.integers(0, 5, size=(23, 4))
+  data = tf.data.Dataset.from_tensor_slices((x, y)).batch(6)
+  scores = metrics.ensemble_scores(paths, data, "softmax")
+  preds = [metrics.predict_probabilities(p, data, "softmax") for p in paths]
+  assert scores["examples"] == 23 * 4
+  for member, p in zip(scores["members"], preds):
+    assert member == pytest.approx(metrics.categorical_scores(p, y))
+  mean = metrics.categorical_scores(np.mean(preds, axis=0), y)
+  assert scores["ensemble"] == pytest.approx(mean)
+  # Averaging probabilities never scores worse than the members' mean log loss (Jensen).
+  assert scores["ensemble"]["val_xent"] <= np.mean([m["val_xent"] for m in scores["members"]])
+  assert "probs" not in scores
+  kept = metrics.ensemble_scores(paths, data, "softmax", keep_batches=2)
+  np.testing.assert_allclose(kept["probs"], np.mean(preds, axis=0)[:12], rtol=1e-6)
+  np.testing.assert_array_equal(kept["labels"], y[:12])
+
+
+def test_ensemble_scores_sigmoid_and_bad_input(tmp_path):
+  paths = _published(tmp_path, 1, [3, 4, 5], (3,))
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(40, 3)).astype("float32")
+  y = (rng.random((40, 1)) < 0.5).astype("float32")
+  data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+  scores = metrics.ensemble_scores(paths, data)
+  preds = [metrics.predict_probabilities(p, data) for p in paths]
+  assert scores["examples"] == 40 and len(scores["members"]) == 3
+  assert scores["members"][1]["val_logloss"] == pytest.approx(metrics.log_loss(preds[1], y))
+  assert scores["ensemble"]["val_logloss"] == pytest.approx(
+      metrics.log_loss(np.mean(preds, axis=0), y))
+  auc = keras.metrics.AUC()
+  auc.update_state(y, np.mean(preds, axis=0))
+  assert scores["ensemble"]["val_auc"] == pytest.approx(float(auc.result().numpy()))
+  with pytest.raises(ValueError, match="dataset is empty"):
+    metrics.ensemble_scores(paths, data.take(0))
+  with pytest.raises(ValueError, match="at least one SavedModel"):
+    metrics.ensemble_scores([], data)

@@ -977,9 +977,10 @@ def _ensemble(arm: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence
   source = _recorded_arm(arm, paths)
   missing = [m for m in members
              if not os.path.exists(layout.group_run(paths.run_dir(source.name, m), 0).export)]
-  regenerated: List[dict] = []
-  _at_once(lambda m: regenerated.append(_regenerate(source, suite, paths, m, data, cpus)),
-           missing, cpus.size if cpus else 1)
+  _at_once(lambda m: _regenerate(source, suite, paths, m, data, cpus), missing,
+           cpus.size if cpus else 1)
+  regenerated = [{**_curve_difference(source, suite, paths, m), "trained_now": m in missing}
+                 for m in members]
   out_dir = paths.run_dir(arm.name, seed)
   os.makedirs(out_dir, exist_ok=True)
   scored = os.path.join(out_dir, "scores.json")
@@ -1005,8 +1006,7 @@ def _ensemble(arm: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence
   result = {"group": 0, "members": members, **scores["ensemble"],
             suite.loss_key: scores["ensemble"][key], "member_losses": member_losses,
             "ensemble_gain": float(np.mean(member_losses)) - scores["ensemble"][key],
-            "examples": scores["examples"], "regenerated": sorted(regenerated,
-                                                                 key=lambda r: r["seed"]),
+            "examples": scores["examples"], "member_runs": regenerated,
             "steps": member_results[0]["steps"],
             "wall_time_s": sum(r["wall_time_s"] for r in member_results),
             "examples_per_sec": None}
@@ -1027,18 +1027,23 @@ def _recorded_arm(arm: Arm, paths: RunPaths) -> Arm:
 
 
 def _regenerate(source: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence[str],
-                cpus: Optional[machine.CpuPool]) -> dict:
+                cpus: Optional[machine.CpuPool]) -> None:
   """Trains a recorded seed of ``source`` again for its models (a work dir of another machine or
-  session held them), leaving its record as it is; returns how far the new run's validation
-  curve is from the recorded one (0 where training is deterministic)."""
+  session held them), leaving its record as it is."""
   with cpus.take(_cpus_needed(source)) if cpus else contextlib.nullcontext():
-    dirs = _launch(source, suite, paths, seed, data, pin=cpus is not None)
+    _launch(source, suite, paths, seed, data, pin=cpus is not None)
+
+
+def _curve_difference(source: Arm, suite: Suite, paths: RunPaths, seed: int) -> dict:
+  """How far the validation curve of the run in the work dir (the model an ensemble uses) is
+  from the recorded run's: 0 for the recorded run itself, or where training is deterministic."""
   recorded = dict(protocol.curve_points(read_curve(paths.curve(source.name, seed, 0)),
                                         suite.loss_key))
-  again = dict(protocol.curve_points(read_curve(layout.RunDir(dirs[0]).progress), suite.loss_key))
-  steps = sorted(set(recorded) & set(again))
+  progress = layout.group_run(paths.run_dir(source.name, seed), 0).progress
+  here = dict(protocol.curve_points(read_curve(progress), suite.loss_key))
+  steps = sorted(set(recorded) & set(here))
   return {"seed": seed, "steps_compared": len(steps),
-          "max_abs_loss_diff": max((abs(recorded[s] - again[s]) for s in steps), default=None)}
+          "max_abs_loss_diff": max((abs(recorded[s] - here[s]) for s in steps), default=None)}
 
 
 def _independent_pairs(arm: Arm) -> List[Tuple[int, int]]:

@@ -66,6 +66,8 @@ def test_lm_protocol_suite_builds_its_corpus_and_accounts_for_every_token(tmp_pa
   assert again.returncode == 0, again.stderr[-4000:]
   rescored = json.loads((results / "quick_lm_protocol" / "runs" / "ensemble"
                          / "seed_0_group_0.json").read_text())
-  assert [r["seed"] for r in rescored["regenerated"]] == [0]
-  assert rescored["regenerated"][0]["steps_compared"] >= 1
-  assert rescored["regenerated"][0]["max_abs_loss_diff"] < 0.05
+  assert [(r["seed"], r["trained_now"]) for r in rescored["member_runs"]] == [(0, True),
+                                                                              (1, False)]
+  assert all(r["steps_compared"] >= 1 for r in rescored["member_runs"])
+  assert rescored["member_runs"][0]["max_abs_loss_diff"] < 0.05
+  assert rescored["member_runs"][1]["max_abs_loss_diff"] == 0  # the recorded run's own model

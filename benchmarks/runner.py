@@ -1102,8 +1102,9 @@ def _churn(arm: Arm, paths: RunPaths, suite: Suite) -> Optional[dict]:
   for a, b in itertools.combinations(present, 2):
     if (a, b) not in pairs:
       pairs[(a, b)] = {"seeds": [a, b], **metrics.churn(preds[a], preds[b], suite.output)}
+  history = suite.prediction_history and arm.kind != "ensemble"  # ensembles keep final ones
   for pair in _independent_pairs(arm):
-    if pair not in curves and set(pair) <= set(present) and suite.prediction_history:
+    if pair not in curves and set(pair) <= set(present) and history:
       points = _churn_curve(arm, paths, suite, pair)
       if points:
         curves[pair] = points
@@ -1111,11 +1112,11 @@ def _churn(arm: Arm, paths: RunPaths, suite: Suite) -> Optional[dict]:
   churn = {"pairs": ordered, "independent": [pairs[p] for p in _independent_pairs(arm)
                                              if p in pairs],
            "examples": int(next(iter(preds.values())).shape[0]) if preds else old.get("examples"),
-           "expects_curves": bool(suite.prediction_history),
+           "expects_curves": bool(history),
            "pair_curves": [{"seeds": list(k), "points": v} for k, v in sorted(curves.items())],
            **{key: _stat([p[key] for p in ordered])
               for key in ("mean_abs_diff", "total_variation", "disagreement")}}
-  if suite.prediction_history and all(p in curves for p in _independent_pairs(arm)):
+  if history and all(p in curves for p in _independent_pairs(arm)):
     churn["curves"] = [curves[p] for p in _independent_pairs(arm)]
   if ordered:
     machine.write_json(_churn_path(arm, paths), churn, indent=1)

@@ -461,3 +461,16 @@ def test_a_suite_pinned_to_a_tensorflow_version_refuses_another(tmp_path):
                                        r"tensorflow==2.0.0"):
     runner.run_suite(pinned, paths)
   assert not (tmp_path / "results").exists()  # refused before anything is written
+
+
+def test_an_ensembles_churn_needs_no_prediction_history(tmp_path):
+  import numpy as np
+
+  arm = runner.Arm("ens", seeds=2, kind="ensemble", source_arm="b")
+  suite = runner.Suite(name="s", arms=[runner.Arm("b", seeds=4), arm], prediction_history=True)
+  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
+  for seed in (0, 1):
+    _record_predictions(paths, "ens", seed, np.array([0.2 + 0.1 * seed, 0.7]))
+  churn = runner._churn(arm, paths, suite)
+  assert churn is not None and not churn["expects_curves"] and "curves" not in churn
+  assert runner._pair_recorded(arm, paths, 0) and runner._pair_recorded(arm, paths, 1)

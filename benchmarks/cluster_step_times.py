@@ -63,6 +63,7 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
+import tf_codistill as tfc
 from benchmarks import local_cluster
 from benchmarks import machine
 from benchmarks import models
@@ -74,8 +75,6 @@ from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.models import ctr
 from tf_codistill.teachers import pool as teachers
-from tf_codistill.teachers.spec import TeacherSpec
-from tf_codistill.training.model import CodistillModel
 
 NAME = "cluster_step_times"
 ARMS = ("no_teacher", "teacher", "teacher_refresh")
@@ -101,7 +100,8 @@ def _dataset(global_batch: int, num_buckets: int) -> tf.data.Dataset:
           .with_options(options))
 
 
-def _build_arms(strategy: tf.distribute.Strategy, settings: dict) -> Dict[str, CodistillModel]:
+def _build_arms(strategy: tf.distribute.Strategy,
+                settings: dict) -> Dict[str, tfc.CodistillModel]:
   """The arms' compiled models, each with the same student weights; teachers hold them too."""
   sample = next(iter(_dataset(8, settings["num_buckets"])))[0]
   stacked = settings["teacher_form"] == "stacked"
@@ -110,8 +110,8 @@ def _build_arms(strategy: tf.distribute.Strategy, settings: dict) -> Dict[str, C
     for name in ARMS:
       student = _make_model(settings["num_buckets"])
       factory = (lambda s=student: ctr.ctr_teacher(s)) if stacked else None
-      model = CodistillModel(student, 0 if name == "no_teacher" else 1, alpha=1.0,
-                             teachers=TeacherSpec(factory=factory))
+      model = tfc.CodistillModel(student, 0 if name == "no_teacher" else 1, alpha=1.0,
+                             teachers=tfc.TeacherSpec(factory=factory))
       model.compile(optimizer=keras.optimizers.Adam(1e-3),
                     loss=keras.losses.BinaryCrossentropy(from_logits=True))
       model(sample)
@@ -280,7 +280,7 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool,
   return result
 
 
-def _refresh_windows(model: CodistillModel, data, driver, refresh: teachers.TeacherRefresh,
+def _refresh_windows(model: tfc.CodistillModel, data, driver, refresh: teachers.TeacherRefresh,
                      peer: Optional[PeerVersions], window_s: float, mirrored: bool,
                      settings: dict) -> Optional[dict]:
   """The refresh-windows fit: the refreshing arm in one ``fit`` through ``settings

@@ -39,14 +39,12 @@ import gin
 import tensorflow as tf
 import tf_keras as keras
 
+import tf_codistill as tfc
 from benchmarks import models
 from benchmarks import registry
 from benchmarks import step_times
 from tf_codistill.models import ctr
 from tf_codistill.teachers import quantization
-from tf_codistill.teachers.spec import TeacherSpec
-from tf_codistill.training.model import CodistillModel
-from tf_codistill.training.model import clone_architecture
 
 
 def _dataset(batch_size: int, num_buckets: int) -> tf.data.Dataset:
@@ -107,7 +105,7 @@ def _teacher_copy(student: keras.Model, precision: Optional[str]) -> keras.Model
     return ctr.ctr_teacher(student)
   if precision in ("stacked_bfloat16", "stacked_int8"):
     return ctr.ctr_teacher(student, dtype_policy=precision[len("stacked_"):])
-  return clone_architecture(student, precision)
+  return tfc.clone_architecture(student, precision)
 
 
 def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
@@ -118,9 +116,9 @@ def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
   make = lambda: ctr.ctr_model(num_buckets=num_buckets, embedding_dim=embedding_dim)
   sample = next(iter(_dataset(batch_size, num_buckets)))[0]
   baselines = {"plain_keras": make,
-               "codistill_no_teacher": lambda: CodistillModel(make(), 0),
+               "codistill_no_teacher": lambda: tfc.CodistillModel(make(), 0),
                # An identical second instance: its ratio to the first is the noise floor.
-               "codistill_no_teacher_again": lambda: CodistillModel(make(), 0)}
+               "codistill_no_teacher_again": lambda: tfc.CodistillModel(make(), 0)}
   known = {*baselines, *TEACHER_ARMS, *PART_ARMS}
   if only is not None and set(only) - known:
     raise ValueError(f"unknown arms {sorted(set(only) - known)}; known: {sorted(known)}")
@@ -130,15 +128,15 @@ def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
     if not wanted(name):
       continue
     student = make()
-    arms[name] = _compile(CodistillModel(
-        student, 1, alpha=1.0, teachers=TeacherSpec(
+    arms[name] = _compile(tfc.CodistillModel(
+        student, 1, alpha=1.0, teachers=tfc.TeacherSpec(
             factory=lambda s=student, p=policy: _teacher_copy(s, p))),
         optimizer)
   for name, factory in PART_ARMS.items():
     if not wanted(name):
       continue
-    arms[name] = _compile(CodistillModel(
-        make(), 1, alpha=1.0, teachers=TeacherSpec(
+    arms[name] = _compile(tfc.CodistillModel(
+        make(), 1, alpha=1.0, teachers=tfc.TeacherSpec(
             factory=lambda f=factory: f(num_buckets, embedding_dim))),
         optimizer)
   for model in arms.values():
@@ -258,7 +256,7 @@ def forward_times(arms: Dict[str, keras.Model], data: tf.data.Dataset, calls: in
   return {name: statistics.median(values) for name, values in times.items()}
 
 
-def swap_pause(model: CodistillModel, repeats: int = 10) -> Dict[str, float]:
+def swap_pause(model: tfc.CodistillModel, repeats: int = 10) -> Dict[str, float]:
   """The training thread's part of a refresh, flipping the double buffer (the restore itself runs
   in the teacher pool's thread), against assigning the values in place as a single buffer would."""
   weights = model.student.get_weights()

@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
+import tf_codistill as tfc
 from benchmarks import registry
 from benchmarks import step_times
 from data_pipelines import images
@@ -33,9 +34,6 @@ from data_pipelines import text_lm
 from tf_codistill import losses
 from tf_codistill.models import lm
 from tf_codistill.models import resnet
-from tf_codistill.teachers.spec import TeacherSpec
-from tf_codistill.training.model import CodistillModel
-from tf_codistill.training.model import clone_architecture
 
 TASKS = ("lm", "image")
 
@@ -77,9 +75,9 @@ def _arms(task: str, data_dir: str, vocab_size: int):
                                  ("bfloat16_teacher", 1, "bfloat16"),
                                  ("mixed_bfloat16_teacher", 1, "mixed_bfloat16")):
     student = make()
-    factory = (lambda s=student, p=policy: clone_architecture(s, p))
-    model = CodistillModel(student, teachers, alpha=1.0, output=output,
-                           teachers=TeacherSpec(factory=factory))
+    factory = (lambda s=student, p=policy: tfc.clone_architecture(s, p))
+    model = tfc.CodistillModel(student, teachers, alpha=1.0, output=output,
+                           teachers=tfc.TeacherSpec(factory=factory))
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
     model(sample)
     if teachers:

@@ -474,3 +474,22 @@ def test_an_ensembles_churn_needs_no_prediction_history(tmp_path):
   churn = runner._churn(arm, paths, suite)
   assert churn is not None and not churn["expects_curves"] and "curves" not in churn
   assert runner._pair_recorded(arm, paths, 0) and runner._pair_recorded(arm, paths, 1)
+
+
+def test_a_member_run_is_compared_with_its_recorded_curve(tmp_path):
+  from tf_codistill import layout
+
+  arm = runner.Arm("b", seeds=2)
+  suite = runner.Suite(name="s", arms=[arm], loss_key="val_loss")
+  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
+  os.makedirs(os.path.dirname(paths.curve("b", 0, 0)))
+  with open(paths.curve("b", 0, 0), "w") as f:
+    f.write('{"step": 10, "val_loss": 2.0}\n{"step": 20, "val_loss": 1.5}\n')
+  progress = layout.group_run(paths.run_dir("b", 0), 0).progress
+  os.makedirs(os.path.dirname(progress))
+  with open(progress, "w") as f:  # trained again: a little off at step 20, one step more
+    f.write('{"step": 10, "val_loss": 2.0}\n{"step": 20, "val_loss": 1.52}\n'
+            '{"step": 30, "val_loss": 1.4}\n')
+  diff = runner._curve_difference(arm, suite, paths, 0)
+  assert diff["seed"] == 0 and diff["steps_compared"] == 2
+  assert diff["max_abs_loss_diff"] == pytest.approx(0.02)

@@ -1061,7 +1061,10 @@ def _read_churn(arm: Arm, paths: RunPaths) -> dict:
 
 
 def _churn_complete(arm: Arm, churn: Mapping[str, Any]) -> bool:
-  """Whether ``churn`` holds every disjoint pair of the arm (with its curve, where kept)."""
+  """Whether ``churn`` holds every disjoint pair of the arm (with its curve, where kept). An
+  ensemble's churn is what its recorded seeds gave: never worth training its members again."""
+  if arm.kind == "ensemble":
+    return True
   have = {tuple(p["seeds"]) for p in churn.get("independent", [])}
   return (bool(churn) and all(pair in have for pair in _independent_pairs(arm))
           and ("curves" in churn or not churn.get("expects_curves", False)))
@@ -1071,7 +1074,7 @@ def _pair_recorded(arm: Arm, paths: RunPaths, seed: int) -> bool:
   """Whether churn no longer needs ``seed``'s predictions: its disjoint pair is recorded (with
   its curve, where kept), or it has none."""
   pair = next((p for p in _independent_pairs(arm) if seed in p), None)
-  if pair is None:
+  if pair is None or arm.kind == "ensemble":
     return True
   churn = _read_churn(arm, paths)
   recorded = {tuple(p["seeds"]) for p in churn.get("independent", [])}
@@ -1120,7 +1123,7 @@ def _churn(arm: Arm, paths: RunPaths, suite: Suite) -> Optional[dict]:
     churn["curves"] = [curves[p] for p in _independent_pairs(arm)]
   if ordered:
     machine.write_json(_churn_path(arm, paths), churn, indent=1)
-  return churn if _churn_complete(arm, churn) else None
+  return churn if ordered and _churn_complete(arm, churn) else None
 
 
 def _churn_curve(arm: Arm, paths: RunPaths, suite: Suite, seeds: Sequence[int]) -> List[dict]:

@@ -474,6 +474,16 @@ def test_an_ensembles_churn_needs_no_prediction_history(tmp_path):
   churn = runner._churn(arm, paths, suite)
   assert churn is not None and not churn["expects_curves"] and "curves" not in churn
   assert runner._pair_recorded(arm, paths, 0) and runner._pair_recorded(arm, paths, 1)
+  # A recorded ensemble is kept without its predictions (its members would have to be trained
+  # again for a pair's churn): its churn is what the seeds recorded together gave.
+  config = runner.arm_config(arm, suite, [])
+  with open(runner._config_path(arm, paths), "w") as f:
+    json.dump(config, f)
+  os.remove(runner._churn_path(arm, paths))
+  os.remove(paths.predictions("ens", 1, 0))
+  assert runner._churn(arm, paths, suite) is None  # one ensemble's predictions: no pair
+  assert runner._seeds_to_run(arm, paths, config) == []
+  assert runner._arm_done(arm, paths, config)
 
 
 def test_a_member_run_is_compared_with_its_recorded_curve(tmp_path):

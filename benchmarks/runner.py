@@ -951,13 +951,17 @@ def _offline_distill(arm: Arm, suite: Suite, paths: RunPaths, seed: int,
                      data: Sequence[str], load: Optional[dict] = None, pin: bool = False) -> dict:
   """Two-phase distillation: group 0 of a 2-group job trains; group 1 is the source arm's trained
   model of the same seed (a tuning seed: the source's first seed), published once into the
-  exchange as a frozen teacher."""
-  source = next(a for a in suite.arms if a.name == arm.source_arm)
+  exchange as a frozen teacher. A teacher not in the work dir (a fresh machine) is trained again
+  from its recorded configuration, on the CPU this run holds (``teacher_run``: its curve's
+  difference from the recorded run's)."""
+  source = _recorded_arm(arm, paths)
   teacher_seed = seed if seed in source.seed_list else source.seed_offset
-  teacher_export = layout.group_run(paths.run_dir(arm.source_arm, teacher_seed), 0).export
-  if not tf.io.gfile.exists(teacher_export):
-    raise FileNotFoundError(f"arm {arm.name!r}: teacher {teacher_export} is missing: rerun arm "
-                            f"{arm.source_arm!r} with --force (its models live in the work dir)")
+  teacher_export = layout.group_run(paths.run_dir(source.name, teacher_seed), 0).export
+  trained_now = not tf.io.gfile.exists(teacher_export)
+  if trained_now:
+    _launch(source, suite, paths, teacher_seed, data, pin=pin)
+  load = {**(load or {}), "teacher_run": {
+      **_curve_difference(source, suite, paths, teacher_seed), "trained_now": trained_now}}
   exchange_dir = paths.run_dir(arm.name, seed) + "_exchange"
   shutil.rmtree(exchange_dir, ignore_errors=True)
   with open(paths.result(arm.source_arm, teacher_seed, 0)) as f:

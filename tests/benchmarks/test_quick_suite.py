@@ -44,3 +44,13 @@ def test_quick_suite_writes_every_arm_goals_report_and_plots(tmp_path):
   again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
   assert again.returncode == 0, again.stderr[-4000:]
   assert again.stdout.count("reusing") == len(expected)
+  # On a machine without the teacher (another work dir), offline distillation trains it again
+  # from the baseline's recorded configuration and records how far its curve is.
+  subprocess.run(["rm", "-rf", str(work / "quick" / "runs" / "baseline" / "seed_0"),
+                  str(results / "quick" / "runs" / "offline_distill")], check=True)
+  third = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+  assert third.returncode == 0, third.stderr[-4000:]
+  offline = json.loads((results / "quick" / "runs" / "offline_distill"
+                        / "seed_0_group_0.json").read_text())
+  assert offline["teacher_run"]["seed"] == 0 and offline["teacher_run"]["trained_now"]
+  assert offline["teacher_run"]["steps_compared"] >= 1

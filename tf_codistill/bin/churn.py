@@ -2,7 +2,6 @@
 
 import json
 
-import gin
 import numpy as np
 from absl import app
 from absl import flags
@@ -38,8 +37,8 @@ def main(argv):
     except FileNotFoundError as e:
       common.exit_with_error(f"--data: {e}")
   else:
-    dataset = (_bound("dataset_fn") or criteo.make_dataset)(FLAGS.data, FLAGS.batch_size)
-  task = _bound("task")
+    dataset = (common.bound("dataset_fn") or criteo.make_dataset)(FLAGS.data, FLAGS.batch_size)
+  task = common.bound("task")
   output = FLAGS.output or (task.output if task is not None else "sigmoid")
   try:
     preds = [tfc.predict_probabilities(p, dataset, output) for p in FLAGS.saved_model]
@@ -59,15 +58,6 @@ def main(argv):
   if FLAGS.json_out:
     with open(FLAGS.json_out, "w") as f:
       json.dump(summary, f, indent=2)
-
-
-def _bound(name: str):
-  """The gin-configured function or class bound to ``trainer.train.<name>``, or None."""
-  try:
-    reference = gin.query_parameter(f"trainer.train.{name}")
-  except ValueError:
-    return None
-  return reference.configurable.wrapper
 
 
 def run():

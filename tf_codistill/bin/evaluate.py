@@ -13,7 +13,6 @@ import json
 import os
 import sys
 
-import gin
 import tensorflow as tf
 from absl import app
 from absl import flags
@@ -44,15 +43,15 @@ def main(argv):
   if not FLAGS.saved_model:
     raise app.UsageError("give at least one --saved_model path")
   common.parse_gin_or_exit(FLAGS.gin_file, FLAGS.gin_bindings)
-  files = [FLAGS.data] if FLAGS.data else list(_bound("eval_files") or [])
+  files = [FLAGS.data] if FLAGS.data else list(common.bound("eval_files") or [])
   if not files:
     raise app.UsageError("give --data, or bind trainer.train.eval_files")
-  batch = FLAGS.batch_size or _bound("batch_size") or 4096
-  task = _bound("task")
+  batch = FLAGS.batch_size or common.bound("batch_size") or 4096
+  task = common.bound("task")
   output = task.output if task is not None else "sigmoid"
-  dataset_fn = _bound("dataset_fn") or criteo.make_dataset
+  dataset_fn = common.bound("dataset_fn") or criteo.make_dataset
   try:
-    keep = (FLAGS.prediction_batches or _bound("prediction_batches") or sys.maxsize) \
+    keep = (FLAGS.prediction_batches or common.bound("prediction_batches") or sys.maxsize) \
         if FLAGS.predictions_out else 0
     scores = tfc.ensemble_scores(FLAGS.saved_model, dataset_fn(files, batch), output,
                                  keep_batches=keep)
@@ -72,17 +71,6 @@ def main(argv):
         + f" on {scores['examples']} examples")
   if FLAGS.json_out:
     directory.write_atomically(FLAGS.json_out, json.dumps(scores, indent=1, sort_keys=True))
-
-
-def _bound(name: str):
-  """The value bound to ``trainer.train.<name>`` (for ``@f`` or ``@C()``, the function or class),
-  or None when unbound."""
-  try:
-    value = gin.query_parameter(f"trainer.train.{name}")
-  except ValueError:
-    return None
-  return value.configurable.wrapper if isinstance(value, gin.config.ConfigurableReference) \
-      else value
 
 
 def run():

@@ -139,27 +139,24 @@ def ensemble_scores(saved_model_paths: Sequence[str], dataset: tf.data.Dataset,
 
 
 class _ScoreSums:
-  """Running sums of one model's log loss and accuracy (and AUC, for ``sigmoid``)."""
+  """Running sums of one model's log loss and accuracy (and AUC, for ``sigmoid``): each batch
+  scored by categorical_scores or log_loss, weighted by its examples."""
 
-  def __init__(self, output: str, eps: float = 1e-7):
-    self.eps = eps
-    self.loss, self.correct, self.count = 0.0, 0, 0
+  def __init__(self, output: str):
+    self.loss, self.correct, self.count = 0.0, 0.0, 0
     self.auc = keras.metrics.AUC() if output == "sigmoid" else None
 
   def add(self, probs: np.ndarray, labels: np.ndarray) -> None:
-    p = np.asarray(probs, np.float64)
-    if self.auc is None:  # softmax: one prediction per position of the last axis but one
-      ids = labels.astype(np.int64).reshape(p.shape[:-1])
-      picked = np.take_along_axis(p, ids[..., None], axis=-1)[..., 0]
-      self.loss -= float(np.sum(np.log(np.clip(picked, self.eps, 1.0))))
-      self.correct += int(np.sum(np.argmax(p, axis=-1) == ids))
-      self.count += int(ids.size)
-      return
-    y = labels.astype(np.float64).reshape(p.shape)
-    q = np.clip(p, self.eps, 1 - self.eps)
-    self.loss -= float(np.sum(y * np.log(q) + (1 - y) * np.log(1 - q)))
-    self.auc.update_state(y, p)
-    self.count += int(p.size)
+    if self.auc is None:  # softmax: one prediction per position of every axis but the last
+      n = int(np.prod(probs.shape[:-1]))
+      batch = categorical_scores(probs, labels)
+      self.loss += batch["val_xent"] * n
+      self.correct += batch["val_accuracy"] * n
+    else:
+      n = int(np.size(probs))
+      self.loss += log_loss(probs, labels) * n
+      self.auc.update_state(np.reshape(labels, np.shape(probs)), probs)
+    self.count += n
 
   def scores(self) -> Dict[str, float]:
     loss = self.loss / self.count

@@ -1064,26 +1064,28 @@ def _read_churn(arm: Arm, paths: RunPaths) -> dict:
     return {}
 
 
+def _recorded_pairs(churn: Mapping[str, Any]) -> set:
+  """The disjoint pairs ``churn`` holds with all they need (their curve, where runs keep a
+  prediction history; a record written before pair curves holds them all in ``curves``)."""
+  with_curve = {tuple(c["seeds"]) for c in churn.get("pair_curves", [])}
+  return {tuple(p["seeds"]) for p in churn.get("independent", [])
+          if not churn.get("expects_curves", False) or "curves" in churn
+          or tuple(p["seeds"]) in with_curve}
+
+
 def _churn_complete(arm: Arm, churn: Mapping[str, Any]) -> bool:
-  """Whether ``churn`` holds every disjoint pair of the arm (with its curve, where kept). An
-  ensemble's churn is what its recorded seeds gave: never worth training its members again."""
-  if arm.kind == "ensemble":
-    return True
-  have = {tuple(p["seeds"]) for p in churn.get("independent", [])}
-  return (bool(churn) and all(pair in have for pair in _independent_pairs(arm))
-          and ("curves" in churn or not churn.get("expects_curves", False)))
+  """Whether ``churn`` holds every disjoint pair of the arm. An ensemble's churn is what its
+  recorded seeds gave: never worth training its members again."""
+  return arm.kind == "ensemble" or (bool(churn) and set(_independent_pairs(arm))
+                                    <= _recorded_pairs(churn))
 
 
 def _pair_recorded(arm: Arm, paths: RunPaths, seed: int) -> bool:
   """Whether churn no longer needs ``seed``'s predictions: its disjoint pair is recorded (with
   its curve, where kept), or it has none."""
   pair = next((p for p in _independent_pairs(arm) if seed in p), None)
-  if pair is None or arm.kind == "ensemble":
-    return True
-  churn = _read_churn(arm, paths)
-  recorded = {tuple(p["seeds"]) for p in churn.get("independent", [])}
-  curves = {tuple(c["seeds"]) for c in churn.get("pair_curves", [])}
-  return pair in recorded and (pair in curves or not churn.get("expects_curves", False))
+  return (pair is None or arm.kind == "ensemble"
+          or pair in _recorded_pairs(_read_churn(arm, paths)))
 
 
 def _churn(arm: Arm, paths: RunPaths, suite: Suite) -> Optional[dict]:
@@ -1102,13 +1104,13 @@ def _churn(arm: Arm, paths: RunPaths, suite: Suite) -> Optional[dict]:
   curves = {tuple(c["seeds"]): c["points"] for c in old.get("pair_curves", [])}
   present = [seed for seed in arm.seed_list if _seed_recorded(arm, paths, seed)
              and os.path.exists(paths.predictions(arm.name, seed, 0))]
+  new = [pair for pair in itertools.combinations(present, 2) if pair not in pairs]
   preds = {}
-  for seed in present:
+  for seed in sorted({seed for pair in new for seed in pair}):
     with np.load(paths.predictions(arm.name, seed, 0)) as npz:
       preds[seed] = npz["probs"]
-  for a, b in itertools.combinations(present, 2):
-    if (a, b) not in pairs:
-      pairs[(a, b)] = {"seeds": [a, b], **metrics.churn(preds[a], preds[b], suite.output)}
+  for a, b in new:
+    pairs[(a, b)] = {"seeds": [a, b], **metrics.churn(preds[a], preds[b], suite.output)}
   history = suite.prediction_history and arm.kind != "ensemble"  # ensembles keep final ones
   for pair in _independent_pairs(arm):
     if pair not in curves and set(pair) <= set(present) and history:

@@ -193,7 +193,8 @@ def _verdict(kind: str, kill: _Kill, recovery: dict, launch: standalone.Launch, 
     resumed_ok = (start_step is not None and 0 <= kill.step - start_step
                   and (kill.step < steps_per_epoch or start_step > 0)
                   and kill.step - start_step <= steps_per_epoch + 20)
-  restarted = any(e["event"] == "restarted" and e.get("status") == -9 for e in launch.events())
+  restarts = [e for e in launch.events() if e["event"] == "restarted"]
+  restarted = any(e.get("status") == -9 for e in restarts)
   finished_ok = (code == 0 and all(r is not None and train_steps <= r["steps"] <= train_steps + 2
                                    for r in finished.values()))
   return dict(
@@ -201,7 +202,8 @@ def _verdict(kind: str, kill: _Kill, recovery: dict, launch: standalone.Launch, 
       progress_s=_round(progress_s),
       recovery_s=_round(None if restart_s is None or progress_s is None
                         else max(restart_s, progress_s)),
-      launcher_restarted=restarted, finished=finished_ok, resumed_correctly=resumed_ok,
+      launcher_restarted=restarted, restarts_used=len(restarts), finished=finished_ok,
+      resumed_correctly=resumed_ok,
       ok=bool(finished_ok and resumed_ok and restarted and progress_s is not None
               and restart_s is not None))
 
@@ -270,6 +272,8 @@ def summarize(trials: Sequence[dict]) -> Dict[str, dict]:
         "steps_lost": _spread(lost),
         "recovery_s": _spread(recovery),
         "kill_steps": [t.get("step_at_kill") for t in rows],
+        # One kill should cost one restart (None: a trial recorded before restarts were counted).
+        "restarts_used": [t.get("restarts_used") for t in rows],
     }
   return summary
 
@@ -356,6 +360,11 @@ def _details(summary: dict) -> List[str]:
   """The kill steps per kind and the trials that did not recover, as Markdown."""
   lines = ["", "Kill steps per kind: " + "; ".join(
       f"{kind} {row['kill_steps']}" for kind, row in summary["summary"].items()) + "."]
+  restarts = {kind: row["restarts_used"] for kind, row in summary["summary"].items()
+              if any(n is not None for n in row.get("restarts_used", []))}
+  if restarts:
+    lines += ["", "Restarts the launcher used per trial (one kill should cost one): " + "; ".join(
+        f"{kind} {used}" for kind, used in restarts.items()) + "."]
   failed = [t for t in summary.get("trials", []) if not t.get("ok")]
   if failed:
     lines += ["", f"**{len(failed)} trial(s) did not recover:**", ""]

@@ -33,6 +33,10 @@ flags.DEFINE_string("work_dir", DEFAULT_WORK_DIR,
                     "Models, runs and data (<work_dir>/<name>/; the suites' shared data in "
                     "<work_dir>/data/).")
 flags.DEFINE_bool("force", False, "Rerun what is already recorded (suites' arms).")
+flags.DEFINE_list("arms", None, "A suite's arms to run, and only those (the arms and tuning "
+                  "runs they build on must be recorded): a suite too long for one session goes "
+                  "on arm by arm. Writes no summary or report; an invocation without --arms "
+                  "does, once every arm is recorded.")
 flags.DEFINE_bool("report_only", False, "Measure nothing: rewrite the report (and a suite's "
                   "summary.json) from what is recorded.")
 flags.DEFINE_string("child", None, "Internal: run one part of the benchmark in this process, "
@@ -86,6 +90,8 @@ def _name(argv: List[str]) -> str:
 
 def run_registered(name: str) -> None:
   """Measures (or, with --report_only, reports) a registered benchmark."""
+  if FLAGS.arms is not None:
+    raise app.UsageError(f"--arms is for suites; {name} is a measuring benchmark without arms")
   benchmark = registry.load(name)
   if FLAGS.child is not None:
     benchmark.child(json.loads(FLAGS.child))
@@ -132,6 +138,10 @@ def run_suite(name: str) -> None:
     suite = runner.Suite()
     if not FLAGS.report_only:
       runner.check_tensorflow(suite)
+    if FLAGS.arms is not None:
+      if FLAGS.report_only:
+        raise ValueError("--arms runs arms; --report_only runs none: give one of them")
+      runner.check_arm_names(suite, FLAGS.arms)
   except (ValueError, TypeError) as e:
     raise app.UsageError(f"suite {path}: {e}") from None
   paths = runner.RunPaths(work_dir=os.path.join(FLAGS.work_dir, suite.name),
@@ -145,9 +155,13 @@ def run_suite(name: str) -> None:
                              max_wait_s=FLAGS.settle_s):
         summary = runner.run_suite(suite, paths, force=FLAGS.force,
                                    progress=lambda line: print(line, flush=True),
-                                   allow_load=FLAGS.allow_load)
+                                   allow_load=FLAGS.allow_load, only=FLAGS.arms)
   except (machine.MachineBusy, machine.MachineLoaded) as e:
     raise app.UsageError(str(e)) from None
+  if summary is None:
+    print(f"recorded arms {FLAGS.arms} of {suite.name} in {paths.results_dir}/runs; the summary "
+          f"and report are written by an invocation without --arms once every arm is recorded")
+    return
   written = report.write_report(summary, paths.results_dir, _command(suite.name, ["--force"]))
   for goal, verdict in summary["goal_verdicts"].items():
     value = summary["goals"].get(goal)

@@ -159,7 +159,8 @@ class Suite:
     b_star: B* given rather than found (a suite without a scaling phase that takes another
       suite's): ``{B*}`` and ``{2B*}`` in the arms' bindings become it and its double.
     debs_dir: a folder holding a Debian corpus's ``.deb`` files (default: ``apt-get download``
-      them while the corpus is built).
+      them while the corpus is built). Where the suite's results hold ``corpus_manifest.json``
+      (runs are recorded), the corpus is built from exactly the package versions it records.
     eval_pattern: a Debian corpus's validation shards (a glob in its ``tokens/``), e.g. one of
       them, so that evaluation costs a fixed, small share of the step budget.
     pin_runs: every group gets a CPU of its own (machine.CpuPool), and runs that need fewer
@@ -560,9 +561,11 @@ def _gin_path(path: str) -> str:
   return path if os.path.isabs(path) else os.path.join(config.REPO_GIN_DIR, path)
 
 
-def corpus_manifest(suite: Suite, data_root: str, build: bool = True) -> Optional[dict]:
+def corpus_manifest(suite: Suite, data_root: str, build: bool = True,
+                    pinned_to: Optional[str] = None) -> Optional[dict]:
   """The manifest of a Debian-corpus suite's corpus (built under ``data_root`` unless there and
-  ``build``); None for other data."""
+  ``build``, from the packages the manifest at ``pinned_to`` records, where that file exists);
+  None for other data."""
   if suite.data not in CORPORA:
     return None
   from data_pipelines import corpus  # pylint: disable=g-import-not-at-top
@@ -571,14 +574,19 @@ def corpus_manifest(suite: Suite, data_root: str, build: bool = True) -> Optiona
   data_dir = os.path.join(data_root, suite.data)
   if not build:
     return corpus.read_manifest(data_dir)
+  recorded = None
+  if pinned_to and os.path.exists(pinned_to):
+    with open(pinned_to) as f:
+      recorded = json.load(f)
   return corpus.build(data_dir, debian_text.CORPORA[name], vocab_size=suite.vocab_size,
-                      debs_dir=suite.debs_dir, **options)
+                      debs_dir=suite.debs_dir, pinned_to=recorded, **options)
 
 
-def data_bindings(suite: Suite, data_root: str) -> List[str]:
-  """Prepares the suite's data under ``data_root`` (reused when there) and binds its files."""
+def data_bindings(suite: Suite, data_root: str, pinned_to: Optional[str] = None) -> List[str]:
+  """Prepares the suite's data under ``data_root`` (reused when there; a corpus built from the
+  packages the manifest at ``pinned_to`` records, where it exists) and binds its files."""
   if suite.data in CORPORA:
-    corpus_manifest(suite, data_root)
+    corpus_manifest(suite, data_root, pinned_to=pinned_to)
     tokens = os.path.join(data_root, suite.data, "tokens")
     return [f"trainer.train.train_files = ['{tokens}/train-*']",
             f"trainer.train.eval_files = ['{tokens}/{suite.eval_pattern}']"]
@@ -713,10 +721,9 @@ def check_same_corpus(suite: Suite, paths: RunPaths) -> None:
       versions = ", ".join(f"{p['package']} {p['version']}" for p in manifest["packages"])
       raise ValueError(
           f"{path} was trained on corpus {recorded}, but {paths.data_dir}/{suite.data} is "
-          f"{now} ({versions}): a package changed since. Build the corpus from the recorded "
-          f".debs (versions and sha256 in {CORPUS_MANIFEST} beside the runs; `apt-get download "
-          f"NAME=VERSION`, then bind bench.Suite.debs_dir to their folder), or start the suite "
-          f"over (--force)")
+          f"{now} ({versions}): a package changed since. Remove {paths.data_dir}/{suite.data} "
+          f"to rebuild it from the packages {CORPUS_MANIFEST} beside the runs records, or start "
+          f"the suite over (--force)")
 
 
 def _launch(arm: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence[str], *,
@@ -1306,26 +1313,29 @@ def verdicts(goals: Mapping[str, Optional[float]], thresholds: Mapping[str, Sequ
 
 
 def prepare(suite: Suite, paths: RunPaths, data: Sequence[str],
-            run: Optional[RunFn] = None) -> Tuple[Suite, dict]:
+            run: Optional[RunFn] = None, only: Optional[Sequence[str]] = None
+            ) -> Tuple[Suite, dict]:
   """The suite as it runs (B* substituted, learning rates tuned) and the record of how: with
-  ``run``, each arm's tuning runs and then the arm itself are run in order; without it, every
-  run must be recorded already."""
+  ``run``, each arm's tuning runs and then the arm itself are run in order (only the arms named
+  in ``only``, when given: the others must be recorded as far as those need them); without it,
+  every run must be recorded already."""
   scaled = scaling(suite, paths, data, run)
   if scaled is None and suite.b_star is not None:
     scaled = {"b_star": suite.b_star, "given": True}
   arms, tuning = [], {}
   for arm in suite.arms:
+    arm_run = run if only is None or arm.name in only else None
     if arm.learning_rate_from:
       if arm.learning_rate_from not in tuning:
         raise ValueError(f"arm {arm.name!r}: learning_rate_from={arm.learning_rate_from!r} is not "
                          f"a tuned arm listed before it")
       rate = tuning[arm.learning_rate_from]["learning_rate"]
       arm = _with(arm, [f"trainer.train.learning_rate = {rate!r}"])
-    concrete, choice = resolve(arm, suite, paths, data, scaled and scaled["b_star"], run)
+    concrete, choice = resolve(arm, suite, paths, data, scaled and scaled["b_star"], arm_run)
     if choice:
       tuning[arm.name] = choice
-    if run is not None:
-      run([concrete])
+    if arm_run is not None:
+      arm_run([concrete])
     arms.append(concrete)
   record = {"scaling": scaled, "tuning": tuning, "learning_rates": list(suite.learning_rates),
             "tuning_seed": suite.tuning_seed} if (scaled or tuning) else None
@@ -1342,12 +1352,26 @@ def check_tensorflow(suite: Suite) -> None:
         f"tensorflow=={suite.tensorflow} (make test-io builds .venv-tf217)")
 
 
+def check_arm_names(suite: Suite, names: Sequence[str]) -> None:
+  """ValueError naming the unknown ones unless every name is one of the suite's arms."""
+  unknown = [n for n in names if n not in {a.name for a in suite.arms}]
+  if unknown:
+    raise ValueError(f"suite {suite.name!r} has no arm(s) {unknown}; its arms: "
+                     f"{[a.name for a in suite.arms]}")
+
+
 def run_suite(suite: Suite, paths: RunPaths, force: bool = False,
-              progress: Callable[[str], None] = print, allow_load: bool = False) -> dict:
-  """Runs (or reuses) every arm, then writes summary.json and returns it."""
+              progress: Callable[[str], None] = print, allow_load: bool = False,
+              only: Optional[Sequence[str]] = None) -> Optional[dict]:
+  """Runs (or reuses) every arm, then writes summary.json and returns it. With ``only`` (arm
+  names) runs just those arms (a suite too long for one session goes on arm by arm) and
+  writes no summary: it is written by an invocation that finds every arm recorded."""
   check_tensorflow(suite)
+  if only is not None:
+    check_arm_names(suite, only)
   os.makedirs(paths.results_dir, exist_ok=True)
-  data = data_bindings(suite, paths.data_dir)
+  # A suite's corpus is the one its recorded runs read: rebuilt from the recorded packages.
+  data = data_bindings(suite, paths.data_dir, os.path.join(paths.results_dir, CORPUS_MANIFEST))
   manifest = corpus_manifest(suite, paths.data_dir, build=False)
   if manifest is not None:  # which packages, versions and .debs the runs read
     machine.write_json(os.path.join(paths.results_dir, CORPUS_MANIFEST), manifest, indent=1)
@@ -1367,7 +1391,9 @@ def run_suite(suite: Suite, paths: RunPaths, force: bool = False,
   def run(arms: Sequence[Arm]) -> None:
     _at_once(run_one, arms, cpus.size if cpus and max(map(_cpus_needed, arms)) == 1 else 1)
 
-  concrete, record = prepare(suite, paths, data, run)
+  concrete, record = prepare(suite, paths, data, run, only)
+  if only is not None:
+    return None
   summary = summarize(concrete, paths, record)
   summary["this_invocation"] = {"wall_time_s": time.time() - start, "arms_run": sorted(ran),
                                 "allow_load": allow_load}
@@ -1378,7 +1404,9 @@ def summarize_recorded(suite: Suite, paths: RunPaths) -> dict:
   """summary.json again from the recorded runs alone (trains nothing; every run must be there)."""
   # Data bindings only name tuning runs (their digest); other suites need no data prepared.
   tuned = suite.scaling_arm or any(a.tune_learning_rate for a in suite.arms)
-  concrete, record = prepare(suite, paths, data_bindings(suite, paths.data_dir) if tuned else [])
+  data = (data_bindings(suite, paths.data_dir, os.path.join(paths.results_dir, CORPUS_MANIFEST))
+          if tuned else [])
+  concrete, record = prepare(suite, paths, data)
   summary = summarize(concrete, paths, record)
   summary["this_invocation"] = {"report_only": True}
   return _write_summary(summary, paths)

@@ -4,7 +4,8 @@
 stage's output written atomically, so a build stopped at any point resumes where it stopped):
 
   1. each package's ``.deb``: taken from ``debs_dir`` when there, else ``apt-get download``
-     (no root needed); checked and versioned with ``dpkg-deb -f``, hashed (sha256), extracted
+     (no root needed; with ``pinned_to``, a recorded manifest, exactly the version it names,
+     its sha256 checked); checked and versioned with ``dpkg-deb -f``, hashed (sha256), extracted
      with ``dpkg-deb -x``, converted to documents (``Source.convert``) into
      ``docs/<package>.jsonl``; the extracted tree is removed;
   2. the split, by document: a document goes to validation when the hash of ``package/name``
@@ -30,7 +31,7 @@ import json
 import os
 import shutil
 import subprocess
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -66,18 +67,36 @@ def _run(command: Sequence[str], what: str, **kwargs) -> str:
   return done.stdout
 
 
-def fetch_deb(package: str, debs_dir: str) -> str:
+def _matching_debs(package: str, debs_dir: str, version: Optional[str]) -> List[str]:
+  """The package's ``.deb`` files in ``debs_dir`` (of ``version`` only, when given: named as
+  ``apt-get download`` names them, epoch as ``%3a``, or as the archive's pool does, without it)."""
+  if version is None:
+    return sorted(glob.glob(os.path.join(debs_dir, f"{package}_*.deb")))
+  names = {f"{package}_{version.replace(':', '%3a')}_", f"{package}_{version.split(':')[-1]}_"}
+  return sorted(path for path in glob.glob(os.path.join(debs_dir, f"{package}_*.deb"))
+                if any(os.path.basename(path).startswith(name) for name in names))
+
+
+def fetch_deb(package: str, debs_dir: str, pin: Optional[Mapping[str, str]] = None) -> str:
   """The package's ``.deb`` in ``debs_dir``, downloaded there with ``apt-get download`` if
-  absent."""
+  absent. With ``pin`` (``version`` and ``sha256``, as a recorded manifest has them) it is
+  exactly that build: ``apt-get download NAME=VERSION``, its sha256 checked."""
   os.makedirs(debs_dir, exist_ok=True)
-  found = sorted(glob.glob(os.path.join(debs_dir, f"{package}_*.deb")))
+  version = pin["version"] if pin else None
+  wanted = f"{package}={version}" if pin else package
+  found = _matching_debs(package, debs_dir, version)
   if not found:
-    _run(["apt-get", "download", package],
-         f"downloading {package} (run `apt-get update`, or put {package}_*.deb into {debs_dir})",
+    _run(["apt-get", "download", wanted],
+         f"downloading {wanted} (run `apt-get update`, or put {package}_*.deb into {debs_dir})",
          cwd=debs_dir)
-    found = sorted(glob.glob(os.path.join(debs_dir, f"{package}_*.deb")))
+    found = _matching_debs(package, debs_dir, version)
   if len(found) != 1:
-    raise records.DataError(f"{debs_dir}: expected one {package}_*.deb, found {found}")
+    raise records.DataError(f"{debs_dir}: expected one {package}_{version or '*'}_*.deb, found "
+                            f"{found}")
+  if pin and _sha256(found[0]) != pin["sha256"]:
+    raise records.DataError(f"{found[0]}: sha256 {_sha256(found[0])} is not the recorded "
+                            f"{pin['sha256']} of {package} {version}: another build of the "
+                            f"package; remove the file to download the recorded one")
   return found[0]
 
 
@@ -120,14 +139,14 @@ def _documents(source: Source, root: str, deb: str, bad_lines: str,
 
 
 def convert_package(source: Source, debs_dir: str, work_dir: str, bad_lines: str,
-                    sample_fraction: float) -> dict:
+                    sample_fraction: float, pin: Optional[Mapping[str, str]] = None) -> dict:
   """Stage 1 for one package (reused when done): its documents file and provenance record."""
   docs_path = os.path.join(work_dir, "docs", f"{source.package}.jsonl")
   record_path = docs_path[:-len(".jsonl")] + ".json"
   if os.path.exists(record_path):
     with open(record_path) as f:
       return json.load(f)
-  deb = fetch_deb(source.package, debs_dir)
+  deb = fetch_deb(source.package, debs_dir, pin)
   what = f"{deb}: not a readable Debian package (remove it to download it again)"
   version = _run(["dpkg-deb", "-f", deb, "Version"], what).strip()
   extracted = os.path.join(work_dir, "extracted", source.package)
@@ -258,18 +277,27 @@ def _check_settings(path: str, settings: dict, directory: str) -> None:
 
 def build(output_dir: str, sources: Sequence[Source], *, vocab_size: int = 8192,
           debs_dir: Optional[str] = None, bad_lines: str = "error", sample_fraction: float = 1.0,
-          eval_fraction: float = 0.05, train_shards: int = 64, eval_shards: int = 8) -> dict:
-  """Builds (or resumes, or reuses) the corpus of ``sources`` in ``output_dir``; its manifest."""
+          eval_fraction: float = 0.05, train_shards: int = 64, eval_shards: int = 8,
+          pinned_to: Optional[Mapping] = None) -> dict:
+  """Builds (or resumes, or reuses) the corpus of ``sources`` in ``output_dir``; its manifest.
+
+  ``pinned_to``: a recorded manifest whose packages (version and ``.deb`` sha256) the corpus must
+  be built from, so that a fresh machine rebuilds the corpus earlier runs read after Debian has
+  moved a package on.
+  """
   records.check_choice("bad_lines", bad_lines, records.BAD_LINE_POLICIES)
   if not 0 < sample_fraction <= 1 or not 0 < eval_fraction < 1:
     raise ValueError(f"sample_fraction={sample_fraction} must be in (0, 1] and "
                      f"eval_fraction={eval_fraction} in (0, 1)")
   shards = {"train": train_shards, "eval": eval_shards}
   settings = _settings(sources, vocab_size, bad_lines, sample_fraction, eval_fraction, shards)
+  pins = _pins(sources, pinned_to)
   manifest_path = os.path.join(output_dir, MANIFEST)
   if os.path.exists(manifest_path):
     _check_settings(manifest_path, settings, output_dir)
-    return read_manifest(output_dir)
+    finished = read_manifest(output_dir)
+    _check_pins(finished, pins, output_dir)
+    return finished
   if os.path.exists(output_dir) and os.listdir(output_dir):
     raise records.DataError(f"{output_dir} exists without {MANIFEST} (not a finished corpus): "
                             f"remove it or choose another --output_dir")
@@ -282,7 +310,9 @@ def build(output_dir: str, sources: Sequence[Source], *, vocab_size: int = 8192,
     with records.written_atomically(settings_path) as tmp, open(tmp, "w") as f:
       json.dump(settings, f, indent=1)
   debs_dir = debs_dir or os.path.join(work, "debs")
-  packages = [convert_package(s, debs_dir, work, bad_lines, sample_fraction) for s in sources]
+  packages = [convert_package(s, debs_dir, work, bad_lines, sample_fraction, pins.get(s.package))
+              for s in sources]
+  _check_pins({"packages": packages}, pins, work)
   text_paths = split_documents(work, [s.package for s in sources], eval_fraction, shards)
   tokenizer = tokenizer_for(work, text_paths["train"], vocab_size)
   files = tokenize_shards(tokenizer, text_paths, os.path.join(work, "tokens"), vocab_size)
@@ -297,6 +327,30 @@ def build(output_dir: str, sources: Sequence[Source], *, vocab_size: int = 8192,
     os.rmdir(output_dir)
   os.rename(work, output_dir)
   return read_manifest(output_dir)
+
+
+def _pins(sources: Sequence[Source], manifest: Optional[Mapping]) -> Dict[str, Dict[str, str]]:
+  """Per package, the version and sha256 ``manifest`` records (every source must be there)."""
+  if manifest is None:
+    return {}
+  recorded = {p["package"]: {"version": p["version"], "sha256": p["sha256"]}
+              for p in manifest["packages"]}
+  missing = [s.package for s in sources if s.package not in recorded]
+  if missing:
+    raise records.DataError(f"the recorded manifest the corpus is pinned to has no {missing} "
+                            f"(it records {sorted(recorded)})")
+  return recorded
+
+
+def _check_pins(manifest: Mapping, pins: Mapping[str, Mapping[str, str]], directory: str) -> None:
+  """DataError unless every package of ``manifest`` is the build ``pins`` names."""
+  for p in manifest["packages"]:
+    pin = pins.get(p["package"])
+    if pin and (p["version"], p["sha256"]) != (pin["version"], pin["sha256"]):
+      raise records.DataError(f"{directory} holds {p['package']} {p['version']} (sha256 "
+                              f"{p['sha256'][:12]}), not the recorded {pin['version']} (sha256 "
+                              f"{pin['sha256'][:12]}): remove it to rebuild from the recorded "
+                              f"packages")
 
 
 def _manifest(settings: dict, packages: Sequence[dict], text_paths: Dict[str, List[str]],

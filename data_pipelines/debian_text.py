@@ -27,6 +27,7 @@ import glob
 import gzip
 import html
 import html.parser
+import json
 import os
 import re
 import struct
@@ -253,9 +254,16 @@ def main(argv: Sequence[str]) -> None:
   """Builds the corpus named by --corpus into --output_dir (resumable; reused when complete)."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  pinned_to = None
+  if FLAGS.pinned_to:
+    try:
+      with open(FLAGS.pinned_to) as f:
+        pinned_to = json.load(f)
+    except (OSError, ValueError) as e:
+      raise app.UsageError(f"--pinned_to={FLAGS.pinned_to}: not a readable manifest: {e}")
   manifest = corpus.build(FLAGS.output_dir, CORPORA[FLAGS.corpus], vocab_size=FLAGS.vocab_size,
                           debs_dir=FLAGS.debs_dir, bad_lines=FLAGS.bad_lines,
-                          sample_fraction=FLAGS.sample_fraction)
+                          sample_fraction=FLAGS.sample_fraction, pinned_to=pinned_to)
   print(corpus.describe(manifest))
 
 
@@ -271,5 +279,9 @@ if __name__ == "__main__":
                     "A document that is not UTF-8: fail naming it, or skip and count it.")
   flags.DEFINE_float("sample_fraction", 1.0, "Keep this fraction of the documents (chosen by a "
                      "hash of their names), e.g. 0.25 of the kernel's C files.")
+  flags.DEFINE_string("pinned_to", None, "A recorded manifest.json (e.g. a suite's "
+                      "benchmarks/results/<suite>/corpus_manifest.json): build from exactly the "
+                      "package versions it names (`apt-get download NAME=VERSION`, sha256 "
+                      "checked), so a fresh machine rebuilds the same corpus.")
   FLAGS = flags.FLAGS
   app.run(main)

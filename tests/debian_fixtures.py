@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import shutil
 import struct
 import subprocess
 import tarfile
@@ -33,6 +34,7 @@ def make_deb(out_dir: str, package: str, files: Files, version: str = "1.0-1") -
   deb = os.path.join(out_dir, f"{package}_{version}_all.deb")
   subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", root, deb], check=True,
                  capture_output=True)
+  shutil.rmtree(root)
   return deb
 
 

@@ -62,8 +62,15 @@ def test_lm_protocol_suite_builds_its_corpus_and_accounts_for_every_token(tmp_pa
   run_dir = work / "quick_lm_protocol" / "runs"
   subprocess.run(["rm", "-rf", str(run_dir / "sync_b" / "seed_0"),
                   str(results / "quick_lm_protocol" / "runs" / "ensemble")], check=True)
+  # ... and without the corpus, after Debian moved a package on: the runner builds the corpus
+  # again from the package versions its results record, not the newest.
+  subprocess.run(["rm", "-rf", str(work / "data" / "debian_english")], check=True)
+  debian_fixtures.make_deb(str(debs), "fortunes", {"usr/share/games/fortunes/new": b"new\n" * 9},
+                           version="2.0-1")
   again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
   assert again.returncode == 0, again.stderr[-4000:]
+  rebuilt = json.loads((work / "data" / "debian_english" / "manifest.json").read_text())
+  assert rebuilt["packages"] == manifest["packages"]
   rescored = json.loads((results / "quick_lm_protocol" / "runs" / "ensemble"
                          / "seed_0_group_0.json").read_text())
   assert [(r["seed"], r["trained_now"]) for r in rescored["member_runs"]] == [(0, True),

@@ -105,13 +105,14 @@ def _peer_refresh_at(t):
   return timeline
 
 
-def _trial(kind, seed, lost, recovery, ok=True):
+def _trial(kind, seed, lost, recovery, ok=True, restarts=1):
   return {"kind": kind, "seed": seed, "steps_lost": lost, "recovery_s": recovery,
-          "finished": ok, "resumed_correctly": ok, "ok": ok, "step_at_kill": 100 + seed}
+          "finished": ok, "resumed_correctly": ok, "ok": ok, "step_at_kill": 100 + seed,
+          "restarts_used": restarts}
 
 
 def test_fault_summary_and_doc_section(tmp_path):
-  trials = [_trial("worker", 0, 0, 8.0), _trial("worker", 1, 0, 10.0),
+  trials = [_trial("worker", 0, 0, 8.0), _trial("worker", 1, 0, 10.0, restarts=2),
             _trial("chief", 0, 30, 40.0), _trial("chief", 1, 10, 50.0, ok=False)]
   summary = fault_trials.summarize(trials)
   assert summary["chief"]["finished"] == 1 and summary["chief"]["trials"] == 2
@@ -132,6 +133,7 @@ def test_fault_summary_and_doc_section(tmp_path):
   text = (tmp_path / "fault_trials" / "report.md").read_text()
   assert "| kill -9 of the chief" in text and "1/2 finished" in text
   assert "Kill steps per kind: worker [100, 101]; chief [100, 101]." in text
+  assert "one kill should cost one): worker [1, 2]; chief [1, 1]." in text
   assert "**1 trial(s) did not recover:**" in text and "- chief seed 1:" in text
   soak.BENCHMARK.write_report(soak_summary, str(tmp_path / "soak"))
   text = (tmp_path / "soak" / "report.md").read_text()

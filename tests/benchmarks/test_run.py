@@ -122,3 +122,14 @@ def test_the_reduced_sizes_tf_versions_runs_name_real_settings_of_each_benchmark
     gin.clear_config()
     gin_config.parse_gin([], bindings)
   gin.clear_config()
+
+
+@pytest.mark.e2e
+def test_arms_names_a_suites_arms_only(tmp_path):
+  done = _run("quick", f"--results_dir={tmp_path}", "--arms=codistill,nope")
+  assert done.returncode != 0 and "has no arm(s) ['nope']; its arms: [" in done.stderr, done.stderr
+  both = _run("quick", f"--results_dir={tmp_path}", "--arms=codistill", "--report_only")
+  assert both.returncode != 0 and "give one of them" in both.stderr, both.stderr
+  measuring = _run("fusion", f"--results_dir={tmp_path}", "--arms=codistill")
+  assert measuring.returncode != 0 and "--arms is for suites" in measuring.stderr
+  assert not (tmp_path / "quick").exists()

@@ -503,3 +503,32 @@ def test_a_member_run_is_compared_with_its_recorded_curve(tmp_path):
   diff = runner._curve_difference(arm, suite, paths, 0)
   assert diff["seed"] == 0 and diff["steps_compared"] == 2
   assert diff["max_abs_loss_diff"] == pytest.approx(0.02)
+
+
+def test_only_the_named_arms_run_and_the_others_must_be_recorded(tmp_path):
+  paths = runner.RunPaths(str(tmp_path), str(tmp_path))
+  tuned = runner.Arm("sync_b", tune_learning_rate=True)
+  codistill = runner.Arm("codistill", learning_rate_from="sync_b")
+  suite = runner.Suite(name="s", arms=[tuned, codistill], learning_rates=[0.001, 0.002],
+                       loss_key="val_loss")
+  tuning, trained = [], []
+  record = _fake_tuning(paths, lambda lr: lr, tuning)  # the smallest rate wins
+
+  def run(arms):
+    for arm in arms:
+      if "lr_" in arm.name:
+        record([arm])
+      else:
+        trained.append(arm.name)
+
+  with pytest.raises(FileNotFoundError, match=r"arm 'sync_b': tuning run .* is not recorded"):
+    runner.prepare(suite, paths, data=[], run=run, only=["codistill"])
+  assert tuning == trained == []
+  runner.prepare(suite, paths, data=[], run=run, only=["sync_b"])
+  assert len(tuning) == 2 and trained == ["sync_b"]
+  concrete, _ = runner.prepare(suite, paths, data=[], run=run, only=["codistill"])
+  assert len(tuning) == 2 and trained == ["sync_b", "codistill"]  # sync_b's tuning only read
+  assert "trainer.train.learning_rate = 0.001" in concrete.arms[1].gin_bindings
+  with pytest.raises(ValueError, match=r"suite 's' has no arm\(s\) \['nope'\]; its arms: "
+                                       r"\['sync_b', 'codistill'\]"):
+    runner.check_arm_names(suite, ["nope"])

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -137,3 +138,63 @@ def test_an_existing_folder_that_is_not_a_corpus_is_refused(tmp_path, debs):
   (tmp_path / "english" / "notes.txt").write_text("mine")
   with pytest.raises(records.DataError, match=r"exists without manifest.json"):
     _build(tmp_path, debs)
+
+
+def _another_build(debs, package, version, text=b"Another build of the package.\n" * 30):
+  """A .deb of ``package`` at ``version`` with other content than the fixture's."""
+  return debian_fixtures.make_deb(debs, package, {f"usr/share/games/fortunes/{package}": text},
+                                  version=version)
+
+
+def test_a_pinned_build_takes_the_recorded_version_and_sha256(tmp_path, debs):
+  recorded = _build(tmp_path, debs)
+  _another_build(debs, "fortunes", "2.0-1")  # Debian moved the package on since
+  with pytest.raises(records.DataError, match=r"expected one fortunes_\*_\*.deb"):
+    corpus.build(str(tmp_path / "unpinned"), SOURCES, vocab_size=VOCAB, debs_dir=debs,
+                 eval_fraction=0.3, train_shards=2, eval_shards=1)
+  rebuilt = corpus.build(str(tmp_path / "again"), SOURCES, vocab_size=VOCAB, debs_dir=debs,
+                         eval_fraction=0.3, train_shards=2, eval_shards=1, pinned_to=recorded)
+  assert rebuilt["packages"] == recorded["packages"]
+  assert corpus.fingerprint(rebuilt) == corpus.fingerprint(recorded)
+  assert rebuilt["splits"] == recorded["splits"]
+  # A finished corpus is reused only when it holds the pinned builds.
+  assert _build(tmp_path, debs, pinned_to=recorded) == recorded
+  moved = json.loads(json.dumps(recorded))
+  moved["packages"][-1]["version"] = "2.0-1"
+  moved["packages"][-1]["sha256"] = "0" * 64
+  with pytest.raises(records.DataError, match=r"english holds fortunes 1.0-1 \(sha256 \w+\), "
+                                              r"not the recorded 2.0-1"):
+    _build(tmp_path, debs, pinned_to=moved)
+
+
+def test_a_pinned_build_refuses_another_build_of_the_same_version(tmp_path, debs):
+  recorded = _build(tmp_path, debs)
+  os.remove(os.path.join(debs, "fortunes_1.0-1_all.deb"))
+  rebuilt = _another_build(debs, "fortunes", "1.0-1")
+  with pytest.raises(records.DataError, match=rf"{re.escape(rebuilt)}: sha256 \w+ is not the "
+                                              r"recorded "
+                                              rf"{recorded['packages'][-1]['sha256']} of "
+                                              r"fortunes 1.0-1"):
+    _build(tmp_path / "b", debs, pinned_to=recorded)
+
+
+def test_a_pinned_version_is_found_as_apt_names_it_or_downloaded_by_name(tmp_path, monkeypatch):
+  debs = str(tmp_path / "debs")
+  os.makedirs(debs)
+  deb = _another_build(debs, "fortunes", "1:2.0-1")
+  apt_named = os.path.join(debs, "fortunes_1%3a2.0-1_all.deb")  # as `apt-get download` names it
+  os.rename(deb, apt_named)
+  with open(apt_named, "rb") as f:
+    pin = {"version": "1:2.0-1", "sha256": hashlib.sha256(f.read()).hexdigest()}
+  assert corpus.fetch_deb("fortunes", debs, pin) == apt_named
+  monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # no apt-get here
+  with pytest.raises(records.DataError, match=r"downloading fortunes=1:3.0-1 .*`apt-get` is not "
+                                              r"installed"):
+    corpus.fetch_deb("fortunes", debs, {"version": "1:3.0-1", "sha256": pin["sha256"]})
+
+
+def test_a_recorded_manifest_without_a_package_is_refused(tmp_path, debs):
+  recorded = _build(tmp_path, debs)
+  recorded["packages"] = recorded["packages"][:-1]
+  with pytest.raises(records.DataError, match=r"pinned to has no \['fortunes'\]"):
+    _build(tmp_path / "b", debs, pinned_to=recorded)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import matplotlib
@@ -12,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
+from benchmarks import registry
 from benchmarks import runner
 
 _LOSS_NAMES = {"val_logloss": "log loss", "val_loss": "cross-entropy"}
@@ -480,9 +482,28 @@ def _cell(summary: dict, goal: str) -> str:
   return f"{shown} {interval}{met}".strip()
 
 
-def helps_section(summaries: Mapping[str, dict]) -> List[str]:
+def in_progress(results_root: str) -> Dict[str, str]:
+  """{suite: its data} of the suites on real data whose runs are recorded (a report.md) but whose
+  summary is not written yet (an arm still to run)."""
+  found = {}
+  for name in registry.suites():
+    folder = os.path.join(results_root, name)
+    if (not os.path.exists(os.path.join(folder, "report.md"))
+        or os.path.exists(os.path.join(folder, "summary.json"))):
+      continue
+    with open(os.path.join(registry.SUITES_DIR, f"{name}.gin")) as f:
+      data = re.search(r"^bench\.Suite\.data = '(\w+)'", f.read(), re.MULTILINE)
+    if data and data.group(1) in REAL_DATA:
+      found[name] = data.group(1)
+  return found
+
+
+def helps_section(summaries: Mapping[str, dict], running: Optional[Mapping[str, str]] = None
+                  ) -> List[str]:
   """"Does codistillation help?": per real data set run under the pre-registered protocol, what
-  codistillation reached against the best synchronous arm, and the goals across data sets."""
+  codistillation reached against the best synchronous arm, and the goals across data sets;
+  ``running``: the suites still in progress (in_progress)."""
+  running = running or {}
   protocol_runs = {n: s for n, s in summaries.items()
                    if s.get("target_rule") == "best_sync" and s.get("data") in REAL_DATA}
   lines = ["## Does codistillation help?", "",
@@ -518,8 +539,13 @@ def helps_section(summaries: Mapping[str, dict]) -> List[str]:
     lines.append(f"- `{goal}` met on {len(met)} real data set(s)"
                  f"{': ' + ', '.join(met) if met else ''}"
                  f" (needed: {needed}): **{'met' if len(met) >= needed else 'missed'}**")
+  if running:
+    lines.append("- in progress under the protocol (runs recorded, figures once every arm has "
+                 "run): " + ", ".join(f"{REAL_DATA[data]} ([`{name}`]({name}/report.md))"
+                                      for name, data in sorted(running.items())))
   missing = sorted(set(REAL_DATA.values())
-                   - {REAL_DATA[s["data"]] for s in protocol_runs.values()})
+                   - {REAL_DATA[s["data"]] for s in protocol_runs.values()}
+                   - {REAL_DATA[data] for data in running.values()})
   if missing:
     lines.append(f"- not yet run under the protocol: {', '.join(missing)}")
   lines += ["- the other suites below predate the protocol (short runs, untuned baselines, and "
@@ -535,7 +561,7 @@ def index_markdown(results_root: str) -> str:
            "Generated from each benchmark's `summary.json` by `benchmarks.run` after every run "
            "(numbers are never typed in). Each `report.md` starts with the command that "
            "regenerates it; earlier variants are under each folder's `history/`.", ""]
-  lines += helps_section(summaries)
+  lines += helps_section(summaries, in_progress(results_root))
   lines += ["## Every suite's goal figures", "",
             "| suite | goal figure | value | 90% interval | spread (mean ± std [min, max]) | goal "
             "| met | CPU |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -61,6 +61,13 @@ def test_index_opens_with_what_codistillation_reached_per_real_data_set(tmp_path
   assert "`codistill_steps_ratio` met on 0 real data set(s) (needed: 1): **missed**" in section
   assert ("not yet run under the protocol: English text from Debian (16M words), King James "
           "Bible, Linux kernel C source") in section
+  # A suite whose runs are recorded but whose arms are not all run yet is in progress.
+  (tmp_path / "english_lm").mkdir()
+  (tmp_path / "english_lm" / "report.md").write_text("# english_lm (in progress)\n")
+  text = report.index_markdown(str(tmp_path))
+  assert ("in progress under the protocol (runs recorded, figures once every arm has run): "
+          "English text from Debian (16M words) ([`english_lm`](english_lm/report.md))") in text
+  assert "not yet run under the protocol: King James Bible, Linux kernel C source" in text
   assert "old_image" not in section  # suites from before the protocol are not counted
   # Same-data codistillation has its own column; n/a where a suite did not run it.
   # ... and so has the share of the ensemble's gain codistillation captured.

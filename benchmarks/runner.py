@@ -556,6 +556,11 @@ class RunPaths:
   def predictions(self, arm: str, seed: int, group: int) -> str:
     return layout.group_run(self.run_dir(arm, seed), group).eval_predictions
 
+  @property
+  def corpus_manifest(self) -> str:
+    """The manifest of the corpus the recorded runs read (a Debian-corpus suite's)."""
+    return os.path.join(self.results_dir, CORPUS_MANIFEST)
+
 
 def _gin_path(path: str) -> str:
   return path if os.path.isabs(path) else os.path.join(config.REPO_GIN_DIR, path)
@@ -1371,10 +1376,10 @@ def run_suite(suite: Suite, paths: RunPaths, force: bool = False,
     check_arm_names(suite, only)
   os.makedirs(paths.results_dir, exist_ok=True)
   # A suite's corpus is the one its recorded runs read: rebuilt from the recorded packages.
-  data = data_bindings(suite, paths.data_dir, os.path.join(paths.results_dir, CORPUS_MANIFEST))
+  data = data_bindings(suite, paths.data_dir, paths.corpus_manifest)
   manifest = corpus_manifest(suite, paths.data_dir, build=False)
   if manifest is not None:  # which packages, versions and .debs the runs read
-    machine.write_json(os.path.join(paths.results_dir, CORPUS_MANIFEST), manifest, indent=1)
+    machine.write_json(paths.corpus_manifest, manifest, indent=1)
   if not force:
     check_same_corpus(suite, paths)
   start = time.time()
@@ -1404,9 +1409,8 @@ def summarize_recorded(suite: Suite, paths: RunPaths) -> dict:
   """summary.json again from the recorded runs alone (trains nothing; every run must be there)."""
   # Data bindings only name tuning runs (their digest); other suites need no data prepared.
   tuned = suite.scaling_arm or any(a.tune_learning_rate for a in suite.arms)
-  data = (data_bindings(suite, paths.data_dir, os.path.join(paths.results_dir, CORPUS_MANIFEST))
-          if tuned else [])
-  concrete, record = prepare(suite, paths, data)
+  concrete, record = prepare(suite, paths, data_bindings(suite, paths.data_dir,
+                                                          paths.corpus_manifest) if tuned else [])
   summary = summarize(concrete, paths, record)
   summary["this_invocation"] = {"report_only": True}
   return _write_summary(summary, paths)

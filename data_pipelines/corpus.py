@@ -93,8 +93,9 @@ def fetch_deb(package: str, debs_dir: str, pin: Optional[Mapping[str, str]] = No
   if len(found) != 1:
     raise records.DataError(f"{debs_dir}: expected one {package}_{version or '*'}_*.deb, found "
                             f"{found}")
-  if pin and _sha256(found[0]) != pin["sha256"]:
-    raise records.DataError(f"{found[0]}: sha256 {_sha256(found[0])} is not the recorded "
+  actual = _sha256(found[0]) if pin else None
+  if pin and actual != pin["sha256"]:
+    raise records.DataError(f"{found[0]}: sha256 {actual} is not the recorded "
                             f"{pin['sha256']} of {package} {version}: another build of the "
                             f"package; remove the file to download the recorded one")
   return found[0]

@@ -5,6 +5,8 @@ them::
 
     <job model_dir>/              tf-codistill-launch --model_dir
       launch_events.jsonl         the launcher's events: launched, restarted, finished, failed
+      config.gin                  the job's whole checked configuration, the only gin file every
+                                  task (a restarted one too) reads
       exchange/                   the exchange directory (exchange/directory.py), unless
                                   --exchange_dir
       group_<i>/                  one group's model_dir (tf-codistill-train --model_dir)
@@ -28,6 +30,7 @@ import os
 
 EXCHANGE = "exchange"
 LAUNCH_EVENTS = "launch_events.jsonl"
+JOB_CONFIG = "config.gin"
 RESULTS = "results.json"
 PROGRESS = "progress.jsonl"
 HEARTBEAT = "heartbeat.json"
@@ -54,6 +57,11 @@ def group_run(job_dir: str, group: int) -> "RunDir":
 def launch_events(job_dir: str) -> str:
   """The launcher's event log (launcher.EventLog) of a job."""
   return os.path.join(job_dir, LAUNCH_EVENTS)
+
+
+def job_config(job_dir: str) -> str:
+  """A launched job's configuration file (jobs.launch_job writes it; its tasks parse it)."""
+  return os.path.join(job_dir, JOB_CONFIG)
 
 
 def exchange_dir(job_dir: str) -> str:

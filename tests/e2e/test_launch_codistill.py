@@ -37,6 +37,9 @@ def test_two_groups_load_each_others_published_models(tmp_path, criteo_dir):
                             "trainer.train.teacher_fn = @models.ctr_teacher"]),
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr
+  # Every task parsed the job's one checked configuration file, not the user's gin again.
+  job_config = layout.job_config(model_dir)
+  assert "wait_for_first_teachers_s = 120.0" in open(job_config).read()
   for group, peer in ((0, 1), (1, 0)):
     group_dir = os.path.join(model_dir, f"group_{group}")
     with open(layout.RunDir(group_dir).results) as f:

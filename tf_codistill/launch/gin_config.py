@@ -114,6 +114,24 @@ def check_bound_types() -> None:
                           f"got {type(value).__name__}; fix it in the gin file or --gin_bindings")
 
 
+def config_text() -> str:
+  """The parsed configuration as one self-contained gin file (includes and macros resolved into
+  its bindings), so that processes started later read exactly what was checked.
+
+  Raises:
+    ConfigError: a binding gin cannot write back as text (a Python object bound from code),
+      naming it: it would be silently missing from the file.
+  """
+  for (scope, selector), params in list(gin.config._CONFIG.items()):  # gin 0.5.0 (pinned)
+    for name, value in params.items():
+      if not gin.config._is_literally_representable(value):
+        where = f"{scope}/{selector}" if scope else selector
+        raise ConfigError(f"gin binding {where}.{name} = {value!r} cannot be written as gin "
+                          "text for the job's tasks: bind it in a gin file or --gin_bindings, "
+                          "or through a configurable reference (@name)")
+  return gin.config_str()
+
+
 _UNCHECKED = object()
 
 

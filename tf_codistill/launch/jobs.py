@@ -2,13 +2,15 @@
 
 ``launch_job`` parses the gin configuration, validates every group's ``TrainConfig`` (the same
 ``train_config.validate`` each task runs again before training), checks that the job and exchange
-directories are writable, generates sample data when no data is bound, and then runs the groups
-with ``launcher.launch``. What it refuses is a ``ConfigurationError`` naming the flag or gin
-binding, raised before any process starts.
+directories are writable, generates sample data when no data is bound, writes the whole checked
+configuration to ``model_dir/config.gin`` and then runs the groups with ``launcher.launch``: every
+task, a restarted one too, parses that one file, not the user's files again. What it refuses is a
+``ConfigurationError`` naming the flag or gin binding, raised before any process starts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -22,6 +24,14 @@ from tf_codistill.launch import demo
 from tf_codistill.launch import gin_config as config
 from tf_codistill.launch import launcher
 from tf_codistill.training import train_config as train_config_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """A checked job, ready to run: what every group trains with and where its tasks read it."""
+  train_config: train_config_lib.TrainConfig
+  shape: launcher.GroupShape
+  config_file: str  # the whole configuration as one gin file (layout.job_config)
 
 
 def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] = (),
@@ -46,6 +56,26 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
     ConfigurationError: a bad flag, binding, directory or group shape, before anything runs.
     launcher.GroupFailedError: a group failed for good.
   """
+  job = prepare_job(model_dir, num_groups, gin_files=gin_files, gin_bindings=gin_bindings,
+                    exchange_dir=exchange_dir, strategy=strategy,
+                    workers_per_group=workers_per_group, ps_per_group=ps_per_group,
+                    teacher_graph=teacher_graph,
+                    stall_timeout_s=launch_options.get("stall_timeout_s",
+                                                       launcher.DEFAULT_STALL_TIMEOUT_S),
+                    pin_groups=bool(launch_options.get("pin_groups")))
+  return launcher.launch(model_dir, num_groups, exchange_dir=exchange_dir,
+                         gin_files=[job.config_file], shape=job.shape, **launch_options)
+
+
+def prepare_job(model_dir: str, num_groups: int, *, gin_files: Sequence[str] = (),
+                gin_bindings: Sequence[str] = (), exchange_dir: Optional[str] = None,
+                strategy: Optional[str] = None, workers_per_group: Optional[int] = None,
+                ps_per_group: Optional[int] = None, teacher_graph: Optional[str] = None,
+                stall_timeout_s: float = launcher.DEFAULT_STALL_TIMEOUT_S,
+                pin_groups: bool = False) -> Job:
+  """Everything ``launch_job`` does before starting a process: parses and checks the
+  configuration, binds the flags that override it, and writes it to ``model_dir/config.gin``
+  (atomically, and only once every check passed), the one file its tasks parse."""
   config.parse_gin(gin_files, gin_bindings)
   strategy = strategy or _bound("strategy", "one_device")
   shape = launcher.group_shape(strategy, **{
@@ -53,27 +83,27 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
                                       ("ps_per_group", ps_per_group)) if value is not None})
   files, sample_dir = _data_files(model_dir)
   overrides: Dict[str, Any] = {"strategy": strategy, **files,
-               **({"teacher_graph": teacher_graph} if teacher_graph else {})}
+                               **({"teacher_graph": teacher_graph} if teacher_graph else {})}
   train_config = train_config_lib.TrainConfig(**overrides)
   shared_exchange = exchange_dir or layout.exchange_dir(model_dir)
   for group in range(num_groups):
     train_config_lib.validate(train_config, group=group, num_groups=num_groups,
                               exchange_dir=shared_exchange)
-  _check_waits(train_config, launch_options.get("stall_timeout_s",
-                                                launcher.DEFAULT_STALL_TIMEOUT_S))
-  if launch_options.get("pin_groups"):
+  _check_waits(train_config, stall_timeout_s)
+  if pin_groups:
     launcher.split_cpus(num_groups)
   for flag, directory in (("--model_dir", model_dir), ("--exchange_dir", shared_exchange)):
     exchange.check_writable(directory, flag)
+  for name, value in overrides.items():
+    gin.bind_parameter(f"trainer.train.{name}", value)
+  config_file = os.path.abspath(layout.job_config(model_dir))
+  exchange.write_atomically(config_file, config.config_text())
   if sample_dir:
     logging.warning("trainer.train.train_files/eval_files are not bound: training on generated "
                     "Criteo-format sample data in %s (bind them to train on your data)",
                     sample_dir)
     demo.sample_data(sample_dir)
-  bindings = list(gin_bindings) + [f"trainer.train.{name} = {value!r}"
-                                   for name, value in overrides.items() if name != "strategy"]
-  return launcher.launch(model_dir, num_groups, exchange_dir=exchange_dir, gin_files=gin_files,
-                         gin_bindings=bindings, shape=shape, **launch_options)
+  return Job(train_config, shape, config_file)
 
 
 def _check_waits(config: train_config_lib.TrainConfig, stall_timeout_s: float) -> None:

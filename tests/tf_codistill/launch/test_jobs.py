@@ -1,0 +1,73 @@
+"""A job is checked once and its whole configuration written to one file its tasks parse."""
+
+import glob
+import os
+
+import gin
+import pytest
+
+from tf_codistill import errors
+from tf_codistill import layout
+from tf_codistill.launch import gin_config as config
+from tf_codistill.launch import jobs
+from tf_codistill.training import train_config as train_config_lib
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def _suite(tmp_path):
+  """A user's gin file that includes a shared one by a relative path and uses its macro."""
+  (tmp_path / "_shared.gin").write_text("LR = 0.004\ntrainer.train.learning_rate = %LR\n")
+  suite = tmp_path / "suite.gin"
+  suite.write_text("include '_shared.gin'\ninclude 'criteo/codistill_2way.gin'\n"
+                   "trainer.train.batch_size = 64\n"
+                   "trainer.train.train_files = ['data/train-*']\n"
+                   "trainer.train.eval_files = ['data/eval-*']\n")
+  return str(suite)
+
+
+def test_the_job_config_alone_gives_every_task_the_checked_configuration(tmp_path, monkeypatch):
+  job = jobs.prepare_job(str(tmp_path / "job"), 2, gin_files=[_suite(tmp_path)],
+                         gin_bindings=["trainer.train.train_steps = 300"],
+                         strategy="parameter_server", teacher_graph="ring")
+  assert job.config_file == os.path.abspath(layout.job_config(str(tmp_path / "job")))
+  assert job.shape.strategy == "parameter_server"
+  text = open(job.config_file).read()
+  assert "include" not in text  # self-contained: a task does not look for the user's files
+  gin.clear_config()
+  monkeypatch.chdir(tmp_path / "job")  # nothing in it resolves relative to where it was made
+  config.parse_gin([job.config_file])
+  parsed = train_config_lib.TrainConfig()
+  assert parsed == job.train_config
+  assert (parsed.learning_rate, parsed.batch_size, parsed.train_steps) == (0.004, 64, 300)
+  assert (parsed.strategy, parsed.teacher_graph, parsed.codistill) == ("parameter_server",
+                                                                        "ring", True)
+
+
+def test_a_refused_job_writes_no_config_file(tmp_path):
+  with pytest.raises(errors.ConfigurationError, match="needs --num_groups >= 2"):
+    jobs.prepare_job(str(tmp_path / "job"), 1, gin_files=[_suite(tmp_path)])
+  assert not os.path.exists(layout.job_config(str(tmp_path / "job")))
+
+
+def test_a_job_without_data_gets_sample_files_bound_in_its_config(tmp_path):
+  job = jobs.prepare_job(str(tmp_path / "job"), 1, gin_bindings=["trainer.train.train_steps = 5"])
+  gin.clear_config()
+  config.parse_gin([job.config_file])
+  parsed = train_config_lib.TrainConfig()
+  assert parsed.train_files and parsed.eval_files
+  assert all(path.startswith(str(tmp_path / "job" / "data")) for path in parsed.train_files)
+  assert all(glob.glob(pattern) for pattern in list(parsed.train_files) + list(parsed.eval_files))
+
+
+def test_a_binding_that_cannot_be_written_as_gin_text_is_refused_by_name():
+  config.parse_gin([], ["trainer.train.batch_size = 64"])
+  gin.bind_parameter("trainer.train.learning_rate", object())
+  with pytest.raises(config.ConfigError,
+                     match=r"trainer\.train\.learning_rate = <object .*> cannot be written"):
+    config.config_text()

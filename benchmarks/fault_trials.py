@@ -269,8 +269,8 @@ def summarize(trials: Sequence[dict]) -> Dict[str, dict]:
         "finished": sum(bool(t.get("finished")) for t in rows),
         "resumed_correctly": sum(bool(t.get("resumed_correctly")) for t in rows),
         "ok": sum(bool(t.get("ok")) for t in rows),
-        "steps_lost": _spread(lost),
-        "recovery_s": _spread(recovery),
+        "steps_lost": spread(lost),
+        "recovery_s": spread(recovery),
         "kill_steps": [t.get("step_at_kill") for t in rows],
         # One kill should cost one restart (None: a trial recorded before restarts were counted).
         "restarts_used": [t.get("restarts_used") for t in rows],
@@ -278,7 +278,8 @@ def summarize(trials: Sequence[dict]) -> Dict[str, dict]:
   return summary
 
 
-def _spread(values: Sequence[float]) -> Optional[dict]:
+def spread(values: Sequence[float]) -> Optional[dict]:
+  """Median, min and max of ``values`` (None when there are none)."""
   if not values:
     return None
   return {"median": round(statistics.median(values), 2), "min": min(values),

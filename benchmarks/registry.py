@@ -34,6 +34,7 @@ MODULES: Dict[str, str] = {
     "cluster_throughput": "benchmarks.cluster_throughput",
     "cluster_step_times": "benchmarks.cluster_step_times",
     "fault_trials": "benchmarks.fault_trials",
+    "net_fault_trials": "benchmarks.net_fault_trials",
     "soak": "benchmarks.soak",
     "tf_versions": "benchmarks.tf_versions",
 }

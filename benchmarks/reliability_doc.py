@@ -2,6 +2,7 @@
 
   python -m benchmarks.run fault_trials                      # benchmarks/results/fault_trials/
   python -m benchmarks.run soak --gin_bindings='bench.soak.duration_s = 1200'  # results/soak/
+  python -m benchmarks.run net_fault_trials                  # benchmarks/results/net_fault_trials/
   python -m benchmarks.reliability_doc                       # rewrites the table in the doc
 
 The soak with shared CPUs (``bench.soak.pin_groups = False``, run with another --results_dir) has
@@ -18,6 +19,7 @@ import sys
 from typing import Sequence
 
 from benchmarks import fault_trials
+from benchmarks import net_fault_trials
 from benchmarks import registry
 from benchmarks import soak
 
@@ -26,13 +28,16 @@ BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 # The committed summaries the section is made from.
 FAULTS_SUMMARY = os.path.join(registry.RESULTS_DIR, "fault_trials", "summary.json")
 SOAK_SUMMARY = os.path.join(registry.RESULTS_DIR, "soak", "summary.json")
+NET_SUMMARY = os.path.join(registry.RESULTS_DIR, "net_fault_trials", "summary.json")
 # The same soak with both groups on every CPU (bench.soak.pin_groups = False), copied here.
 SHARED_CPUS_SOAK_SUMMARY = os.path.join(registry.RESULTS_DIR, "soak", "shared_cpus.json")
 
 
 def measured_section(faults_path: str = FAULTS_SUMMARY,
-                     soak_paths: Sequence[str] = (SOAK_SUMMARY, SHARED_CPUS_SOAK_SUMMARY)) -> str:
-  """The table (kill trials, then one row per soak summary) and a paragraph per measurement."""
+                     soak_paths: Sequence[str] = (SOAK_SUMMARY, SHARED_CPUS_SOAK_SUMMARY),
+                     net_path: str = NET_SUMMARY) -> str:
+  """The table (kill trials, then one row per soak summary) and a paragraph per measurement,
+  then the network faults' table where they were measured."""
   soaks = []
   for path in soak_paths:
     if os.path.exists(path):
@@ -68,6 +73,14 @@ def measured_section(faults_path: str = FAULTS_SUMMARY,
         f"{summary['load_avg_at_end'][0]:.1f}. RSS after warm-up -> end: {rss}. Step times "
         f"(each scheduled step, timed as it finished on its worker): {times}."
         + (f" {summary['note']}" if summary.get("note") else ""))
+  if os.path.exists(net_path):
+    with open(net_path) as f:
+      net = json.load(f)
+    parts.append(net_fault_trials.markdown_table(net))
+    parts.append(
+        f"Network fault trials: `{net['command']}`, {net['started_utc']}, {net['wall_s'] / 60:.0f} "
+        f"min, {net['cpus']} CPUs, load average at the end {net['load_avg_at_end'][0]:.1f}, stall "
+        f"watchdog {net['stall_timeout_s']:g} s.")
   return "\n\n".join(parts) if parts else "(no measurements yet)"
 
 

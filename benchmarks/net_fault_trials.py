@@ -1,0 +1,296 @@
+"""Network faults on real local clusters, repeated: a task cut off from the others for a while
+(then healed), and a task whose link loses packets or adds latency for a whole run; for each
+trial: did the job finish, how many restarts it used, how many steps the group made while the
+fault lasted, how long it took to step again after the heal, and whether anything hung.
+
+Every trial runs ``tf-codistill-launch`` as users do (one process per task, TF_CONFIG, ports on
+127.0.0.1, inside the launch's private network namespace) on generated Criteo-format files, at
+fault_trials' small sizes, with the launcher's default fault policy and a stall watchdog of
+``stall_timeout_s`` (the bound a hang turns into a restart within). The faults are made in that
+namespace by ``netfaults`` (nftables drops, a delaying relay); nothing outside it is touched.
+
+- ``cut_<task>_<s>s``: one parameter-server group (chief, 2 workers, 1 ps); at a seeded step in
+  [25%, 60%] of training the task (a worker drawn by the seed, the ps or the chief) is cut off
+  for ``s`` seconds, then healed;
+- ``sync_cut_worker_<s>s``: the same for the worker of a MultiWorkerMirrored group (chief, 1
+  worker);
+- ``loss_worker``, ``sync_loss_worker``: 5% of a worker's packets (both ways) dropped from its
+  start to the end;
+- ``latency_worker``, ``sync_latency_worker``: 200 ms added each way to every connection of a
+  worker and to it, from its start to the end.
+
+A trial that does not end within its bound (the fault, plus twice the watchdog, plus the run) is
+a hang: the launch is stopped and the trial recorded as hung.
+
+  python -m benchmarks.run net_fault_trials
+  python -m benchmarks.run net_fault_trials --gin_bindings='bench.net_fault_trials.trials = 2' \
+      --gin_bindings="bench.net_fault_trials.cases = ['cut_worker_5s']"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import time
+from typing import Dict, List, Optional, Sequence
+
+import gin
+
+from benchmarks import fault_trials
+from benchmarks import netfaults
+from benchmarks import registry
+from benchmarks import standalone
+from tf_codistill import layout
+from tf_codistill.launch import launcher
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One kind of network fault: on which task of which group shape, what, and how long."""
+  strategy: str  # 'parameter_server' or 'multi_worker_mirrored'
+  task: str  # 'worker', 'ps' or 'chief'
+  fault: str  # 'cut', 'loss' or 'latency'
+  seconds: Optional[float] = None  # a cut's length; None: the whole run
+  percent: int = 5  # loss
+  delay_s: float = 0.2  # latency, each way
+
+  def describe(self) -> str:
+    shape = ("1 group: chief, 2 workers, 1 ps" if self.strategy == "parameter_server"
+             else "chief, 1 worker; MultiWorkerMirrored")
+    what = {"cut": f"{self.task} cut off for {self.seconds:g} s, then healed",
+            "loss": f"{self.percent}% packet loss at a {self.task} for the whole run",
+            "latency": f"{self.delay_s * 1000:g} ms added each way at a {self.task} for the "
+                       "whole run"}[self.fault]
+    return f"{what} ({shape})"
+
+
+def _cases() -> Dict[str, Case]:
+  cases = {}
+  for seconds in (5, 30, 300):
+    for task in ("worker", "ps", "chief"):
+      cases[f"cut_{task}_{seconds}s"] = Case("parameter_server", task, "cut", seconds)
+    cases[f"sync_cut_worker_{seconds}s"] = Case("multi_worker_mirrored", "worker", "cut",
+                                                seconds)
+  for prefix, strategy in (("", "parameter_server"), ("sync_", "multi_worker_mirrored")):
+    cases[f"{prefix}loss_worker"] = Case(strategy, "worker", "loss")
+    cases[f"{prefix}latency_worker"] = Case(strategy, "worker", "latency")
+  return cases
+
+
+CASES = _cases()
+
+
+def trial_command(case: Case, model_dir: str, data_dir: str, train_steps: int,
+                  steps_per_epoch: int, stall_timeout_s: float) -> List[str]:
+  """The tf-codistill-launch command line of one trial (fault_trials' job for the shape)."""
+  kind = "worker" if case.strategy == "parameter_server" else "sync_worker"
+  return fault_trials.trial_command(kind, model_dir, data_dir, train_steps, steps_per_epoch) + [
+      f"--stall_timeout_s={stall_timeout_s:g}"]
+
+
+def _victim(launch: standalone.Launch, case: Case, rng: random.Random,
+            timeout: float) -> tuple:
+  """(the launch's namespace pid, the victim task, its pid) once both are known."""
+  task = (0, case.task,
+          rng.randrange(2) if (case.task, case.strategy) == ("worker", "parameter_server") else 0)
+
+  def known():
+    network = next((e for e in launch.events() if e["event"] == "network"), None)
+    pids = launch.pids
+    return (network, task, pids[task]) if network and task in pids else None
+  network, task, pid = standalone.wait_for(known, timeout, "the launch's victim task")
+  if not network.get("isolated"):
+    raise netfaults.NetFaultError("the launch is not in a private network namespace")
+  return network["namespace_pid"], task, pid
+
+
+def _step(group_dir: str) -> Optional[int]:
+  beat = fault_trials.heartbeat(group_dir)
+  return None if beat is None else beat["step"]
+
+
+def _cut(faults: netfaults.NetworkFaults, case: Case, pid: int, group_dir: str,
+         fault_step: int, timeout: float) -> dict:
+  """Waits for ``fault_step``, cuts the victim off for ``case.seconds``, heals; what the group
+  did meanwhile and how long it took to step again after the heal."""
+  standalone.wait_for(lambda: (_step(group_dir) or 0) >= fault_step, timeout,
+                      f"step {fault_step}")
+  step_at_fault = _step(group_dir)
+  with faults.cut_off(pid) as fault:
+    time.sleep(case.seconds)
+    dropped = fault.dropped()
+  healed_at, step_at_heal = time.monotonic(), _step(group_dir)
+  try:
+    standalone.wait_for(lambda: (_step(group_dir) or 0) > max(step_at_heal, step_at_fault),
+                        timeout, "a step after the heal")
+    recovery_s: Optional[float] = round(time.monotonic() - healed_at, 2)
+  except TimeoutError:
+    recovery_s = None
+  return {"step_at_fault": step_at_fault, "steps_during_fault": step_at_heal - step_at_fault,
+          "packets_dropped": dropped, "recovery_s": recovery_s}
+
+
+def bound_s(case: Case, stall_timeout_s: float, run_s: float = 600.0) -> float:
+  """How long a trial may take before it counts as a hang: the fault, two watchdog periods
+  (a stall seen, then a restarted group's stall), and ``run_s`` for the run itself."""
+  return (case.seconds or 0) + 2 * stall_timeout_s + run_s
+
+
+def run_trial(name: str, seed: int, work_dir: str, data_dir: str, train_steps: int = 240,
+              steps_per_epoch: int = 40, stall_timeout_s: float = 120.0) -> dict:
+  """One trial of case ``name``; returns its record (``ok``: finished, and no hang)."""
+  case = CASES[name]
+  rng = random.Random(f"{name}-{seed}")
+  fault_step = rng.randint(int(0.25 * train_steps), int(0.6 * train_steps))
+  model_dir = os.path.join(work_dir, f"{name}_{seed}")
+  shutil.rmtree(model_dir, ignore_errors=True)
+  group_dir = layout.group_dir(model_dir, 0)
+  bound = bound_s(case, stall_timeout_s)
+  record: dict = {"case": name, "seed": seed, "train_steps": train_steps, "bound_s": bound}
+  started = time.monotonic()
+  launch = standalone.Launch(trial_command(case, model_dir, data_dir, train_steps,
+                                           steps_per_epoch, stall_timeout_s))
+  faults = None
+  try:
+    namespace_pid, task, pid = _victim(launch, case, rng, 120.0)
+    record["victim"] = f"group {task[0]} {task[1]}:{task[2]}"
+    faults = netfaults.NetworkFaults(namespace_pid)
+    if case.fault == "cut":
+      record.update(_cut(faults, case, pid, group_dir, fault_step, bound))
+    elif case.fault == "loss":
+      whole_run = faults.packet_loss(pid, case.percent)
+    else:
+      whole_run = faults.latency(pid, case.delay_s)
+    code = launch.wait(max(1.0, started + bound - time.monotonic()))
+    if case.fault != "cut":
+      record["packets_dropped" if case.fault == "loss" else "relayed_connections"] = (
+          whole_run.dropped() if case.fault == "loss" else whole_run.connections)
+  except (TimeoutError, netfaults.NetFaultError) as e:
+    launch.stop()
+    code, record["error"] = None, str(e)
+  finally:
+    if faults is not None:
+      faults.heal_all()
+  return _verdict(record, launch, code, started, train_steps)
+
+
+def _verdict(record: dict, launch: standalone.Launch, code: Optional[int], started: float,
+             train_steps: int) -> dict:
+  """The trial's judged fields from the launch's end and events."""
+  result = launch.results(0)
+  events = launch.events()
+  restarts = [e for e in events if e["event"] == "restarted"]
+  finished = code == 0 and result is not None and train_steps <= result["steps"] <= train_steps + 2
+  record.update(wall_s=round(time.monotonic() - started, 1), exit_code=code,
+                final_steps=(result or {}).get("steps"), restarts_used=len(restarts),
+                restarted=[f"{e['task']}:{e['index']} " + (
+                    "stalled" if e["status"] == launcher.STALLED_STATUS else f"exit {e['status']}")
+                    for e in restarts],
+                stalls=sum(e["event"] == "stalled" for e in events),
+                hung=code is None and "error" not in record, finished=finished)
+  record["ok"] = bool(finished and not record["hung"])
+  if not record["ok"]:
+    record["stderr_tail"] = launch.stderr[-3000:]
+  return record
+
+
+def summarize(trials: Sequence[dict]) -> Dict[str, dict]:
+  """Per case: trials, finished, recovered without a restart, restarts used, steps made while
+  the fault lasted, time to step again after the heal, hangs."""
+  summary = {}
+  for name in CASES:
+    rows = [t for t in trials if t["case"] == name]
+    if not rows:
+      continue
+    recovery = [t["recovery_s"] for t in rows if t.get("recovery_s") is not None]
+    summary[name] = {
+        "trials": len(rows), "finished": sum(bool(t.get("finished")) for t in rows),
+        "without_restart": sum(bool(t.get("finished")) and t.get("restarts_used") == 0
+                               for t in rows),
+        "restarts_used": [t.get("restarts_used") for t in rows],
+        "steps_during_fault": [t.get("steps_during_fault") for t in rows],
+        "recovery_s": fault_trials.spread(recovery),
+        "hangs": sum(bool(t.get("hung")) for t in rows),
+    }
+  return summary
+
+
+TABLE_HEADER = ("case", "trials", "finished", "finished without a restart", "restarts used",
+                "steps while faulted", "time to step after the heal, s (median, min-max)",
+                "hangs")
+
+
+def markdown_table(summary_json: dict) -> str:
+  """The docs/reliability.md table of network faults from a summary.json."""
+  rows = []
+  for name, row in summary_json["summary"].items():
+    rec = row["recovery_s"]
+    rows.append([CASES[name].describe(), row["trials"], row["finished"], row["without_restart"],
+                 row["restarts_used"], row["steps_during_fault"],
+                 "-" if rec is None else f"{rec['median']:.1f} ({rec['min']:.1f}-{rec['max']:.1f})",
+                 row["hangs"]])
+  return standalone.markdown_table(TABLE_HEADER, rows)
+
+
+@gin.configurable("net_fault_trials", module="bench", denylist=["ctx"])
+def measure_trials(ctx: registry.Context, trials: int = 5, cases: Sequence[str] = tuple(CASES),
+                   train_steps: int = 240, steps_per_epoch: int = 40,
+                   stall_timeout_s: float = 120.0) -> dict:
+  """Every trial (cases interleaved, seed by seed) and a summary per case.
+
+  Args:
+    ctx: the run's context (data and the trials' model directories go under its work_dir).
+    trials: trials per case (seeds 0..trials-1).
+    cases: which faults, of CASES.
+    train_steps: training steps per trial.
+    steps_per_epoch: steps per epoch (= checkpoint interval).
+    stall_timeout_s: the launcher's stall watchdog (``--stall_timeout_s``) in every trial.
+  """
+  unknown = sorted(set(cases) - set(CASES))
+  if unknown:
+    raise ValueError(f"bench.net_fault_trials.cases: {unknown} are not among {sorted(CASES)}")
+  reason = netfaults.unavailable()
+  if reason:
+    raise RuntimeError(f"network faults cannot be made here: {reason}")
+  data = fault_trials.ensure_data(os.path.join(ctx.work_dir, "data"))
+  records, start = [], time.time()
+  for seed in range(trials):  # cases interleaved: machine load drifts over the run
+    for name in cases:
+      record = run_trial(name, seed, ctx.work_dir, data, train_steps, steps_per_epoch,
+                         stall_timeout_s)
+      records.append(record)
+      ctx.progress(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}))
+      shutil.rmtree(os.path.join(ctx.work_dir, f"{name}_{seed}"), ignore_errors=True)
+  result = {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
+            "wall_s": round(time.time() - start, 1), "stall_timeout_s": stall_timeout_s,
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
+            "summary": summarize(records), "trials": records}
+  for line in markdown_table(result).splitlines():
+    ctx.progress(line)
+  return result
+
+
+def _failure(summary: dict) -> Optional[str]:
+  """How many trials hung or did not finish, if any (the run then exits 1)."""
+  failed = [t for t in summary["trials"] if not t.get("ok")]
+  return f"{len(failed)} trial(s) hung or did not finish" if failed else None
+
+
+def _tables(summary: dict) -> List[str]:
+  """report.md's body: the table, and each trial that hung or did not finish."""
+  lines = markdown_table(summary).splitlines()
+  failed = [t for t in summary.get("trials", []) if not t.get("ok")]
+  if failed:
+    lines += ["", f"**{len(failed)} trial(s) hung or did not finish:**", ""]
+    lines += [f"- {t['case']} seed {t['seed']}: " + (t.get("error") or ", ".join(
+        f"{part}={t.get(part)}" for part in ("finished", "hung", "exit_code", "restarts_used")))
+        for t in failed]
+  return lines
+
+
+BENCHMARK = registry.Benchmark(
+    "net_fault_trials", measure_trials, tables=_tables, failure=_failure,
+    title="Network fault trials: partitions, packet loss and latency on local clusters")

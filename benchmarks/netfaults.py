@@ -1,0 +1,346 @@
+"""Network faults made for real inside a private network namespace: a task cut off from every
+other (a partition), losing a share of its packets, or reached through added latency.
+
+The faults go into a namespace this machine made (``isolation.NetworkNamespace``, which every local
+launch runs its tasks in, or one a test makes itself), entered with ``nsenter``; nothing outside
+it is touched. The task's process stays alive: these are the faults a multi-machine job meets as
+hangs, not crashes.
+
+- ``cut_off`` and ``packet_loss``: nftables rules in a table of the fault's own
+  (``inet tfc_fault_<n>``) drop the task's packets (all of them, or each with a probability),
+  as a dead or lossy link does (dropped, not refused; TCP resends through loss). The task is
+  matched by its sockets: those it has open (by their ports, from ``/proc/<pid>``), and every
+  one it opens while the fault lasts (its process is moved into a cgroup of the fault's own,
+  matched with ``socket cgroupv2``). Healing deletes the table and moves the process back.
+- ``latency``: this kernel family ships without ``sch_netem``, so delay is made by a relay inside
+  the namespace that holds every chunk, each way, for ``delay_s`` before passing it on to where
+  the connection was addressed; nftables NAT rules redirect the task's new connections (its
+  cgroup) and new connections to its ports through it (the relay's own connections carry a mark
+  the rules skip). Connections open before the fault keep their direct path, so a whole-run
+  latency is installed as the task starts (``connections`` counts what went through it).
+
+Needs root (nftables in the namespace, cgroups), the ``nft`` tool (Debian's ``nftables``) and a
+cgroup v2 hierarchy; ``unavailable()`` says what is missing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from typing import List, Optional, Set
+
+RELAY_MARK = 0x7466  # packets of the relay's own connections: never redirected again
+_ids = itertools.count()
+
+# Runs inside the namespace: listens on a free loopback port (printed first), forwards every
+# connection redirected to it to the port it was addressed to (SO_ORIGINAL_DST), holding each
+# chunk DELAY seconds each way; prints "connection" per accepted connection.
+_RELAY = r"""
+import collections, socket, struct, sys, threading, time
+delay, mark = float(sys.argv[1]), int(sys.argv[2])
+SO_ORIGINAL_DST = 80
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(128)
+print(server.getsockname()[1], flush=True)
+
+def pipe(src, dst):
+  queue, ready = collections.deque(), threading.Condition()
+  def read():
+    while True:
+      try:
+        data = src.recv(1 << 16)
+      except OSError:
+        data = b""
+      with ready:
+        queue.append((time.monotonic() + delay, data))
+        ready.notify()
+      if not data:
+        return
+  def write():
+    while True:
+      with ready:
+        while not queue:
+          ready.wait()
+        due, data = queue.popleft()
+      time.sleep(max(0.0, due - time.monotonic()))
+      try:
+        if not data:
+          dst.shutdown(socket.SHUT_WR)
+          return
+        dst.sendall(data)
+      except OSError:
+        return
+  for fn in (read, write):
+    threading.Thread(target=fn, daemon=True).start()
+
+while True:
+  client, _ = server.accept()
+  target = struct.unpack("!H", client.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)[2:4])[0]
+  upstream = socket.socket()
+  upstream.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
+  try:
+    upstream.connect(("127.0.0.1", target))
+  except OSError:
+    client.close()
+    continue
+  for s in (client, upstream):
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  pipe(client, upstream)
+  pipe(upstream, client)
+  print("connection", flush=True)
+"""
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"  # where nft resolves ``socket cgroupv2`` paths
+
+
+class NetFaultError(RuntimeError):
+  """A fault could not be made or healed (names the namespace and the tool's message)."""
+
+
+def cgroup2_mount() -> Optional[str]:
+  """Where this machine's cgroup v2 hierarchy is mounted (under CGROUP_ROOT), or None."""
+  with open("/proc/self/mounts") as f:
+    for line in f:
+      _, where, kind = line.split()[:3]
+      if kind == "cgroup2" and (where + "/").startswith(CGROUP_ROOT + "/"):
+        return where
+  return None
+
+
+def unavailable() -> Optional[str]:
+  """Why network faults cannot be made on this machine, or None when they can."""
+  if os.geteuid() != 0:
+    return "network faults need root (nftables rules inside the namespace, cgroups)"
+  missing = [tool for tool in ("nft", "nsenter") if shutil.which(tool) is None]
+  if missing:
+    return (f"{' and '.join(missing)} not found: install Debian's "
+            f"{'nftables' if 'nft' in missing else 'util-linux'}")
+  if cgroup2_mount() is None:
+    return f"no cgroup v2 hierarchy mounted under {CGROUP_ROOT}"
+  return None
+
+
+def socket_ports(pid: int) -> Set[int]:
+  """The local TCP ports of every socket process ``pid`` has open (listening or connected)."""
+  inodes = set()
+  for fd in os.listdir(f"/proc/{pid}/fd"):
+    try:
+      link = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:  # closed meanwhile
+      continue
+    if link.startswith("socket:["):
+      inodes.add(link[len("socket:["):-1])
+  ports = set()
+  for table in ("tcp", "tcp6"):
+    with open(f"/proc/{pid}/net/{table}") as f:
+      next(f)
+      for line in f:
+        fields = line.split()
+        if fields[9] in inodes:
+          ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+  return ports
+
+
+class _Cgroup:
+  """A cgroup v2 of one fault: the victim's process is moved in (its new sockets belong to it)
+  and back to where it was on ``release``."""
+
+  def __init__(self, pid: int, name: str):
+    mount = cgroup2_mount()
+    assert mount is not None  # unavailable() checked it
+    self._mount, self.path, self._pid = mount, os.path.join(mount, name), pid
+    with open(f"/proc/{pid}/cgroup") as f:
+      self._home = next(line.strip()[len("0::"):] for line in f if line.startswith("0::"))
+    os.makedirs(self.path)
+    with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+      f.write(str(pid))
+
+  @property
+  def match(self) -> str:
+    """The nftables match of packets of sockets made in this cgroup."""
+    return f'socket cgroupv2 level 1 "{os.path.relpath(self.path, CGROUP_ROOT)}"'
+
+  def release(self) -> None:
+    """Moves every process in it back to the victim's cgroup and removes it."""
+    with open(os.path.join(self.path, "cgroup.procs")) as f:
+      pids = f.read().split()
+    for pid in pids:
+      try:
+        with open(os.path.join(self._mount, self._home.lstrip("/"), "cgroup.procs"), "w") as f:
+          f.write(pid)
+      except ProcessLookupError:  # it ended meanwhile
+        pass
+    os.rmdir(self.path)
+
+
+class Fault:
+  """One fault in force; ``heal`` removes it (idempotent)."""
+
+  def __init__(self, faults: "NetworkFaults", table: str, family: str, what: str,
+               relay: Optional[subprocess.Popen] = None, cgroup: Optional[_Cgroup] = None):
+    self._faults, self.table, self._family, self.what = faults, table, family, what
+    self._relay, self._cgroup = relay, cgroup
+    self._connections = 0
+    self.healed = False
+    if relay is not None:
+      threading.Thread(target=self._count, daemon=True).start()
+
+  def _count(self) -> None:
+    for line in self._relay.stdout:
+      if line.strip() == b"connection":
+        self._connections += 1
+
+  @property
+  def connections(self) -> int:
+    """Connections that went through the latency relay (0 for other faults)."""
+    return self._connections
+
+  def dropped(self) -> int:
+    """Packets the fault's rules have dropped so far (0 for latency, and once healed)."""
+    if self.healed:
+      return 0
+    listing = json.loads(self._faults.nft("", "-j", "list", "table", self._family, self.table))
+    return sum(expr["counter"]["packets"] for item in listing["nftables"] if "rule" in item
+               for expr in item["rule"]["expr"] if "counter" in expr)
+
+  def heal(self) -> None:
+    """Removes the fault's rules (and stops its relay, releases its cgroup): packets flow as
+    before."""
+    if self.healed:
+      return
+    self._faults.nft(f"delete table {self._family} {self.table}\n")
+    if self._relay is not None:
+      self._relay.kill()
+      self._relay.wait()
+    if self._cgroup is not None:
+      self._cgroup.release()
+    self.healed = True
+
+  def __enter__(self) -> "Fault":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.heal()
+
+
+class NetworkFaults:
+  """Makes faults in the network namespace of process ``namespace_pid`` (a launch's
+  ``network`` event names it; ``isolation.NetworkNamespace.pid``)."""
+
+  def __init__(self, namespace_pid: int):
+    reason = unavailable()
+    if reason:
+      raise NetFaultError(reason)
+    if os.readlink(f"/proc/{namespace_pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+      raise NetFaultError(f"process {namespace_pid} is in this machine's own network namespace: "
+                          "faults are only made inside a private one")
+    self.pid = namespace_pid
+    self.faults: List[Fault] = []
+
+  def enter(self, command: List[str]) -> List[str]:
+    """``command`` run inside the namespace."""
+    return ["nsenter", f"--net=/proc/{self.pid}/ns/net", "--", *command]
+
+  def nft(self, script: str = "", *args: str) -> str:
+    """Runs ``nft -f -`` on ``script`` (or ``nft args``) inside the namespace; returns its
+    output."""
+    proc = subprocess.run(self.enter(["nft", *(args or ("-f", "-"))]), input=script.encode(),
+                          capture_output=True, check=False)
+    if proc.returncode:
+      raise NetFaultError(f"nft in the namespace of pid {self.pid} failed: "
+                          f"{proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout.decode()
+
+  def _check_inside(self, pid: int) -> None:
+    try:
+      inside = os.readlink(f"/proc/{pid}/ns/net") == os.readlink(f"/proc/{self.pid}/ns/net")
+    except FileNotFoundError:
+      raise NetFaultError(f"process {pid} or the namespace's holder {self.pid} is gone") from None
+    if not inside:
+      raise NetFaultError(f"process {pid} is not in the namespace of pid {self.pid}")
+
+  def _drop(self, pid: int, action: str, what: str) -> Fault:
+    """A table whose rules apply ``action`` to every packet process ``pid``'s sockets send or
+    are sent."""
+    self._check_inside(pid)
+    table = f"tfc_fault_{os.getpid()}_{next(_ids)}"
+    ports = ", ".join(map(str, sorted(socket_ports(pid))))
+    cgroup = _Cgroup(pid, table)
+    old = ([f"tcp sport {{ {ports} }} {action}", f"tcp dport {{ {ports} }} {action}"]
+           if ports else [])
+    try:
+      self.nft(_table(table, {"output": [f"{cgroup.match} {action}", *old],
+                              "input": [f"{cgroup.match} {action}"]}))
+    except NetFaultError:
+      cgroup.release()
+      raise
+    fault = Fault(self, table, "inet", what, cgroup=cgroup)
+    self.faults.append(fault)
+    return fault
+
+  def cut_off(self, pid: int) -> Fault:
+    """Drops every packet of process ``pid`` (a task) and every packet sent to it: it is alive
+    but unreachable, and reaches no one."""
+    return self._drop(pid, "counter drop", f"process {pid} cut off")
+
+  def packet_loss(self, pid: int, percent: int) -> Fault:
+    """Drops ``percent``% of the packets of process ``pid`` and of those sent to it, each at
+    random."""
+    if not 0 < percent < 100:
+      raise ValueError(f"percent={percent} must be in (0, 100)")
+    return self._drop(pid, f"numgen random mod 100 < {percent} counter drop",
+                      f"{percent}% packet loss at process {pid}")
+
+  def latency(self, pid: int, delay_s: float, timeout_s: float = 30.0) -> Fault:
+    """Every new connection of process ``pid`` (a task), and to its ports, goes through a relay
+    that delays each chunk, each way, by ``delay_s`` (a round trip takes ``2 * delay_s``
+    longer). Connections open before the fault keep their direct path."""
+    self._check_inside(pid)
+    relay = subprocess.Popen(
+        self.enter([sys.executable, "-c", _RELAY, str(delay_s), str(RELAY_MARK)]),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    timer = threading.Timer(timeout_s, relay.kill)
+    timer.start()
+    line = relay.stdout.readline().strip()
+    timer.cancel()
+    if not line.isdigit():
+      relay.kill()
+      raise NetFaultError(f"the latency relay in the namespace of pid {self.pid} did not start")
+    table = f"tfc_fault_{os.getpid()}_{next(_ids)}"
+    ports = ", ".join(map(str, sorted(socket_ports(pid))))
+    cgroup = _Cgroup(pid, table)
+    skip, to = f"meta mark != {RELAY_MARK:#x}", f"redirect to :{int(line)}"
+    rules = [f"{skip} {cgroup.match} tcp dport != {int(line)} {to}",
+             *([f"{skip} tcp dport {{ {ports} }} {to}"] if ports else [])]
+    try:
+      self.nft(_table(table, {"output": rules}, family="ip", kind="nat", priority=-100))
+    except NetFaultError:
+      relay.kill()
+      cgroup.release()
+      raise
+    fault = Fault(self, table, "ip", f"{delay_s * 1000:g} ms each way at process {pid}", relay,
+                  cgroup)
+    self.faults.append(fault)
+    return fault
+
+  def heal_all(self) -> None:
+    """Removes every fault this object made."""
+    for fault in self.faults:
+      fault.heal()
+
+
+def _table(name: str, chains: dict, family: str = "inet", kind: str = "filter",
+           priority: int = 0) -> str:
+  """An nftables script of one table: ``chains`` maps a hook to its rules."""
+  lines = [f"table {family} {name} {{"]
+  for hook, rules in chains.items():
+    lines += [f"  chain {hook} {{", f"    type {kind} hook {hook} priority {priority}; "
+              "policy accept;", *(f"    {rule}" for rule in rules), "  }"]
+  return "\n".join(lines + ["}", ""])

@@ -1,0 +1,174 @@
+"""Network faults are real: inside a namespace the test makes, a process cut off takes no
+connection and makes none until healed, a lossy process drops packets that TCP resends, and a
+delayed process answers a round trip no sooner than twice the delay."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmarks import netfaults
+from tf_codistill.launch import isolation
+
+pytestmark = pytest.mark.skipif(netfaults.unavailable() is not None,
+                                reason=str(netfaults.unavailable()))
+
+# An echo server: prints its port, answers every message with itself.
+_ECHO = r"""
+import socket, threading
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(16)
+print(server.getsockname()[1], flush=True)
+def serve(c):
+  while True:
+    data = c.recv(4096)
+    if not data:
+      return
+    c.sendall(data)
+while True:
+  c, _ = server.accept()
+  c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+# A client: connects (timeout 3 s), sends `rounds` 100-byte messages one after the other, each
+# echoed before the next; prints whether it connected, what came back and the round trips' times.
+_CLIENT = r"""
+import json, socket, sys, time
+port, rounds = int(sys.argv[1]), int(sys.argv[2])
+result = {"connected": False, "echoed": 0, "round_trips_s": []}
+try:
+  c = socket.create_connection(("127.0.0.1", port), timeout=3)
+  c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  c.settimeout(30)
+  result["connected"] = True
+  for i in range(rounds):
+    message = bytes([i % 256]) * 100
+    start = time.monotonic()
+    c.sendall(message)
+    got = b""
+    while len(got) < len(message):
+      got += c.recv(4096)
+    result["round_trips_s"].append(time.monotonic() - start)
+    result["echoed"] += got == message
+except OSError as e:
+  result["error"] = str(e)
+print(json.dumps(result))
+"""
+
+
+# A process with no socket until told to dial: connects to the port given on each stdin line
+# (timeout 3 s), prints "connected" or the error.
+_DIALER = r"""
+import socket, sys
+for line in sys.stdin:
+  try:
+    socket.create_connection(("127.0.0.1", int(line)), timeout=3).close()
+    print("connected", flush=True)
+  except OSError as e:
+    print(e, flush=True)
+"""
+
+
+@pytest.fixture
+def namespace():
+  """The faults of a namespace made for the test, and an echo server in it (process, port)."""
+  with isolation.NetworkNamespace() as ns:
+    faults = netfaults.NetworkFaults(ns.pid)
+    echo = subprocess.Popen(faults.enter([sys.executable, "-c", _ECHO]), stdout=subprocess.PIPE)
+    port = int(echo.stdout.readline())
+    try:
+      yield faults, echo, port
+    finally:
+      faults.heal_all()
+      echo.kill()
+      echo.wait()
+
+
+def _client(faults, port, rounds=1):
+  out = subprocess.run(faults.enter([sys.executable, "-c", _CLIENT, str(port), str(rounds)]),
+                       capture_output=True, text=True, timeout=120, check=True).stdout
+  return json.loads(out)
+
+
+def test_a_process_cut_off_takes_no_connection_until_healed(namespace):
+  faults, echo, port = namespace
+  assert _client(faults, port)["echoed"] == 1
+  with faults.cut_off(echo.pid) as fault:
+    cut = _client(faults, port)
+    assert not cut["connected"] and "timed out" in cut["error"], cut
+    assert fault.dropped() >= 1  # the SYNs were dropped, not refused
+  assert fault.healed and _client(faults, port)["echoed"] == 1
+
+
+def test_a_process_cut_off_reaches_no_one_through_sockets_it_opens_meanwhile(namespace):
+  faults, _, port = namespace
+  dialer = subprocess.Popen(faults.enter([sys.executable, "-c", _DIALER]), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+  try:
+    with faults.cut_off(dialer.pid):
+      dialer.stdin.write(f"{port}\n")
+      dialer.stdin.flush()
+      assert "timed out" in dialer.stdout.readline()
+    dialer.stdin.write(f"{port}\n")
+    dialer.stdin.flush()
+    assert dialer.stdout.readline().strip() == "connected"
+  finally:
+    dialer.kill()
+    dialer.wait()
+
+
+def test_a_lossy_process_drops_packets_that_tcp_sends_again(namespace):
+  faults, echo, port = namespace
+  with faults.packet_loss(echo.pid, 20) as fault:
+    result = _client(faults, port, rounds=40)
+    dropped = fault.dropped()
+  assert result["echoed"] == 40, result  # every message arrived, through retransmissions
+  assert dropped >= 1, dropped
+  with pytest.raises(ValueError, match="percent=100"):
+    faults.packet_loss(echo.pid, 100)
+
+
+def _eventually(condition, timeout_s=10.0):
+  deadline = time.monotonic() + timeout_s
+  while not condition() and time.monotonic() < deadline:
+    time.sleep(0.05)
+  return condition()
+
+
+def test_a_delayed_process_answers_a_round_trip_after_twice_the_delay(namespace):
+  faults, echo, port = namespace
+  with faults.latency(echo.pid, 0.15) as fault:
+    delayed = _client(faults, port, rounds=5)
+    assert _eventually(lambda: fault.connections == 1)
+  assert delayed["echoed"] == 5, delayed
+  assert min(delayed["round_trips_s"]) >= 0.3, delayed  # 0.15 s each way, never less
+  healed = _client(faults, port, rounds=5)
+  assert healed["echoed"] == 5 and fault.connections == 1  # the new connection went direct
+
+
+def test_a_delayed_process_reaches_others_through_the_relay_too(namespace):
+  faults, _, port = namespace
+  dialer = subprocess.Popen(faults.enter([sys.executable, "-c", _DIALER]), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+  try:
+    with faults.latency(dialer.pid, 0.05) as fault:
+      dialer.stdin.write(f"{port}\n")
+      dialer.stdin.flush()
+      assert dialer.stdout.readline().strip() == "connected"
+      assert _eventually(lambda: fault.connections == 1)
+  finally:
+    dialer.kill()
+    dialer.wait()
+
+
+def test_faults_are_only_made_inside_a_private_namespace(namespace):
+  with pytest.raises(netfaults.NetFaultError, match="this machine's own network namespace"):
+    netfaults.NetworkFaults(os.getpid())
+  faults, _, _ = namespace
+  with pytest.raises(netfaults.NetFaultError, match=f"not in the namespace of pid {faults.pid}"):
+    faults.cut_off(os.getpid())

@@ -1,0 +1,47 @@
+"""Network faults on real local clusters (benchmarks/net_fault_trials): a parameter-server worker
+and a synchronous group's worker cut off for 5 seconds, and a worker whose every connection is
+200 ms slower each way for the whole run. Each finishes its steps without a hang and without a
+group restart.
+
+The reduced form (one trial of each, marked ``cluster``); the repeated trials of every case are
+``python -m benchmarks.run net_fault_trials``, whose summary is the network table of
+docs/reliability.md.
+"""
+
+import pytest
+
+from benchmarks import fault_trials
+from benchmarks import net_fault_trials
+from benchmarks import netfaults
+
+pytestmark = [pytest.mark.cluster,
+              pytest.mark.skipif(netfaults.unavailable() is not None,
+                                 reason=str(netfaults.unavailable()))]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+  work = tmp_path_factory.mktemp("netfaults")
+  fault_trials.ensure_data(str(work / "data"))
+  return work
+
+
+def _trial(work, case):
+  record = net_fault_trials.run_trial(case, 0, str(work), str(work / "data"))
+  shown = {k: v for k, v in record.items() if k != "stderr_tail"}
+  assert not record["hung"], shown
+  assert record["finished"] and record["ok"], (shown, record.get("stderr_tail", "")[-3000:])
+  assert record["restarts_used"] == 0, shown
+  return record
+
+
+@pytest.mark.parametrize("case", ["cut_worker_5s", "sync_cut_worker_5s"])
+def test_a_worker_cut_off_for_5_seconds_costs_no_restart(work, case):
+  record = _trial(work, case)
+  assert record["packets_dropped"] >= 1, record  # the cut was real
+  assert record["recovery_s"] is not None, record  # the group stepped again after the heal
+
+
+def test_a_worker_200_ms_away_finishes_through_the_relay(work):
+  record = _trial(work, "latency_worker")
+  assert record["relayed_connections"] >= 1, record  # its connections went through the delay

@@ -23,11 +23,12 @@ $(STAMP): pyproject.toml Makefile
 # examples of the LM and image tasks): the King James Bible (bible-kjv-text, read with bible-kjv's
 # `bible` program) and Fashion-MNIST. Without root (or apt-get) they are not installed and the
 # tests that need them are skipped, each saying so. Debian's nftables (the `nft` tool) makes the
-# network-fault tests' partitions and packet loss inside their own network namespaces.
-DATA_PACKAGES := bible-kjv bible-kjv-text dataset-fashion-mnist nftables
+# network-fault tests' partitions and packet loss inside their own network namespaces, and fuse3
+# mounts the exchange-fault tests' faulty directory.
+DATA_PACKAGES := bible-kjv bible-kjv-text dataset-fashion-mnist nftables fuse3
 data:
 	@{ command -v bible >/dev/null && test -d /usr/share/datasets/fashion-mnist \
-	   && command -v nft >/dev/null; } || { \
+	   && command -v nft >/dev/null && command -v fusermount3 >/dev/null; } || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing Debian's $(DATA_PACKAGES)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DATA_PACKAGES); \

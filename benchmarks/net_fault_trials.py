@@ -1,13 +1,15 @@
-"""Network faults on real local clusters, repeated: a task cut off from the others for a while
-(then healed), and a task whose link loses packets or adds latency for a whole run; for each
-trial: did the job finish, how many restarts it used, how many steps the group made while the
+"""Network and exchange faults on real local clusters, repeated: a task cut off from the others
+for a while (then healed), a task whose link loses packets or adds latency for a whole run, an
+exchange directory that misbehaves for a while, a peer group that goes silent; for each trial:
+did the job finish, how many restarts it used, how many steps the (first) group made while the
 fault lasted, how long it took to step again after the heal, and whether anything hung.
 
 Every trial runs ``tf-codistill-launch`` as users do (one process per task, TF_CONFIG, ports on
 127.0.0.1, inside the launch's private network namespace) on generated Criteo-format files, at
 fault_trials' small sizes, with the launcher's default fault policy and a stall watchdog of
-``stall_timeout_s`` (the bound a hang turns into a restart within). The faults are made in that
-namespace by ``netfaults`` (nftables drops, a delaying relay); nothing outside it is touched.
+``stall_timeout_s`` (the bound a hang turns into a restart within). Network faults are made in
+that namespace by ``netfaults`` (nftables drops, a delaying relay), nothing outside it touched;
+exchange faults by a FUSE mount of the trial's own (``faultfs``).
 
 - ``cut_<task>_<s>s``: one parameter-server group (chief, 2 workers, 1 ps); at a seeded step in
   [25%, 60%] of training the task (a worker drawn by the seed, the ps or the chief) is cut off
@@ -17,7 +19,13 @@ namespace by ``netfaults`` (nftables drops, a delaying relay); nothing outside i
 - ``loss_worker``, ``sync_loss_worker``: 5% of a worker's packets (both ways) dropped from its
   start to the end;
 - ``latency_worker``, ``sync_latency_worker``: 200 ms added each way to every connection of a
-  worker and to it, from its start to the end.
+  worker and to it, from its start to the end;
+- ``exchange_<mode>_30s`` (and ``exchange_stalled_300s``): 2-way codistillation of
+  parameter-server groups (chief, 1 worker, 1 ps each) whose exchange directory is mounted
+  through ``faultfs`` and turns slow (2 s an operation), read-only, full, vanished or stalled at
+  a seeded step, then back;
+- ``peer_silent_30s``: the same job, its second group stopped (SIGSTOP) for 30 s: the first
+  group's teachers get no new version meanwhile.
 
 A trial that does not end within its bound (the fault, plus twice the watchdog, plus the run) is
 a hang: the launch is stopped and the trial recorded as hung.
@@ -34,30 +42,48 @@ import json
 import os
 import random
 import shutil
+import signal
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import gin
 
 from benchmarks import fault_trials
+from benchmarks import faultfs
 from benchmarks import netfaults
 from benchmarks import registry
 from benchmarks import standalone
 from tf_codistill import layout
 from tf_codistill.launch import launcher
 
+EXCHANGE_FAULTS = {"slow": "slow (every operation 2 s late)", "read_only": "read-only",
+                   "full": "full (ENOSPC)", "vanished": "vanished (empty)",
+                   "stalled": "stalled (every operation blocks)"}
+TWO_GROUPS = "2-way codistillation, each group: chief, 1 worker, 1 ps"
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-  """One kind of network fault: on which task of which group shape, what, and how long."""
+  """One kind of fault: where (a task of a group, the exchange directory of a 2-way job, or that
+  job's second group), what, and how long."""
   strategy: str  # 'parameter_server' or 'multi_worker_mirrored'
-  task: str  # 'worker', 'ps' or 'chief'
-  fault: str  # 'cut', 'loss' or 'latency'
-  seconds: Optional[float] = None  # a cut's length; None: the whole run
+  task: str  # 'worker', 'ps', 'chief'; 'exchange'; 'peer'
+  fault: str  # 'cut', 'loss', 'latency'; a faultfs mode for the exchange; 'silent' for a peer
+  seconds: Optional[float] = None  # how long; None: the whole run
   percent: int = 5  # loss
   delay_s: float = 0.2  # latency, each way
 
+  @property
+  def groups(self) -> int:
+    return 2 if self.task in ("exchange", "peer") else 1
+
   def describe(self) -> str:
+    if self.task == "exchange":
+      return (f"exchange directory {EXCHANGE_FAULTS[self.fault]} for {self.seconds:g} s, then "
+              f"back ({TWO_GROUPS})")
+    if self.task == "peer":
+      return (f"the peer group stopped for {self.seconds:g} s (publishes nothing), then goes on "
+              f"({TWO_GROUPS})")
     shape = ("1 group: chief, 2 workers, 1 ps" if self.strategy == "parameter_server"
              else "chief, 1 worker; MultiWorkerMirrored")
     what = {"cut": f"{self.task} cut off for {self.seconds:g} s, then healed",
@@ -77,6 +103,10 @@ def _cases() -> Dict[str, Case]:
   for prefix, strategy in (("", "parameter_server"), ("sync_", "multi_worker_mirrored")):
     cases[f"{prefix}loss_worker"] = Case(strategy, "worker", "loss")
     cases[f"{prefix}latency_worker"] = Case(strategy, "worker", "latency")
+  for mode in EXCHANGE_FAULTS:
+    cases[f"exchange_{mode}_30s"] = Case("parameter_server", "exchange", mode, 30)
+  cases["exchange_stalled_300s"] = Case("parameter_server", "exchange", "stalled", 300)
+  cases["peer_silent_30s"] = Case("parameter_server", "peer", "silent", 30)
   return cases
 
 
@@ -84,11 +114,14 @@ CASES = _cases()
 
 
 def trial_command(case: Case, model_dir: str, data_dir: str, train_steps: int,
-                  steps_per_epoch: int, stall_timeout_s: float) -> List[str]:
+                  steps_per_epoch: int, stall_timeout_s: float,
+                  exchange_dir: Optional[str] = None) -> List[str]:
   """The tf-codistill-launch command line of one trial (fault_trials' job for the shape)."""
-  kind = "worker" if case.strategy == "parameter_server" else "sync_worker"
+  kind = ("group" if case.groups == 2 else
+          "worker" if case.strategy == "parameter_server" else "sync_worker")
   return fault_trials.trial_command(kind, model_dir, data_dir, train_steps, steps_per_epoch) + [
-      f"--stall_timeout_s={stall_timeout_s:g}"]
+      f"--stall_timeout_s={stall_timeout_s:g}",
+      *([f"--exchange_dir={exchange_dir}"] if exchange_dir else [])]
 
 
 def _victim(launch: standalone.Launch, case: Case, rng: random.Random,
@@ -112,17 +145,19 @@ def _step(group_dir: str) -> Optional[int]:
   return None if beat is None else beat["step"]
 
 
-def _cut(faults: netfaults.NetworkFaults, case: Case, pid: int, group_dir: str,
-         fault_step: int, timeout: float) -> dict:
-  """Waits for ``fault_step``, cuts the victim off for ``case.seconds``, heals; what the group
-  did meanwhile and how long it took to step again after the heal."""
+def _for_a_while(start: Callable[[], Callable[[], dict]], seconds: float, group_dir: str,
+                 fault_step: int, timeout: float) -> dict:
+  """Waits for ``fault_step``, makes the fault (``start()``, which returns how to end it),
+  waits ``seconds``, ends it; what the group did meanwhile and how long it took to step again
+  after the end."""
   standalone.wait_for(lambda: (_step(group_dir) or 0) >= fault_step, timeout,
                       f"step {fault_step}")
   step_at_fault = _step(group_dir)
-  with faults.cut_off(pid) as fault:
-    time.sleep(case.seconds)
-    dropped = fault.dropped()
-  healed_at, step_at_heal = time.monotonic(), _step(group_dir)
+  end = start()
+  time.sleep(seconds)
+  step_at_heal = _step(group_dir)
+  extra = end()
+  healed_at = time.monotonic()
   try:
     standalone.wait_for(lambda: (_step(group_dir) or 0) > max(step_at_heal, step_at_fault),
                         timeout, "a step after the heal")
@@ -130,7 +165,38 @@ def _cut(faults: netfaults.NetworkFaults, case: Case, pid: int, group_dir: str,
   except TimeoutError:
     recovery_s = None
   return {"step_at_fault": step_at_fault, "steps_during_fault": step_at_heal - step_at_fault,
-          "packets_dropped": dropped, "recovery_s": recovery_s}
+          "recovery_s": recovery_s, **extra}
+
+
+def _cut(faults: netfaults.NetworkFaults, pid: int) -> Callable[[], dict]:
+  fault = faults.cut_off(pid)
+
+  def end() -> dict:
+    dropped = fault.dropped()
+    fault.heal()
+    return {"packets_dropped": dropped}
+  return end
+
+
+def _exchange(directory: faultfs.FaultyDirectory, mode: str) -> Callable[[], dict]:
+  directory.set(mode)
+  return lambda: (directory.set("ok"), {})[1]
+
+
+def _silent_peer(launch: standalone.Launch) -> Callable[[], dict]:
+  """Stops (SIGSTOP) every task of group 1; the end lets them go on (SIGCONT)."""
+  pids = [pid for (group, _, _), pid in launch.pids.items() if group == 1]
+  for pid in pids:
+    os.kill(pid, signal.SIGSTOP)
+
+  def end() -> dict:
+    for pid in pids:
+      try:
+        os.kill(pid, signal.SIGCONT)
+      except ProcessLookupError:
+        pass
+    return {"stopped": len(pids)}
+  return end
 
 
 def bound_s(case: Case, stall_timeout_s: float, run_s: float = 600.0) -> float:
@@ -146,26 +212,38 @@ def run_trial(name: str, seed: int, work_dir: str, data_dir: str, train_steps: i
   rng = random.Random(f"{name}-{seed}")
   fault_step = rng.randint(int(0.25 * train_steps), int(0.6 * train_steps))
   model_dir = os.path.join(work_dir, f"{name}_{seed}")
-  shutil.rmtree(model_dir, ignore_errors=True)
+  for path in (model_dir, f"{model_dir}.exchange_backing"):
+    shutil.rmtree(path, ignore_errors=True)
   group_dir = layout.group_dir(model_dir, 0)
   bound = bound_s(case, stall_timeout_s)
   record: dict = {"case": name, "seed": seed, "train_steps": train_steps, "bound_s": bound}
+  exchange = (faultfs.FaultyDirectory(f"{model_dir}.exchange_backing", f"{model_dir}.exchange")
+              if case.task == "exchange" else None)
   started = time.monotonic()
   launch = standalone.Launch(trial_command(case, model_dir, data_dir, train_steps,
-                                           steps_per_epoch, stall_timeout_s))
+                                           steps_per_epoch, stall_timeout_s,
+                                           exchange.path if exchange else None))
   faults = None
   try:
-    namespace_pid, task, pid = _victim(launch, case, rng, 120.0)
-    record["victim"] = f"group {task[0]} {task[1]}:{task[2]}"
-    faults = netfaults.NetworkFaults(namespace_pid)
-    if case.fault == "cut":
-      record.update(_cut(faults, case, pid, group_dir, fault_step, bound))
-    elif case.fault == "loss":
-      whole_run = faults.packet_loss(pid, case.percent)
+    if exchange is not None:
+      record.update(_for_a_while(lambda: _exchange(exchange, case.fault), case.seconds,
+                                 group_dir, fault_step, bound))
+    elif case.task == "peer":
+      record.update(_for_a_while(lambda: _silent_peer(launch), case.seconds, group_dir,
+                                 fault_step, bound))
     else:
-      whole_run = faults.latency(pid, case.delay_s)
+      namespace_pid, task, pid = _victim(launch, case, rng, 120.0)
+      record["victim"] = f"group {task[0]} {task[1]}:{task[2]}"
+      faults = netfaults.NetworkFaults(namespace_pid)
+      if case.fault == "cut":
+        record.update(_for_a_while(lambda: _cut(faults, pid), case.seconds, group_dir,
+                                   fault_step, bound))
+      elif case.fault == "loss":
+        whole_run = faults.packet_loss(pid, case.percent)
+      else:
+        whole_run = faults.latency(pid, case.delay_s)
     code = launch.wait(max(1.0, started + bound - time.monotonic()))
-    if case.fault != "cut":
+    if case.fault in ("loss", "latency"):
       record["packets_dropped" if case.fault == "loss" else "relayed_connections"] = (
           whole_run.dropped() if case.fault == "loss" else whole_run.connections)
   except (TimeoutError, netfaults.NetFaultError) as e:
@@ -174,23 +252,30 @@ def run_trial(name: str, seed: int, work_dir: str, data_dir: str, train_steps: i
   finally:
     if faults is not None:
       faults.heal_all()
-  return _verdict(record, launch, code, started, train_steps)
+    if exchange is not None:
+      exchange.close()
+  return _verdict(record, case, launch, code, started, train_steps)
 
 
-def _verdict(record: dict, launch: standalone.Launch, code: Optional[int], started: float,
-             train_steps: int) -> dict:
-  """The trial's judged fields from the launch's end and events."""
-  result = launch.results(0)
+def _verdict(record: dict, case: Case, launch: standalone.Launch, code: Optional[int],
+             started: float, train_steps: int) -> dict:
+  """The trial's judged fields from the launch's end, its groups' results and its events."""
+  results = {g: launch.results(g) for g in range(case.groups)}
   events = launch.events()
   restarts = [e for e in events if e["event"] == "restarted"]
-  finished = code == 0 and result is not None and train_steps <= result["steps"] <= train_steps + 2
+  finished = code == 0 and all(r is not None and train_steps <= r["steps"] <= train_steps + 2
+                               for r in results.values())
   record.update(wall_s=round(time.monotonic() - started, 1), exit_code=code,
-                final_steps=(result or {}).get("steps"), restarts_used=len(restarts),
-                restarted=[f"{e['task']}:{e['index']} " + (
+                final_steps={str(g): (r or {}).get("steps") for g, r in results.items()},
+                restarts_used=len(restarts),
+                restarted=[f"group {e['group']} {e['task']}:{e['index']} " + (
                     "stalled" if e["status"] == launcher.STALLED_STATUS else f"exit {e['status']}")
                     for e in restarts],
                 stalls=sum(e["event"] == "stalled" for e in events),
                 hung=code is None and "error" not in record, finished=finished)
+  if case.groups == 2:
+    for key in ("publishes", "publish_failures", "teacher_loads", "teacher_rejections"):
+      record[key] = {str(g): (r or {}).get(key) for g, r in results.items()}
   record["ok"] = bool(finished and not record["hung"])
   if not record["ok"]:
     record["stderr_tail"] = launch.stderr[-3000:]

@@ -122,8 +122,15 @@ def unavailable() -> Optional[str]:
   if missing:
     return (f"{' and '.join(missing)} not found: install Debian's "
             f"{'nftables' if 'nft' in missing else 'util-linux'}")
-  if cgroup2_mount() is None:
+  mount = cgroup2_mount()
+  if mount is None:
     return f"no cgroup v2 hierarchy mounted under {CGROUP_ROOT}"
+  probe = os.path.join(mount, f"tfc_fault_probe_{os.getpid()}")
+  try:
+    os.mkdir(probe)
+    os.rmdir(probe)
+  except OSError as e:
+    return f"cannot make a cgroup in {mount}: {e.strerror}"
   return None
 
 

@@ -22,6 +22,11 @@ def test_the_cases_cover_cuts_of_every_task_loss_and_latency_in_both_strategies(
   assert cases["latency_worker"].delay_s == 0.2 and cases["sync_latency_worker"].seconds is None
   assert "cut off for 30 s, then healed (1 group: chief, 2 workers, 1 ps)" in (
       cases["cut_ps_30s"].describe())
+  for mode in ("slow", "read_only", "full", "vanished", "stalled"):
+    assert (cases[f"exchange_{mode}_30s"].task, cases[f"exchange_{mode}_30s"].groups) == (
+        "exchange", 2)
+  assert cases["exchange_stalled_300s"].seconds == 300
+  assert cases["peer_silent_30s"].describe().startswith("the peer group stopped for 30 s")
 
 
 def test_a_trial_runs_the_launcher_with_its_shape_and_watchdog():
@@ -31,11 +36,15 @@ def test_a_trial_runs_the_launcher_with_its_shape_and_watchdog():
   ps = net_fault_trials.trial_command(net_fault_trials.CASES["cut_ps_5s"], "/m", "/d", 240, 40,
                                       120.0)
   assert "--strategy=parameter_server" in ps and "--ps_per_group=1" in ps
+  exchange = net_fault_trials.trial_command(net_fault_trials.CASES["exchange_full_30s"], "/m",
+                                            "/d", 240, 40, 120.0, exchange_dir="/x")
+  assert "--num_groups=2" in exchange and "--exchange_dir=/x" in exchange
   assert net_fault_trials.bound_s(net_fault_trials.CASES["cut_ps_300s"], 120.0) == (
       300 + 240 + 600)
 
 
 def _record(case, seed, finished=True, restarts=0, hung=False, recovery=2.0, during=10):
+  """A trial's record as run_trial writes it (the fields the summary reads)."""
   return {"case": case, "seed": seed, "finished": finished, "restarts_used": restarts,
           "hung": hung, "ok": finished and not hung, "recovery_s": recovery,
           "steps_during_fault": during, "exit_code": 0 if finished else None}

@@ -1,7 +1,8 @@
-"""Network faults on real local clusters (benchmarks/net_fault_trials): a parameter-server worker
-and a synchronous group's worker cut off for 5 seconds, and a worker whose every connection is
-200 ms slower each way for the whole run. Each finishes its steps without a hang and without a
-group restart.
+"""Network and exchange faults on real local clusters (benchmarks/net_fault_trials): a
+parameter-server worker and a synchronous group's worker cut off for 5 seconds, a worker whose
+every connection is 200 ms slower each way for the whole run, and the exchange directory of a
+2-way codistillation job stalled for 30 seconds. Each finishes its steps without a hang and
+without a group restart.
 
 The reduced form (one trial of each, marked ``cluster``); the repeated trials of every case are
 ``python -m benchmarks.run net_fault_trials``, whose summary is the network table of
@@ -11,6 +12,7 @@ docs/reliability.md.
 import pytest
 
 from benchmarks import fault_trials
+from benchmarks import faultfs
 from benchmarks import net_fault_trials
 from benchmarks import netfaults
 
@@ -45,3 +47,10 @@ def test_a_worker_cut_off_for_5_seconds_costs_no_restart(work, case):
 def test_a_worker_200_ms_away_finishes_through_the_relay(work):
   record = _trial(work, "latency_worker")
   assert record["relayed_connections"] >= 1, record  # its connections went through the delay
+
+
+@pytest.mark.skipif(faultfs.unavailable() is not None, reason=str(faultfs.unavailable()))
+def test_a_stalled_exchange_holds_no_group_for_good(work):
+  record = _trial(work, "exchange_stalled_30s")
+  assert record["steps_during_fault"] is not None and record["recovery_s"] is not None, record
+  assert all(loads >= 1 for loads in record["teacher_loads"].values()), record

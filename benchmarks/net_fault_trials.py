@@ -235,6 +235,7 @@ def run_trial(name: str, seed: int, work_dir: str, data_dir: str, train_steps: i
       namespace_pid, task, pid = _victim(launch, case, rng, 120.0)
       record["victim"] = f"group {task[0]} {task[1]}:{task[2]}"
       faults = netfaults.NetworkFaults(namespace_pid)
+      faults.wait_inside(pid)
       if case.fault == "cut":
         record.update(_for_a_while(lambda: _cut(faults, pid), case.seconds, group_dir,
                                    fault_step, bound))
@@ -249,6 +250,9 @@ def run_trial(name: str, seed: int, work_dir: str, data_dir: str, train_steps: i
   except (TimeoutError, netfaults.NetFaultError) as e:
     launch.stop()
     code, record["error"] = None, str(e)
+  except BaseException:
+    launch.stop()
+    raise
   finally:
     if faults is not None:
       faults.heal_all()
@@ -299,6 +303,8 @@ def summarize(trials: Sequence[dict]) -> Dict[str, dict]:
         "steps_during_fault": [t.get("steps_during_fault") for t in rows],
         "recovery_s": fault_trials.spread(recovery),
         "hangs": sum(bool(t.get("hung")) for t in rows),
+        **({key: [t.get(key) for t in rows] for key in ("publish_failures", "teacher_loads")}
+           if CASES[name].groups == 2 else {}),
     }
   return summary
 
@@ -348,7 +354,8 @@ def measure_trials(ctx: registry.Context, trials: int = 5, cases: Sequence[str] 
                          stall_timeout_s)
       records.append(record)
       ctx.progress(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}))
-      shutil.rmtree(os.path.join(ctx.work_dir, f"{name}_{seed}"), ignore_errors=True)
+      for suffix in ("", ".exchange", ".exchange_backing"):
+        shutil.rmtree(os.path.join(ctx.work_dir, f"{name}_{seed}{suffix}"), ignore_errors=True)
   result = {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
             "wall_s": round(time.time() - start, 1), "stall_timeout_s": stall_timeout_s,
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),

@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from typing import List, Optional, Set
 
 RELAY_MARK = 0x7466  # packets of the relay's own connections: never redirected again
@@ -39,17 +40,29 @@ _ids = itertools.count()
 
 # Runs inside the namespace: listens on a free loopback port (printed first), forwards every
 # connection redirected to it to the port it was addressed to (SO_ORIGINAL_DST), holding each
-# chunk DELAY seconds each way; prints "connection" per accepted connection.
+# chunk DELAY seconds each way and, with RATE > 0, at most RATE bytes a second each way over all
+# its connections (a link's capacity); prints "connection" per accepted connection.
 _RELAY = r"""
 import collections, socket, struct, sys, threading, time
-delay, mark = float(sys.argv[1]), int(sys.argv[2])
+delay, mark, rate = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 SO_ORIGINAL_DST = 80
+links = {"up": [threading.Lock(), 0.0], "down": [threading.Lock(), 0.0]}
+
+def carry(direction, size):
+  if rate <= 0:
+    return
+  lock, _ = link = links[direction]
+  with lock:
+    start = max(time.monotonic(), link[1])
+    link[1] = start + size / rate
+    done = link[1]
+  time.sleep(max(0.0, done - time.monotonic()))
 server = socket.socket()
 server.bind(("127.0.0.1", 0))
 server.listen(128)
 print(server.getsockname()[1], flush=True)
 
-def pipe(src, dst):
+def pipe(src, dst, direction):
   queue, ready = collections.deque(), threading.Condition()
   def read():
     while True:
@@ -73,6 +86,7 @@ def pipe(src, dst):
         if not data:
           dst.shutdown(socket.SHUT_WR)
           return
+        carry(direction, len(data))
         dst.sendall(data)
       except OSError:
         return
@@ -91,8 +105,8 @@ while True:
     continue
   for s in (client, upstream):
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-  pipe(client, upstream)
-  pipe(upstream, client)
+  pipe(client, upstream, "up")
+  pipe(upstream, client, "down")
   print("connection", flush=True)
 """
 
@@ -265,6 +279,19 @@ class NetworkFaults:
                           f"{proc.stderr.decode(errors='replace').strip()}")
     return proc.stdout.decode()
 
+  def wait_inside(self, pid: int, timeout_s: float = 30.0) -> None:
+    """Waits until process ``pid`` (e.g. just started through ``nsenter``) is in the namespace;
+    NetFaultError if it is not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+      try:
+        self._check_inside(pid)
+        return
+      except NetFaultError:
+        if time.monotonic() > deadline:
+          raise
+        time.sleep(0.02)
+
   def _check_inside(self, pid: int) -> None:
     try:
       inside = os.readlink(f"/proc/{pid}/ns/net") == os.readlink(f"/proc/{self.pid}/ns/net")
@@ -305,13 +332,16 @@ class NetworkFaults:
     return self._drop(pid, f"numgen random mod 100 < {percent} counter drop",
                       f"{percent}% packet loss at process {pid}")
 
-  def latency(self, pid: int, delay_s: float, timeout_s: float = 30.0) -> Fault:
+  def latency(self, pid: int, delay_s: float, bytes_per_s: Optional[float] = None,
+              timeout_s: float = 30.0) -> Fault:
     """Every new connection of process ``pid`` (a task), and to its ports, goes through a relay
     that delays each chunk, each way, by ``delay_s`` (a round trip takes ``2 * delay_s``
-    longer). Connections open before the fault keep their direct path."""
+    longer) and carries at most ``bytes_per_s`` each way (None: no cap), as a slow link to the
+    task would. Connections open before the fault keep their direct path."""
     self._check_inside(pid)
     relay = subprocess.Popen(
-        self.enter([sys.executable, "-c", _RELAY, str(delay_s), str(RELAY_MARK)]),
+        self.enter([sys.executable, "-c", _RELAY, str(delay_s), str(RELAY_MARK),
+                    str(bytes_per_s or 0)]),
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     timer = threading.Timer(timeout_s, relay.kill)
     timer.start()
@@ -332,8 +362,9 @@ class NetworkFaults:
       relay.kill()
       cgroup.release()
       raise
-    fault = Fault(self, table, "ip", f"{delay_s * 1000:g} ms each way at process {pid}", relay,
-                  cgroup)
+    cap = f", {bytes_per_s * 8 / 1e6:g} Mbit/s" if bytes_per_s else ""
+    fault = Fault(self, table, "ip", f"{delay_s * 1000:g} ms each way{cap} at process {pid}",
+                  relay, cgroup)
     self.faults.append(fault)
     return fault
 

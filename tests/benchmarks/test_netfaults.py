@@ -65,6 +65,7 @@ print(json.dumps(result))
 # (timeout 3 s), prints "connected" or the error.
 _DIALER = r"""
 import socket, sys
+print("ready", flush=True)
 for line in sys.stdin:
   try:
     socket.create_connection(("127.0.0.1", int(line)), timeout=3).close()
@@ -109,6 +110,7 @@ def test_a_process_cut_off_reaches_no_one_through_sockets_it_opens_meanwhile(nam
   faults, _, port = namespace
   dialer = subprocess.Popen(faults.enter([sys.executable, "-c", _DIALER]), text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+  assert dialer.stdout.readline().strip() == "ready"
   try:
     with faults.cut_off(dialer.pid):
       dialer.stdin.write(f"{port}\n")
@@ -151,10 +153,19 @@ def test_a_delayed_process_answers_a_round_trip_after_twice_the_delay(namespace)
   assert healed["echoed"] == 5 and fault.connections == 1  # the new connection went direct
 
 
+def test_a_capped_link_carries_no_more_than_its_bytes_a_second(namespace):
+  faults, echo, port = namespace
+  with faults.latency(echo.pid, 0.0, bytes_per_s=400_000):
+    capped = _client(faults, port, rounds=2000)  # 200 kB each way through a 400 kB/s link
+  assert capped["echoed"] == 2000
+  assert sum(capped["round_trips_s"]) >= 0.45, sum(capped["round_trips_s"])
+
+
 def test_a_delayed_process_reaches_others_through_the_relay_too(namespace):
   faults, _, port = namespace
   dialer = subprocess.Popen(faults.enter([sys.executable, "-c", _DIALER]), text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+  assert dialer.stdout.readline().strip() == "ready"
   try:
     with faults.latency(dialer.pid, 0.05) as fault:
       dialer.stdin.write(f"{port}\n")

@@ -33,6 +33,10 @@ a hang: the launch is stopped and the trial recorded as hung.
   python -m benchmarks.run net_fault_trials
   python -m benchmarks.run net_fault_trials --gin_bindings='bench.net_fault_trials.trials = 2' \
       --gin_bindings="bench.net_fault_trials.cases = ['cut_worker_5s']"
+
+Each trial is recorded as it ends (``<results_dir>/trials/<case>_<seed>.json``, with the
+machine's load before and after it), and a later run with the same settings keeps it: the
+trials (hours in all, the 5-minute cuts most) go on across sessions.
 """
 
 from __future__ import annotations
@@ -347,22 +351,56 @@ def measure_trials(ctx: registry.Context, trials: int = 5, cases: Sequence[str] 
   if reason:
     raise RuntimeError(f"network faults cannot be made here: {reason}")
   data = fault_trials.ensure_data(os.path.join(ctx.work_dir, "data"))
+  settings = {"train_steps": train_steps, "steps_per_epoch": steps_per_epoch,
+              "stall_timeout_s": stall_timeout_s}
   records, start = [], time.time()
   for seed in range(trials):  # cases interleaved: machine load drifts over the run
     for name in cases:
-      record = run_trial(name, seed, ctx.work_dir, data, train_steps, steps_per_epoch,
-                         stall_timeout_s)
+      record = _recorded_trial(ctx.results_dir, name, seed, settings)
+      if record is None:
+        load = os.getloadavg()[0]
+        record = {**run_trial(name, seed, ctx.work_dir, data, train_steps, steps_per_epoch,
+                              stall_timeout_s),
+                  "settings": settings, "load_1m_before": load,
+                  "load_1m_at_end": os.getloadavg()[0],
+                  "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        _record_trial(ctx.results_dir, record)
+        for suffix in ("", ".exchange", ".exchange_backing"):
+          shutil.rmtree(os.path.join(ctx.work_dir, f"{name}_{seed}{suffix}"), ignore_errors=True)
       records.append(record)
       ctx.progress(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}))
-      for suffix in ("", ".exchange", ".exchange_backing"):
-        shutil.rmtree(os.path.join(ctx.work_dir, f"{name}_{seed}{suffix}"), ignore_errors=True)
   result = {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
-            "wall_s": round(time.time() - start, 1), "stall_timeout_s": stall_timeout_s,
+            "wall_s": round(sum(t["wall_s"] for t in records), 1),
+            "stall_timeout_s": stall_timeout_s,
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
             "summary": summarize(records), "trials": records}
   for line in markdown_table(result).splitlines():
     ctx.progress(line)
   return result
+
+
+def _trial_path(results_dir: str, name: str, seed: int) -> str:
+  return os.path.join(results_dir, "trials", f"{name}_{seed}.json")
+
+
+def _recorded_trial(results_dir: str, name: str, seed: int, settings: dict) -> Optional[dict]:
+  """A trial recorded by an earlier run with the same settings (the benchmark resumes trial by
+  trial across sessions), or None."""
+  try:
+    with open(_trial_path(results_dir, name, seed)) as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return record if record.get("settings") == settings else None
+
+
+def _record_trial(results_dir: str, record: dict) -> None:
+  path = _trial_path(results_dir, record["case"], record["seed"])
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(record, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
 
 
 def _failure(summary: dict) -> Optional[str]:

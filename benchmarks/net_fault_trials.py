@@ -149,13 +149,17 @@ def _step(group_dir: str) -> Optional[int]:
   return None if beat is None else beat["step"]
 
 
-def _for_a_while(start: Callable[[], Callable[[], dict]], seconds: float, group_dir: str,
+def _for_a_while(start: Callable[[], Callable[[], dict]], seconds: float, launch: standalone.Launch,
                  fault_step: int, timeout: float) -> dict:
-  """Waits for ``fault_step``, makes the fault (``start()``, which returns how to end it),
-  waits ``seconds``, ends it; what the group did meanwhile and how long it took to step again
-  after the end."""
-  standalone.wait_for(lambda: (_step(group_dir) or 0) >= fault_step, timeout,
-                      f"step {fault_step}")
+  """Waits for group 0's ``fault_step``, makes the fault (``start()``, which returns how to end
+  it), waits ``seconds``, ends it; what the group did meanwhile and how long it took to step
+  again after the end."""
+  group_dir = layout.group_dir(launch.model_dir, 0)
+  standalone.wait_for(lambda: (_step(group_dir) or 0) >= fault_step
+                      or launch.proc.poll() is not None, timeout, f"step {fault_step}")
+  if launch.proc.poll() is not None:
+    raise TimeoutError(f"the launch ended (status {launch.proc.returncode}) before step "
+                       f"{fault_step}")
   step_at_fault = _step(group_dir)
   end = start()
   time.sleep(seconds)
@@ -218,7 +222,6 @@ def run_trial(name: str, seed: int, work_dir: str, data_dir: str, train_steps: i
   model_dir = os.path.join(work_dir, f"{name}_{seed}")
   for path in (model_dir, f"{model_dir}.exchange_backing"):
     shutil.rmtree(path, ignore_errors=True)
-  group_dir = layout.group_dir(model_dir, 0)
   bound = bound_s(case, stall_timeout_s)
   record: dict = {"case": name, "seed": seed, "train_steps": train_steps, "bound_s": bound}
   exchange = (faultfs.FaultyDirectory(f"{model_dir}.exchange_backing", f"{model_dir}.exchange")
@@ -231,9 +234,9 @@ def run_trial(name: str, seed: int, work_dir: str, data_dir: str, train_steps: i
   try:
     if exchange is not None:
       record.update(_for_a_while(lambda: _exchange(exchange, case.fault), case.seconds,
-                                 group_dir, fault_step, bound))
+                                 launch, fault_step, bound))
     elif case.task == "peer":
-      record.update(_for_a_while(lambda: _silent_peer(launch), case.seconds, group_dir,
+      record.update(_for_a_while(lambda: _silent_peer(launch), case.seconds, launch,
                                  fault_step, bound))
     else:
       namespace_pid, task, pid = _victim(launch, case, rng, 120.0)
@@ -241,7 +244,7 @@ def run_trial(name: str, seed: int, work_dir: str, data_dir: str, train_steps: i
       faults = netfaults.NetworkFaults(namespace_pid)
       faults.wait_inside(pid)
       if case.fault == "cut":
-        record.update(_for_a_while(lambda: _cut(faults, pid), case.seconds, group_dir,
+        record.update(_for_a_while(lambda: _cut(faults, pid), case.seconds, launch,
                                    fault_step, bound))
       elif case.fault == "loss":
         whole_run = faults.packet_loss(pid, case.percent)

@@ -90,6 +90,25 @@ def namespace():
       echo.wait()
 
 
+@pytest.fixture
+def dialer(namespace):
+  """A process in the namespace with no socket until asked: ``dial(port)`` connects and says
+  "connected" or the error."""
+  faults = namespace[0]
+  proc = subprocess.Popen(faults.enter([sys.executable, "-c", _DIALER]), text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+  assert proc.stdout.readline().strip() == "ready"
+
+  def dial(port):
+    proc.stdin.write(f"{port}\n")
+    proc.stdin.flush()
+    return proc.stdout.readline().strip()
+  proc.dial = dial
+  yield proc
+  proc.kill()
+  proc.wait()
+
+
 def _client(faults, port, rounds=1):
   out = subprocess.run(faults.enter([sys.executable, "-c", _CLIENT, str(port), str(rounds)]),
                        capture_output=True, text=True, timeout=120, check=True).stdout
@@ -106,30 +125,19 @@ def test_a_process_cut_off_takes_no_connection_until_healed(namespace):
   assert fault.healed and _client(faults, port)["echoed"] == 1
 
 
-def test_a_process_cut_off_reaches_no_one_through_sockets_it_opens_meanwhile(namespace):
+def test_a_process_cut_off_reaches_no_one_through_sockets_it_opens_meanwhile(namespace, dialer):
   faults, _, port = namespace
-  dialer = subprocess.Popen(faults.enter([sys.executable, "-c", _DIALER]), text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-  assert dialer.stdout.readline().strip() == "ready"
-  try:
-    with faults.cut_off(dialer.pid):
-      dialer.stdin.write(f"{port}\n")
-      dialer.stdin.flush()
-      assert "timed out" in dialer.stdout.readline()
-    dialer.stdin.write(f"{port}\n")
-    dialer.stdin.flush()
-    assert dialer.stdout.readline().strip() == "connected"
-  finally:
-    dialer.kill()
-    dialer.wait()
+  with faults.cut_off(dialer.pid):
+    assert "timed out" in dialer.dial(port)
+  assert dialer.dial(port) == "connected"
 
 
 def test_a_lossy_process_drops_packets_that_tcp_sends_again(namespace):
   faults, echo, port = namespace
-  with faults.packet_loss(echo.pid, 20) as fault:
-    result = _client(faults, port, rounds=40)
+  with faults.packet_loss(echo.pid, 10) as fault:
+    result = _client(faults, port, rounds=30)
     dropped = fault.dropped()
-  assert result["echoed"] == 40, result  # every message arrived, through retransmissions
+  assert result["echoed"] == 30, result  # every message arrived, through retransmissions
   assert dropped >= 1, dropped
   with pytest.raises(ValueError, match="percent=100"):
     faults.packet_loss(echo.pid, 100)
@@ -161,20 +169,11 @@ def test_a_capped_link_carries_no_more_than_its_bytes_a_second(namespace):
   assert sum(capped["round_trips_s"]) >= 0.45, sum(capped["round_trips_s"])
 
 
-def test_a_delayed_process_reaches_others_through_the_relay_too(namespace):
+def test_a_delayed_process_reaches_others_through_the_relay_too(namespace, dialer):
   faults, _, port = namespace
-  dialer = subprocess.Popen(faults.enter([sys.executable, "-c", _DIALER]), text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-  assert dialer.stdout.readline().strip() == "ready"
-  try:
-    with faults.latency(dialer.pid, 0.05) as fault:
-      dialer.stdin.write(f"{port}\n")
-      dialer.stdin.flush()
-      assert dialer.stdout.readline().strip() == "connected"
-      assert _eventually(lambda: fault.connections == 1)
-  finally:
-    dialer.kill()
-    dialer.wait()
+  with faults.latency(dialer.pid, 0.05) as fault:
+    assert dialer.dial(port) == "connected"
+    assert _eventually(lambda: fault.connections == 1)
 
 
 def test_faults_are_only_made_inside_a_private_namespace(namespace):

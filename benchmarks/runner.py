@@ -616,12 +616,42 @@ def data_bindings(suite: Suite, data_root: str, pinned_to: Optional[str] = None)
   return [f"trainer.train.train_files = {train!r}", f"trainer.train.eval_files = {evaluation!r}"]
 
 
+# The Arm settings every configuration holds when recorded. A setting Arm gains later is
+# recorded only where an arm sets it (off its default), so adding one leaves every recorded arm,
+# and every tuning run's digest, as it was.
+RECORDED_ARM_FIELDS = ("name", "gin_files", "gin_bindings", "num_groups", "seeds", "strategy",
+                       "workers_per_group", "ps_per_group", "kind", "source_arm", "ensemble_size",
+                       "tune_learning_rate", "seed_offset", "learning_rate_from")
+# Settings the first recorded configurations predate: their absence there means their default.
+_ADDED_AFTER_FIRST_RECORDS = ("tune_learning_rate", "seed_offset", "learning_rate_from")
+
+
+def _arm_default(name: str) -> Any:
+  field = next(f for f in dataclasses.fields(Arm) if f.name == name)
+  value = field.default
+  return list(value) if isinstance(value, tuple) else value
+
+
 def arm_config(arm: Arm, suite: Suite, data: Sequence[str]) -> dict:
   """Everything that determines an arm's runs: reuse is only safe while this is unchanged."""
   return {"arm": {k: list(v) if isinstance(v, tuple) else v
-                  for k, v in dataclasses.asdict(arm).items() if k != "label"},
+                  for k, v in dataclasses.asdict(arm).items()
+                  if k != "label" and (k in RECORDED_ARM_FIELDS or v != _arm_default(k))},
           "common_bindings": list(suite.common_bindings), "data": list(data),
           "threads_per_group": suite.threads_per_group}
+
+
+def same_config(recorded: Optional[dict], config: dict) -> bool:
+  """Whether runs recorded under ``recorded`` were made as ``config`` makes them: equal, but
+  for Arm settings added after the record, which it holds at their defaults."""
+  if recorded is None:
+    return False
+
+  def known(c: dict) -> dict:
+    arm = {k: v for k, v in c["arm"].items()
+           if not (k in _ADDED_AFTER_FIRST_RECORDS and v == _arm_default(k))}
+    return {**c, "arm": arm}
+  return known(recorded) == known(config)
 
 
 def _config_path(arm: Arm, paths: RunPaths) -> str:
@@ -645,7 +675,7 @@ def _seed_recorded(arm: Arm, paths: RunPaths, seed: int) -> bool:
 
 def _arm_done(arm: Arm, paths: RunPaths, config: dict) -> bool:
   """Whether every run of the arm is recorded, from the same configuration, with its churn."""
-  return (_recorded_config(arm, paths) == config
+  return (same_config(_recorded_config(arm, paths), config)
           and all(_seed_recorded(arm, paths, s) for s in arm.seed_list)
           and (arm.seeds < 2 or _churn_complete(arm, _read_churn(arm, paths))))
 
@@ -657,7 +687,7 @@ def _seeds_to_run(arm: Arm, paths: RunPaths, config: dict) -> List[int]:
   Anything recorded under another configuration (or none) is stale, removed, and the
   configuration is recorded before the first run."""
   arm_dir = os.path.join(paths.results_dir, "runs", arm.name)
-  if _recorded_config(arm, paths) != config:
+  if not same_config(_recorded_config(arm, paths), config):
     shutil.rmtree(arm_dir, ignore_errors=True)
     os.makedirs(arm_dir)
     machine.write_json(_config_path(arm, paths), config, indent=1)

@@ -130,6 +130,32 @@ def test_recorded_runs_are_reused_only_while_the_arm_configuration_is_unchanged(
   assert not runner._arm_done(more_seeds, paths, runner.arm_config(more_seeds, suite, data))
 
 
+def test_an_arm_setting_added_later_leaves_recorded_configurations_and_digests_as_they_were(
+    tmp_path, monkeypatch):
+  paths, arm, suite, data, config = _one_arm(tmp_path, seeds=1)
+  digest = runner._tuning_arms(arm, suite, data, rates=[0.001])[0.001].name
+  # As if Arm had gained ensemble_size after these records: not recorded at its default ...
+  monkeypatch.setattr(runner, "RECORDED_ARM_FIELDS",
+                      tuple(f for f in runner.RECORDED_ARM_FIELDS if f != "ensemble_size"))
+  later = runner.arm_config(arm, suite, data)
+  assert "ensemble_size" not in later["arm"] and later["arm"] == {
+      k: v for k, v in config["arm"].items() if k != "ensemble_size"}
+  # ... and recorded where an arm sets it.
+  bigger = runner.Arm("a", seeds=1, ensemble_size=3)
+  assert runner.arm_config(bigger, suite, data)["arm"]["ensemble_size"] == 3
+  monkeypatch.undo()
+  assert runner._tuning_arms(arm, suite, data, rates=[0.001])[0.001].name == digest
+  # The first records predate tune_learning_rate, seed_offset and learning_rate_from: they match
+  # an arm that leaves them at their defaults, and no other.
+  first = {**config, "arm": {k: v for k, v in config["arm"].items()
+                             if k not in ("tune_learning_rate", "seed_offset",
+                                          "learning_rate_from")}}
+  assert runner.same_config(first, config) and not runner.same_config(None, config)
+  offset = runner.Arm("a", seeds=1, seed_offset=10)
+  assert not runner.same_config(first, runner.arm_config(offset, suite, data))
+  assert not runner.same_config({**first, "data": ["other"]}, config)
+
+
 def test_a_stopped_arm_resumes_seed_by_seed_and_a_changed_one_starts_over(tmp_path):
   paths, arm, suite, data, config = _one_arm(tmp_path, seeds=3)
 

@@ -56,6 +56,10 @@ def test_a_refused_job_writes_no_config_file(tmp_path):
 
 
 def test_a_job_without_data_gets_sample_files_bound_in_its_config(tmp_path):
+  data = tmp_path / "job" / "data"  # sample files already there are reused, not generated again
+  data.mkdir(parents=True)
+  (data / "train-00000.tsv").write_text("")
+  (data / "eval-00000.tsv").write_text("")
   job = jobs.prepare_job(str(tmp_path / "job"), 1, gin_bindings=["trainer.train.train_steps = 5"])
   gin.clear_config()
   config.parse_gin([job.config_file])

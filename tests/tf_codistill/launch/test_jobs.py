@@ -1,5 +1,6 @@
 """A job is checked once and its whole configuration written to one file its tasks parse."""
 
+import dataclasses
 import glob
 import os
 
@@ -10,6 +11,7 @@ from tf_codistill import errors
 from tf_codistill import layout
 from tf_codistill.launch import gin_config as config
 from tf_codistill.launch import jobs
+from tf_codistill.launch import launcher
 from tf_codistill.training import train_config as train_config_lib
 
 
@@ -24,7 +26,7 @@ def _suite(tmp_path):
   """A user's gin file that includes a shared one by a relative path and uses its macro."""
   (tmp_path / "_shared.gin").write_text("LR = 0.004\ntrainer.train.learning_rate = %LR\n")
   suite = tmp_path / "suite.gin"
-  suite.write_text("include '_shared.gin'\ninclude 'criteo/codistill_2way.gin'\n"
+  suite.write_text("include 'criteo/codistill_2way.gin'\ninclude '_shared.gin'\n"
                    "trainer.train.batch_size = 64\n"
                    "trainer.train.train_files = ['data/train-*']\n"
                    "trainer.train.eval_files = ['data/eval-*']\n")
@@ -34,16 +36,20 @@ def _suite(tmp_path):
 def test_the_job_config_alone_gives_every_task_the_checked_configuration(tmp_path, monkeypatch):
   job = jobs.prepare_job(str(tmp_path / "job"), 2, gin_files=[_suite(tmp_path)],
                          gin_bindings=["trainer.train.train_steps = 300"],
-                         strategy="parameter_server", teacher_graph="ring")
+                         strategy="parameter_server", workers_per_group=1, ps_per_group=1,
+                         teacher_graph="ring")
   assert job.config_file == os.path.abspath(layout.job_config(str(tmp_path / "job")))
-  assert job.shape.strategy == "parameter_server"
+  assert job.shape == launcher.GroupShape("parameter_server", workers=1, ps=1)
   text = open(job.config_file).read()
   assert "include" not in text  # self-contained: a task does not look for the user's files
   gin.clear_config()
   monkeypatch.chdir(tmp_path / "job")  # nothing in it resolves relative to where it was made
   config.parse_gin([job.config_file])
   parsed = train_config_lib.TrainConfig()
-  assert parsed == job.train_config
+  # Equal in every setting; raw_parser is a parser built again from the same binding.
+  assert parsed.raw_parser is not None and job.train_config.raw_parser is not None
+  assert (dataclasses.replace(parsed, raw_parser=None)
+          == dataclasses.replace(job.train_config, raw_parser=None))
   assert (parsed.learning_rate, parsed.batch_size, parsed.train_steps) == (0.004, 64, 300)
   assert (parsed.strategy, parsed.teacher_graph, parsed.codistill) == ("parameter_server",
                                                                         "ring", True)

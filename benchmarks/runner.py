@@ -632,13 +632,35 @@ def _arm_default(name: str) -> Any:
   return list(value) if isinstance(value, tuple) else value
 
 
+# Gin settings renamed after runs were recorded under their old names: new name -> old name
+# (e.g. "tfc.Exchange.publish_every_steps": "trainer.train.publish_every_steps"). Configurations
+# are recorded, and tuning runs named, with the old names, so a rename keeps every recorded run.
+RECORDED_BINDING_NAMES: Dict[str, str] = {}
+
+
+def _renamed(binding: str, names: Mapping[str, str]) -> str:
+  name, sep, value = binding.partition("=")
+  new = names.get(name.strip())
+  return f"{new} ={value}" if sep and new else binding
+
+
+def _as_recorded(binding: str) -> str:
+  """``binding`` ("name = value") under the name recorded configurations know it by."""
+  return _renamed(binding, RECORDED_BINDING_NAMES)
+
+
+def _as_current(binding: str) -> str:
+  """A recorded ``binding`` under its name today (to launch a recorded arm again)."""
+  return _renamed(binding, {old: new for new, old in RECORDED_BINDING_NAMES.items()})
+
+
 def arm_config(arm: Arm, suite: Suite, data: Sequence[str]) -> dict:
   """Everything that determines an arm's runs: reuse is only safe while this is unchanged."""
-  return {"arm": {k: list(v) if isinstance(v, tuple) else v
-                  for k, v in dataclasses.asdict(arm).items()
-                  if k != "label" and (k in RECORDED_ARM_FIELDS or v != _arm_default(k))},
-          "common_bindings": list(suite.common_bindings), "data": list(data),
-          "threads_per_group": suite.threads_per_group}
+  fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(arm).items()
+            if k != "label" and (k in RECORDED_ARM_FIELDS or v != _arm_default(k))}
+  fields["gin_bindings"] = [_as_recorded(b) for b in fields["gin_bindings"]]
+  return {"arm": fields, "common_bindings": [_as_recorded(b) for b in suite.common_bindings],
+          "data": [_as_recorded(b) for b in data], "threads_per_group": suite.threads_per_group}
 
 
 def same_config(recorded: Optional[dict], config: dict) -> bool:
@@ -1069,7 +1091,8 @@ def _recorded_arm(arm: Arm, paths: RunPaths) -> Arm:
   if recorded is None:
     raise FileNotFoundError(f"arm {arm.name!r}: arm {arm.source_arm!r} has no recorded runs in "
                             f"{paths.results_dir}: run it first")
-  return Arm(**recorded["arm"])
+  return Arm(**{**recorded["arm"],
+                 "gin_bindings": [_as_current(b) for b in recorded["arm"]["gin_bindings"]]})
 
 
 def _regenerate(source: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence[str],

@@ -174,8 +174,8 @@ def run_suite(name: str) -> None:
 
 
 def _write_index() -> str:
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
-  return report.write_index(FLAGS.results_dir)
+  from benchmarks import results_index  # pylint: disable=g-import-not-at-top
+  return results_index.write_index(FLAGS.results_dir)
 
 
 def main(argv: List[str]) -> None:

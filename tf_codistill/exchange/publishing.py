@@ -79,7 +79,8 @@ class ExchangePublisher(StepHook):
   on a background thread, one publish at a time (a publish due while one is in flight waits for
   the next step after it, and the cadence stays on multiples of ``every_steps``). Steps are
   compared by order, not equality: with ``steps_per_execution`` or asynchronous training not
-  every step is seen. A version is named by the step whose weights it holds.
+  every step is seen. A version is named by the step whose weights it holds. ``every_steps`` and
+  ``keep_last`` are ``tfc.Exchange``'s, which checks them.
   """
 
   reads_logs = False
@@ -87,8 +88,6 @@ class ExchangePublisher(StepHook):
   def __init__(self, local: LocalCopy, exchange_dir: str, group: int, every_steps: int,
                input_spec, *, keep_last: int = 2, probe=None,
                writer: Optional[lean_versions.LeanWriter] = None):
-    if every_steps < 1:
-      raise ValueError(f"publish_every_steps={every_steps} must be >= 1")
     self.probe = exchange.ProbeForward(probe)  # the published model must predict finite values
     self.writer = writer  # writes lean versions; None: SavedModels
     self.refused = 0  # snapshots not published because they were not finite

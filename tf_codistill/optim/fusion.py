@@ -45,11 +45,13 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
+from tf_codistill import errors
+
 MODES = ("none", "kernels", "backward", "forward")
 _OPT = keras.optimizers
 
 
-class FusionError(ValueError):
+class FusionError(errors.ConfigurationError):
   """A fusion mode that cannot work with this optimizer, model or strategy."""
 
 
@@ -175,11 +177,25 @@ def _rule(optimizer) -> Optional[Callable]:
   return None
 
 
+def check_mode(mode: str, binding: str = "fusion", parameter_server: bool = False) -> None:
+  """Raises FusionError (a ConfigurationError) naming ``binding`` when ``mode`` is no mode, or is
+  'forward' in a parameter-server group: the one check of a mode, before and after any process
+  starts."""
+  if mode not in MODES:
+    raise FusionError(f"{binding}={mode!r} is not one of {MODES}")
+  if mode == "forward" and parameter_server:
+    raise FusionError(
+        f"{binding}={mode!r} cannot run under strategy='parameter_server' "
+        "(ParameterServerStrategy): asynchronous workers would overwrite each other's pending "
+        "gradients. Use 'backward' (or 'none') for parameter-server groups")
+
+
 def check_supported(optimizer, mode: str, binding: str = "fusion",
                     strategy: Optional[tf.distribute.Strategy] = None) -> None:
   """Raises FusionError when ``mode`` cannot be used with ``optimizer`` (and ``strategy``)."""
-  if mode not in MODES:
-    raise FusionError(f"{binding}={mode!r} is not one of {MODES}")
+  strategy = strategy or tf.distribute.get_strategy()
+  check_mode(mode, binding,
+             isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy))
   if mode == "none":
     return
   what = f"{binding}={mode!r}"
@@ -199,11 +215,6 @@ def check_supported(optimizer, mode: str, binding: str = "fusion",
         f"{binding} = 'none'")
   if optimizer.use_ema:
     raise FusionError(f"{what} does not support use_ema=True; bind {binding} = 'none'")
-  strategy = strategy or tf.distribute.get_strategy()
-  if mode == "forward" and isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-    raise FusionError(
-        f"{what} cannot run under ParameterServerStrategy: asynchronous workers would overwrite "
-        "each other's pending gradients. Use 'backward' (or 'none') for parameter-server groups")
 
 
 # --- gradient structure probe -----------------------------------------------------------------

@@ -206,8 +206,7 @@ class CodistillModel(keras.Model):
                **kwargs):
     super().__init__(**kwargs)
     num_teachers = _num_teachers(num_teachers, exchange)
-    if fusion not in fusion_lib.MODES:
-      raise fusion_lib.FusionError(f"{fusion_binding}={fusion!r} is not one of {fusion_lib.MODES}")
+    fusion_lib.check_mode(fusion, fusion_binding)
     if temperature <= 0:
       raise ValueError(f"temperature={temperature} must be > 0")
     if burn_in_steps < 0:

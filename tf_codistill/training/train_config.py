@@ -216,12 +216,7 @@ def _validate_numbers(**values: int) -> None:
 
 
 def _validate_comm(strategy: str, fusion: str, allreduce_dtype: str) -> None:
-  if fusion not in fusion_lib.MODES:
-    raise ConfigurationError(f"trainer.train.fusion={fusion!r} is not one of {fusion_lib.MODES}")
-  if fusion == "forward" and strategy == "parameter_server":
-    raise ConfigurationError(
-        "trainer.train.fusion='forward' cannot run under strategy='parameter_server': "
-        "asynchronous workers would overwrite each other's pending gradients; use 'backward'")
+  fusion_lib.check_mode(fusion, "trainer.train.fusion", strategy == "parameter_server")
   if allreduce_dtype not in comm.DTYPES:
     raise ConfigurationError(f"trainer.train.allreduce_dtype={allreduce_dtype!r} is not one of "
                              f"{sorted(comm.DTYPES)}")

@@ -28,7 +28,6 @@ from tf_codistill.exchange import directory as exchange
 from tf_codistill.exchange import publishing
 from tf_codistill.exchange import topology
 from tf_codistill.optim import comm
-from tf_codistill.optim import fusion as fusion_lib
 from tf_codistill.step_hooks import current_step
 from tf_codistill.training import codistill_hooks
 from tf_codistill.training import fit_callbacks
@@ -154,13 +153,10 @@ class GroupTrainer:
           burn_in_steps=config.burn_in_steps, output=self.task.output,
           distill_kind=config.distill_kind, temperature=config.temperature,
           fusion=config.fusion, reducer=reducer, fusion_binding="trainer.train.fusion")
-      try:
-        model.compile(optimizer=train_config.OPTIMIZERS[config.optimizer](learning_rate=config.learning_rate),
-                      loss=task_loss, metrics=self.task.metrics(),
-                      steps_per_execution=config.steps_per_execution,
-                      jit_compile=config.jit_compile)
-      except fusion_lib.FusionError as e:
-        raise ConfigurationError(str(e)) from e
+      model.compile(  # a FusionError here is a ConfigurationError naming the binding
+          optimizer=train_config.OPTIMIZERS[config.optimizer](learning_rate=config.learning_rate),
+          loss=task_loss, metrics=self.task.metrics(),
+          steps_per_execution=config.steps_per_execution, jit_compile=config.jit_compile)
     model(data.sample)  # student and teacher variables exist before a teacher is restored
     # Pending forward-fusion updates are applied before every read of the weights for a
     # checkpoint, a publish, an evaluation or the export.

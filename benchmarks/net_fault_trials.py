@@ -207,6 +207,19 @@ def _silent_peer(launch: standalone.Launch) -> Callable[[], dict]:
   return end
 
 
+def _wait(launch: standalone.Launch, deadline: float, measure: Callable[[], object],
+          every_s: float = 2.0) -> Optional[int]:
+  """``launch.wait`` until ``deadline`` (monotonic), calling ``measure`` every ``every_s``
+  meanwhile (a NetFaultError from it, once the namespace is gone, is ignored)."""
+  while launch.proc.poll() is None and time.monotonic() < deadline:
+    try:
+      measure()
+    except netfaults.NetFaultError:
+      pass
+    time.sleep(every_s)
+  return launch.wait(max(1.0, deadline - time.monotonic()))
+
+
 def bound_s(case: Case, stall_timeout_s: float, run_s: float = 600.0) -> float:
   """How long a trial may take before it counts as a hang: the fault, two watchdog periods
   (a stall seen, then a restarted group's stall), and ``run_s`` for the run itself."""
@@ -250,10 +263,14 @@ def run_trial(name: str, seed: int, work_dir: str, data_dir: str, train_steps: i
         whole_run = faults.packet_loss(pid, case.percent)
       else:
         whole_run = faults.latency(pid, case.delay_s)
-    code = launch.wait(max(1.0, started + bound - time.monotonic()))
-    if case.fault in ("loss", "latency"):
-      record["packets_dropped" if case.fault == "loss" else "relayed_connections"] = (
-          whole_run.dropped() if case.fault == "loss" else whole_run.connections)
+    if case.fault == "loss":  # its counters go with the launch's namespace: read them meanwhile
+      record["packets_dropped"] = 0
+      code = _wait(launch, started + bound, lambda: record.update(
+          packets_dropped=whole_run.dropped()))
+    else:
+      code = launch.wait(max(1.0, started + bound - time.monotonic()))
+    if case.fault == "latency":
+      record["relayed_connections"] = whole_run.connections
   except (TimeoutError, netfaults.NetFaultError) as e:
     launch.stop()
     code, record["error"] = None, str(e)

@@ -236,7 +236,8 @@ class Fault:
     before."""
     if self.healed:
       return
-    self._faults.nft(f"delete table {self._family} {self.table}\n")
+    if self._faults.alive():  # else the namespace, and its rules, ended with its launch
+      self._faults.nft(f"delete table {self._family} {self.table}\n")
     if self._relay is not None:
       self._relay.kill()
       self._relay.wait()
@@ -264,6 +265,10 @@ class NetworkFaults:
                           "faults are only made inside a private one")
     self.pid = namespace_pid
     self.faults: List[Fault] = []
+
+  def alive(self) -> bool:
+    """Whether the namespace's holder still runs (a launch's ends with the launch)."""
+    return os.path.exists(f"/proc/{self.pid}/ns/net")
 
   def enter(self, command: List[str]) -> List[str]:
     """``command`` run inside the namespace."""

@@ -2,9 +2,9 @@
 parameter-server worker and a synchronous group's worker cut off for 5 seconds, a worker whose
 every connection is 200 ms slower each way for the whole run, and the exchange directory of a
 2-way codistillation job stalled for 30 seconds. Each finishes its steps within its bound, without
-a hang. A parameter-server group loses no process (its coordinator waits for the worker); a
-synchronous group's coordination service takes a worker silent for 5 s for dead (TF's heartbeat
-timeout) and the group restarts once from its checkpoint.
+a hang and without a group restart (a synchronous group's coordination service waits
+``strategies.make_strategy.heartbeat_timeout_s`` for a silent task, not TF's default, about 20 s
+here).
 
 The reduced form (one trial of each, marked ``cluster``); the repeated trials of every case are
 ``python -m benchmarks.run net_fault_trials``, whose summary is the network table of
@@ -45,11 +45,12 @@ def test_a_parameter_server_worker_cut_off_for_5_seconds_costs_no_restart(work):
   assert record["recovery_s"] is not None, record  # the group stepped again after the heal
 
 
-def test_a_synchronous_worker_cut_off_for_5_seconds_costs_one_group_restart(work):
-  record = _trial(work, "sync_cut_worker_5s", restarts=1)
+def test_a_synchronous_worker_cut_off_for_5_seconds_costs_no_restart(work):
+  # TF's default heartbeat timeout (about 20 s here) took it for dead and the group restarted;
+  # strategies.make_strategy.heartbeat_timeout_s (120 s) waits for it.
+  record = _trial(work, "sync_cut_worker_5s")
   assert record["packets_dropped"] >= 1, record
-  # A task exited (TF saw the worker dead), not the launcher's watchdog (a hang).
-  assert "exit" in record["restarted"][0] and record["stalls"] == 0, record
+  assert record["recovery_s"] is not None, record
 
 
 def test_a_worker_200_ms_away_finishes_through_the_relay(work):

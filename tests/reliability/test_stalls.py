@@ -1,7 +1,7 @@
 """Hangs are bounded: a group whose chief's step stops moving (a stopped peer it waits for, a
 stopped chief) dumps every task's stacks and is restarted, or fails naming the setting, after
 --stall_timeout_s; never a silent hang. (A stopped MultiWorkerMirrored worker needs no watchdog:
-TF's coordination service fails its chief after a 20 s heartbeat timeout.)"""
+TF's coordination service fails its chief after strategies.make_strategy.heartbeat_timeout_s.)"""
 
 import json
 import os

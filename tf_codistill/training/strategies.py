@@ -133,15 +133,41 @@ def task_info(kind: str, tf_config: Optional[dict] = None) -> TaskInfo:
   return TaskInfo(kind, task_type, task_id, n_workers, n_ps)
 
 
+def _configure_coordination(cluster_spec: tf.train.ClusterSpec, heartbeat_timeout_s: float
+                            ) -> None:
+  """TF's coordination service for this MultiWorkerMirrored task, configured as the strategy
+  would configure it (which it then leaves as it is), but with ``heartbeat_timeout_s``."""
+  if heartbeat_timeout_s <= 0:
+    raise StrategyConfigError(
+        f"strategies.make_strategy.heartbeat_timeout_s={heartbeat_timeout_s} must be > 0")
+  # TF has no public API for it (the protobuf module's path differs between TF versions).
+  from tensorflow.python.distribute import collective_all_reduce_strategy as mwms  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import multi_worker_util  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  if context.context().coordination_service is not None:  # configured already
+    return
+  jobs = [mwms.coordination_config_pb2.CoordinatedJob(name=job,
+                                                      num_tasks=cluster_spec.num_tasks(job))
+          for job in ("chief", "worker") if job in cluster_spec.jobs]
+  context.context().configure_coordination_service(
+      service_type="standalone",
+      service_leader=multi_worker_util.coordination_leader(cluster_spec),
+      coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(heartbeat_timeout_s * 1000))
+
+
 @gin.configurable(module="strategies")
 def make_strategy(kind: str = "one_device", *, bytes_per_pack: int = 0,
                   timeout_seconds: Optional[float] = None, implementation: str = "auto",
+                  heartbeat_timeout_s: float = 120.0,
                   partitioner: str = "min_size", min_shard_bytes: int = 256 << 10,
                   max_shards: int = 1, fixed_shards: int = 1) -> tf.distribute.Strategy:
   """The strategy of kind ``kind`` for this process, with its communication/partitioning options.
 
   Sync (``multi_worker_mirrored``): ``bytes_per_pack`` (gradient packing, 0 = TF's default),
-  ``timeout_seconds`` (collective timeout) and ``implementation`` ('auto', 'ring', 'nccl').
+  ``timeout_seconds`` (collective timeout) and ``implementation`` ('auto', 'ring', 'nccl');
+  ``heartbeat_timeout_s``: how long the group's coordination service waits for a silent task
+  before it fails the group (TF's default, about 20 s here, took a worker cut off for 5 s for
+  dead; a dead process is seen by the launcher at once, a hung one by its watchdog).
   Async (``parameter_server``): ``partitioner='min_size'`` (``MinSizePartitioner(min_shard_bytes,
   max_shards)``) or ``'fixed'`` (``FixedShardsPartitioner(fixed_shards)``) for large tables.
   """
@@ -160,6 +186,7 @@ def make_strategy(kind: str = "one_device", *, bytes_per_pack: int = 0,
     options = tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=bytes_per_pack, timeout_seconds=timeout_seconds,
         implementation=IMPLEMENTATIONS[implementation])
+    _configure_coordination(resolver.cluster_spec(), heartbeat_timeout_s)
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
                                                      communication_options=options)
   if partitioner == "min_size":

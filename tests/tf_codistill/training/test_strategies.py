@@ -80,6 +80,13 @@ def test_bad_sync_implementation_names_the_binding(monkeypatch):
     strategies.make_strategy("multi_worker_mirrored", implementation="fast")
 
 
+def test_a_heartbeat_timeout_that_is_not_positive_names_the_binding(monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", json.dumps(_config({"chief": ["127.0.0.1:1"]}, "chief")))
+  with pytest.raises(strategies.StrategyConfigError,
+                     match=r"strategies.make_strategy.heartbeat_timeout_s=0 must be > 0"):
+    strategies.make_strategy("multi_worker_mirrored", heartbeat_timeout_s=0)
+
+
 def test_serving_tasks_get_at_least_two_inter_op_threads():
   # One inter-op thread (TF's default on a 1-CPU task, or inter_op_threads = 1) deadlocks a
   # parameter-server group; tests/cluster/test_clusters.py trains one whose tasks see one CPU.

@@ -28,6 +28,8 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
+from benchmarks import machine
+
 MODES = ("ok", "slow", "read_only", "full", "vanished", "stalled")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
@@ -212,10 +214,8 @@ class FaultyDirectory:
     ``bytes_per_s`` read and written (None: no cap)."""
     if mode not in MODES:
       raise ValueError(f"mode={mode!r} is not one of {MODES}")
-    tmp = f"{self.control}.tmp"
-    with open(tmp, "w") as f:
-      json.dump({"mode": mode, "delay_s": delay_s, "bytes_per_s": bytes_per_s}, f)
-    os.replace(tmp, self.control)
+    machine.write_json(self.control,
+                       {"mode": mode, "delay_s": delay_s, "bytes_per_s": bytes_per_s})
 
   def close(self) -> None:
     """Unmounts (waiting for the file system process) and removes the control file."""

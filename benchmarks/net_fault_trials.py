@@ -54,6 +54,7 @@ import gin
 
 from benchmarks import fault_trials
 from benchmarks import faultfs
+from benchmarks import machine
 from benchmarks import netfaults
 from benchmarks import registry
 from benchmarks import standalone
@@ -415,12 +416,7 @@ def _recorded_trial(results_dir: str, name: str, seed: int, settings: dict) -> O
 
 
 def _record_trial(results_dir: str, record: dict) -> None:
-  path = _trial_path(results_dir, record["case"], record["seed"])
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(record, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
+  machine.write_json(_trial_path(results_dir, record["case"], record["seed"]), record, indent=1)
 
 
 def _failure(summary: dict) -> Optional[str]:

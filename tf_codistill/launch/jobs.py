@@ -84,7 +84,9 @@ def prepare_job(model_dir: str, num_groups: int, *, gin_files: Sequence[str] = (
   files, sample_dir = _data_files(model_dir)
   overrides: Dict[str, Any] = {"strategy": strategy, **files,
                                **({"teacher_graph": teacher_graph} if teacher_graph else {})}
-  train_config = train_config_lib.TrainConfig(**overrides)
+  for name, value in overrides.items():
+    gin.bind_parameter(f"trainer.train.{name}", value)
+  train_config = train_config_lib.TrainConfig()  # what config.gin below gives every task
   shared_exchange = exchange_dir or layout.exchange_dir(model_dir)
   for group in range(num_groups):
     train_config_lib.validate(train_config, group=group, num_groups=num_groups,
@@ -94,8 +96,6 @@ def prepare_job(model_dir: str, num_groups: int, *, gin_files: Sequence[str] = (
     launcher.split_cpus(num_groups)
   for flag, directory in (("--model_dir", model_dir), ("--exchange_dir", shared_exchange)):
     exchange.check_writable(directory, flag)
-  for name, value in overrides.items():
-    gin.bind_parameter(f"trainer.train.{name}", value)
   config_file = os.path.abspath(layout.job_config(model_dir))
   exchange.write_atomically(config_file, config.config_text())
   if sample_dir:

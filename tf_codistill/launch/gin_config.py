@@ -59,6 +59,21 @@ def _quiet_include_probes() -> Iterator[None]:
     root.removeFilter(log_filter)
 
 
+@contextlib.contextmanager
+def _search_path(gin_files: Sequence[str]) -> Iterator[None]:
+  """Lets `include`s resolve next to these files, then under gin/, and nowhere else: gin keeps
+  its search path for the process, so a directory from an earlier parse could otherwise
+  shadow a file of the same name."""
+  prefixes = gin.config._LOCATION_PREFIXES  # gin 0.5.0 (pinned): no API removes a prefix
+  saved = list(prefixes)
+  own = [os.path.dirname(os.path.abspath(p)) for p in gin_files]
+  prefixes[:] = [""] + list(dict.fromkeys(own + [REPO_GIN_DIR, os.path.dirname(REPO_GIN_DIR)]))
+  try:
+    yield
+  finally:
+    prefixes[:] = saved
+
+
 def parse_gin(gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = ()) -> None:
   """Parses gin files and bindings; `include`s resolve next to each file and under gin/."""
   for path in list(gin_files):
@@ -66,12 +81,8 @@ def parse_gin(gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = ()) -
       continue
     if not os.path.exists(path):
       raise ConfigError(f"--gin_file={path}: no such file")
-  search = {os.path.dirname(os.path.abspath(p)) for p in gin_files} | {REPO_GIN_DIR,
-                                                                         os.path.dirname(REPO_GIN_DIR)}
-  for directory in sorted(search):
-    gin.add_config_file_search_path(directory)
   try:
-    with _quiet_include_probes():
+    with _quiet_include_probes(), _search_path(gin_files):
       gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
                                           finalize_config=False)
   except (ValueError, TypeError, SyntaxError, IOError) as e:

@@ -22,6 +22,24 @@ def test_includes_resolve_without_path_not_found_errors(tmp_path, caplog):
   assert not [r for r in caplog.records if "Path not found" in r.getMessage()]
 
 
+def test_an_include_resolves_next_to_its_own_file_not_an_earlier_parses(tmp_path):
+  for name, batch in (("first", 32), ("second", 96)):  # same include name, two directories
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "_shared.gin").write_text(f"trainer.train.batch_size = {batch}\n")
+    (tmp_path / name / "suite.gin").write_text("include '_shared.gin'\n")
+  try:
+    for name, batch in (("first", 32), ("second", 96)):
+      gin.clear_config()
+      config.parse_gin([str(tmp_path / name / "suite.gin")])
+      assert gin.query_parameter("trainer.train.batch_size") == batch
+    gin.clear_config()  # and the first's directory is not searched once its parse is done
+    (tmp_path / "third.gin").write_text("include '_shared.gin'\n")
+    with pytest.raises(config.ConfigError, match="_shared.gin"):
+      config.parse_gin([str(tmp_path / "third.gin")])
+  finally:
+    gin.clear_config()
+
+
 def test_a_missing_include_is_a_config_error_naming_it(tmp_path):
   suite = tmp_path / "suite.gin"
   suite.write_text("include 'no_such_file.gin'\n")

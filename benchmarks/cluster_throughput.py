@@ -73,8 +73,8 @@ def refresh_step_times(work: str, common: List[str], batch_size: int,
     run = _launch(f"refresh_{name}", work, strategy, workers, ps, 2, "codistill_2way.gin",
                   common + [f"trainer.train.batch_size = {batch_size * (workers + 1)}",
                             "trainer.train.burn_in_steps = 50",
-                            "trainer.train.publish_every_steps = 25",
-                            "trainer.train.poll_interval_s = 0.2"])
+                            "tfc.Exchange.publish_every_steps = 25",
+                            "tfc.Exchange.poll_interval_s = 0.2"])
     run.finish()
     arm = {}
     for group in (0, 1):

@@ -632,44 +632,67 @@ def _arm_default(name: str) -> Any:
   return list(value) if isinstance(value, tuple) else value
 
 
-# Gin settings renamed after runs were recorded under their old names: new name -> old name
-# (e.g. "tfc.Exchange.publish_every_steps": "trainer.train.publish_every_steps"). Configurations
-# are recorded, and tuning runs named, with the old names, so a rename keeps every recorded run.
-RECORDED_BINDING_NAMES: Dict[str, str] = {}
+# Gin settings renamed after runs were recorded under their old names: new name -> old name.
+# A recorded configuration is read under today's names, so a rename keeps every recorded run;
+# tuning runs stay named by a digest of the old names. The exchange and teacher settings moved
+# from trainer.train into tfc.Exchange and tfc.TeacherSpec after the first runs.
+RECORDED_BINDING_NAMES: Dict[str, str] = {
+    **{f"tfc.Exchange.{name}": f"trainer.train.{name}"
+       for name in ("publish_every_steps", "keep_last", "poll_interval_s", "publish_format",
+                    "wait_for_first_teachers_s", "teacher_graph", "averaging")},
+    "tfc.TeacherSpec.precision": "trainer.train.teacher_precision",
+}
+# Whole bindings whose value changed with their name: new binding -> recorded binding.
+RECORDED_BINDINGS: Dict[str, str] = {
+    "trainer.train.exchange = @tfc.Exchange": "trainer.train.codistill = True",
+    "trainer.train.exchange = None": "trainer.train.codistill = False",
+}
 
 
-def _renamed(binding: str, names: Mapping[str, str]) -> str:
+def _renamed(binding: str, names: Mapping[str, str], whole: Mapping[str, str]) -> str:
+  if binding.strip() in whole:
+    return whole[binding.strip()]
   name, sep, value = binding.partition("=")
   new = names.get(name.strip())
   return f"{new} ={value}" if sep and new else binding
 
 
 def _as_recorded(binding: str) -> str:
-  """``binding`` ("name = value") under the name recorded configurations know it by."""
-  return _renamed(binding, RECORDED_BINDING_NAMES)
+  """``binding`` ("name = value") under the name the first recorded configurations knew it by."""
+  return _renamed(binding, RECORDED_BINDING_NAMES, RECORDED_BINDINGS)
 
 
 def _as_current(binding: str) -> str:
-  """A recorded ``binding`` under its name today (to launch a recorded arm again)."""
-  return _renamed(binding, {old: new for new, old in RECORDED_BINDING_NAMES.items()})
+  """A recorded ``binding`` under its name today."""
+  return _renamed(binding, {old: new for new, old in RECORDED_BINDING_NAMES.items()},
+                  {old: new for new, old in RECORDED_BINDINGS.items()})
+
+
+def _bindings_as(config: dict, name: Callable[[str], str]) -> dict:
+  """``config`` (an arm_config) with every binding under ``name(binding)``."""
+  return {**config, "arm": {**config["arm"], "gin_bindings": [
+      name(b) for b in config["arm"]["gin_bindings"]]},
+          "common_bindings": [name(b) for b in config["common_bindings"]],
+          "data": [name(b) for b in config["data"]]}
 
 
 def arm_config(arm: Arm, suite: Suite, data: Sequence[str]) -> dict:
   """Everything that determines an arm's runs: reuse is only safe while this is unchanged."""
   fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(arm).items()
             if k != "label" and (k in RECORDED_ARM_FIELDS or v != _arm_default(k))}
-  fields["gin_bindings"] = [_as_recorded(b) for b in fields["gin_bindings"]]
-  return {"arm": fields, "common_bindings": [_as_recorded(b) for b in suite.common_bindings],
-          "data": [_as_recorded(b) for b in data], "threads_per_group": suite.threads_per_group}
+  return {"arm": fields, "common_bindings": list(suite.common_bindings), "data": list(data),
+          "threads_per_group": suite.threads_per_group}
 
 
 def same_config(recorded: Optional[dict], config: dict) -> bool:
-  """Whether runs recorded under ``recorded`` were made as ``config`` makes them: equal, but
-  for Arm settings added after the record, which it holds at their defaults."""
+  """Whether runs recorded under ``recorded`` were made as ``config`` makes them: equal under
+  today's binding names, but for Arm settings added after the record, which it holds at their
+  defaults."""
   if recorded is None:
     return False
 
   def known(c: dict) -> dict:
+    c = _bindings_as(c, _as_current)
     arm = {k: v for k, v in c["arm"].items()
            if not (k in _ADDED_AFTER_FIRST_RECORDS and v == _arm_default(k))}
     return {**c, "arm": arm}
@@ -823,7 +846,8 @@ def _tuning_arms(arm: Arm, suite: Suite, data: Sequence[str],
   an arm at B*) share them."""
   config = arm_config(dataclasses.replace(arm, name="", seeds=1, tune_learning_rate=False,
                                           seed_offset=0), suite, data)
-  digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+  digest = hashlib.sha256(json.dumps(_bindings_as(config, _as_recorded),
+                                    sort_keys=True).encode()).hexdigest()[:12]
   return {lr: _with(arm, [f"trainer.train.learning_rate = {lr!r}"],
                     name=f"{TUNING_DIR}/{digest}/lr_{lr:g}", seeds=1, tune_learning_rate=False,
                     seed_offset=suite.tuning_seed, label=f"tuning {arm.name} at lr {lr:g}")
@@ -1032,7 +1056,8 @@ def _offline_distill(arm: Arm, suite: Suite, paths: RunPaths, seed: int,
     teacher_steps = json.load(f)["steps"]
   exchange.publish_saved_model(teacher_export, exchange_dir, group=1, step=teacher_steps)
   dirs = _launch(arm, suite, paths, seed, data, exchange_dir=exchange_dir,
-                 extra=["trainer.train.codistill = True"], num_groups=2, groups=[0], pin=pin)
+                 extra=["trainer.train.exchange = @tfc.Exchange"], num_groups=2, groups=[0],
+                 pin=pin)
   return _record_run(arm, suite, paths, seed, 0, dirs[0], load)
 
 

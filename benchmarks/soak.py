@@ -67,7 +67,7 @@ BINDINGS = (
     "trainer.train.batch_size = 120",
     "trainer.train.train_steps = 100000000",
     "trainer.train.burn_in_steps = 20",
-    "trainer.train.keep_last = 2",
+    "tfc.Exchange.keep_last = 2",
     "trainer.train.shuffle_buffer = 1000",
     "trainer.train.eval_steps = 5",
     "trainer.train.verbose = 0",
@@ -153,8 +153,8 @@ def run_soak(work_dir: str, duration_s: float, publish_every_steps: int = 40,
            else [])
   bindings = list(BINDINGS) + standalone.ctr_data_bindings(data) + [
       f"trainer.train.max_wall_seconds = {float(duration_s)}",
-      f"trainer.train.publish_every_steps = {publish_every_steps}",
-      f"trainer.train.poll_interval_s = {poll_interval_s}",
+      f"tfc.Exchange.publish_every_steps = {publish_every_steps}",
+      f"tfc.Exchange.poll_interval_s = {poll_interval_s}",
       f"trainer.train.steps_per_epoch = {steps_per_epoch}"]
   launch = standalone.Launch(standalone.launch_args(
       model_dir, "codistill_2way.gin",

@@ -158,24 +158,27 @@ def test_an_arm_setting_added_later_leaves_recorded_configurations_and_digests_a
 
 def test_a_renamed_gin_setting_keeps_recorded_configurations_and_digests(tmp_path, monkeypatch):
   paths, _, suite, data, _ = _one_arm(tmp_path, seeds=1)
-  old = runner.Arm("a", seeds=1, gin_bindings=["trainer.train.publish_every_steps = 50"])
-  config = runner.arm_config(old, suite, data)
-  digest = runner._tuning_arms(old, suite, data, rates=[0.001])[0.001].name
-  monkeypatch.setattr(runner, "RECORDED_BINDING_NAMES",
-                      {"tfc.Exchange.publish_every_steps": "trainer.train.publish_every_steps",
-                       "trainer.train.train_files": "trainer.train.train_files"})
-  renamed = runner.Arm("a", seeds=1, gin_bindings=["tfc.Exchange.publish_every_steps = 50"])
-  assert runner.arm_config(renamed, suite, data) == config
+  before = ["trainer.train.codistill = True", "trainer.train.publish_every_steps = 50"]
+  with monkeypatch.context() as before_the_rename:  # configurations recorded under the old names
+    before_the_rename.setattr(runner, "RECORDED_BINDING_NAMES", {})
+    before_the_rename.setattr(runner, "RECORDED_BINDINGS", {})
+    old = runner.Arm("a", seeds=1, gin_bindings=before)
+    config = runner.arm_config(old, suite, data)
+    digest = runner._tuning_arms(old, suite, data, rates=[0.001])[0.001].name
+  now = ["trainer.train.exchange = @tfc.Exchange", "tfc.Exchange.publish_every_steps = 50"]
+  renamed = runner.Arm("a", seeds=1, gin_bindings=now)
+  assert runner.same_config(config, runner.arm_config(renamed, suite, data))
+  assert runner.arm_config(renamed, suite, data)["arm"]["gin_bindings"] == now  # recorded so
   assert runner._tuning_arms(renamed, suite, data, rates=[0.001])[0.001].name == digest
-  other = runner.Arm("a", seeds=1, gin_bindings=["tfc.Exchange.publish_every_steps = 40"])
-  assert runner.arm_config(other, suite, data) != config
+  other = runner.Arm("a", seeds=1, gin_bindings=[now[0], "tfc.Exchange.publish_every_steps = 40"])
+  assert not runner.same_config(config, runner.arm_config(other, suite, data))
   assert runner._as_recorded("no binding here") == "no binding here"
   # A recorded arm launched again (an ensemble's or offline teacher's source) uses today's name.
   os.makedirs(os.path.dirname(runner._config_path(old, paths)))
   with open(runner._config_path(old, paths), "w") as f:
     json.dump(config, f)
   source = runner._recorded_arm(runner.Arm("e", kind="ensemble", source_arm="a"), paths)
-  assert list(source.gin_bindings) == ["tfc.Exchange.publish_every_steps = 50"]
+  assert list(source.gin_bindings) == now
 
 
 def test_a_stopped_arm_resumes_seed_by_seed_and_a_changed_one_starts_over(tmp_path):

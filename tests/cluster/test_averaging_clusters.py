@@ -20,8 +20,9 @@ def test_multi_worker_mirrored_groups_average_on_every_worker(tmp_path, criteo_d
   launch = Launch(launch_args(
       model_dir, criteo_dir, "--num_groups=2", "--strategy=multi_worker_mirrored",
       "--workers_per_group=1",
-      bindings=["trainer.train.codistill = False", "trainer.train.train_steps = 160",
-                "trainer.train.averaging = @tfc.ParameterAveraging()",
+      bindings=["trainer.train.exchange = @tfc.Exchange", "tfc.Exchange.distill = False",
+                "trainer.train.train_steps = 160",
+                "tfc.Exchange.averaging = @tfc.ParameterAveraging()",
                 "tfc.ParameterAveraging.every_steps = 40",
                 "tfc.ParameterAveraging.outer_optimizer = 'average'"]))
   assert launch.wait(timeout=480) == 0, launch.stderr[-4000:]
@@ -48,7 +49,7 @@ def test_parameter_server_groups_average_from_the_coordinator(tmp_path, criteo_d
       model_dir, criteo_dir, "--num_groups=2", "--strategy=parameter_server",
       "--workers_per_group=1", "--ps_per_group=1",
       bindings=["trainer.train.train_steps = 160",
-                "trainer.train.averaging = @tfc.ParameterAveraging()",
+                "tfc.Exchange.averaging = @tfc.ParameterAveraging()",
                 "tfc.ParameterAveraging.every_steps = 40"]))
   assert launch.wait(timeout=600) == 0, launch.stderr[-4000:]
   results = []

@@ -15,7 +15,7 @@ from testing_utils import launch_args
 
 pytestmark = pytest.mark.e2e
 
-AVERAGING = ["trainer.train.averaging = @tfc.ParameterAveraging()",
+AVERAGING = ["tfc.Exchange.averaging = @tfc.ParameterAveraging()",
              "tfc.ParameterAveraging.every_steps = 40",
              "tfc.ParameterAveraging.encoding = 'int8'"]
 

@@ -33,7 +33,7 @@ def test_two_groups_load_each_others_published_models(tmp_path, criteo_dir):
   # (the default clone is what the LM and image jobs and the demo run).
   proc = subprocess.run(
       launch_args(model_dir, criteo_dir, "--num_groups=2",
-                  bindings=["trainer.train.wait_for_first_teachers_s = 120.0",
+                  bindings=["tfc.Exchange.wait_for_first_teachers_s = 120.0",
                             "trainer.train.teacher_fn = @models.ctr_teacher"]),
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -28,11 +28,11 @@ BINDINGS = (
     "trainer.train.train_steps = 60",
     "trainer.train.steps_per_epoch = 20",
     "trainer.train.shuffle_buffer = 100",
-    "trainer.train.codistill = True",
-    "trainer.train.publish_every_steps = 20",
+    "trainer.train.exchange = @tfc.Exchange",
+    "tfc.Exchange.publish_every_steps = 20",
     "trainer.train.burn_in_steps = 20",
-    "trainer.train.poll_interval_s = 0.2",
-    "trainer.train.wait_for_first_teachers_s = 120.0",
+    "tfc.Exchange.poll_interval_s = 0.2",
+    "tfc.Exchange.wait_for_first_teachers_s = 120.0",
     "trainer.train.checkpoint_every_steps = 60",
     "trainer.train.verbose = 0",
     "trainer.train.intra_op_threads = 1",
@@ -87,7 +87,7 @@ def test_a_group_that_would_repeat_its_share_fails_saying_so(tmp_path, toy_corpu
                  [f"trainer.train.train_steps = {steps}",
                   f"trainer.train.steps_per_epoch = {steps}",
                   f"trainer.train.checkpoint_every_steps = {steps}",
-                  "trainer.train.codistill = False"])
+                  "trainer.train.exchange = None"])
   assert proc.returncode != 0
   logs = proc.stderr + "".join(
       open(os.path.join(root, name), errors="replace").read()
@@ -100,7 +100,7 @@ def test_sync_sgd_on_a_multi_worker_mirrored_cluster_splits_the_shards(tmp_path,
   corpus_dir, manifest = toy_corpus
   tokens = os.path.join(corpus_dir, "tokens")
   bindings = list(BINDINGS) + [
-      "trainer.train.codistill = False", "trainer.train.batch_size = 8",
+      "trainer.train.exchange = None", "trainer.train.batch_size = 8",
       f"trainer.train.train_files = ['{tokens}/train-*']",
       f"trainer.train.eval_files = ['{tokens}/eval-*']"]
   args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path / 'job'}",

@@ -23,11 +23,11 @@ pytestmark = pytest.mark.e2e
 COMMON = (
     "trainer.train.train_steps = 120",
     "trainer.train.steps_per_epoch = 40",
-    "trainer.train.publish_every_steps = 40",
+    "tfc.Exchange.publish_every_steps = 40",
     "trainer.train.burn_in_steps = 40",
-    "trainer.train.poll_interval_s = 0.2",
+    "tfc.Exchange.poll_interval_s = 0.2",
     # On a loaded machine one group can finish all its steps before its peer's first publish.
-    "trainer.train.wait_for_first_teachers_s = 120.0",
+    "tfc.Exchange.wait_for_first_teachers_s = 120.0",
     "trainer.train.checkpoint_every_steps = 120",
     "trainer.train.verbose = 0",
     "trainer.train.intra_op_threads = 1",

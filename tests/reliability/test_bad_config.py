@@ -54,7 +54,8 @@ CASES = {
     "one_group_with_codistillation_train": (
         "train", ["--group=0", "--num_groups=1", "--exchange_dir={root}/exchange"],
         "codistill_2way.gin", [], {},
-        "codistillation needs --num_groups >= 2 (or bind trainer.train.codistill = False)"),
+        "trainer.train.exchange (codistillation, parameter averaging) needs --num_groups >= 2 "
+        "(or unbind trainer.train.exchange)"),
     "negative_group": (
         "train", ["--group=-1", "--num_groups=2"], "codistill_2way.gin", [], {},
         "--group=-1 is out of range for --num_groups=2"),
@@ -62,27 +63,30 @@ CASES = {
         "train", ["--grup=1"], "baseline.gin", [], {}, "Unknown command line flag 'grup'"),
     "one_group_with_codistillation": (
         "launch", ["--num_groups=1"], "codistill_2way.gin", [], {},
-        "codistillation needs --num_groups >= 2 (or bind trainer.train.codistill = False)"),
+        "trainer.train.exchange (codistillation, parameter averaging) needs --num_groups >= 2 "
+        "(or unbind trainer.train.exchange)"),
     "group_out_of_range": (
         "train", ["--group=2", "--num_groups=2"], "codistill_2way.gin", [], {},
         "--group=2 is out of range for --num_groups=2"),
     "wait_for_first_teachers_under_parameter_server": (
         "launch", ["--workers_per_group=1", "--ps_per_group=1"], "codistill_2way.gin",
         ["trainer.train.strategy = 'parameter_server'",
-         "trainer.train.wait_for_first_teachers_s = 30.0"],
-        {}, "trainer.train.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group"),
+         "tfc.Exchange.wait_for_first_teachers_s = 30.0"],
+        {}, "tfc.Exchange.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group"),
     "one_group_with_averaging": (
         "launch", ["--num_groups=1"], "baseline.gin",
-        ["trainer.train.averaging = @tfc.ParameterAveraging()"], {},
-        "parameter averaging needs --num_groups >= 2 (or unbind trainer.train.averaging)"),
+        ["trainer.train.exchange = @tfc.Exchange", "tfc.Exchange.distill = False",
+         "tfc.Exchange.averaging = @tfc.ParameterAveraging()"], {},
+        "trainer.train.exchange (codistillation, parameter averaging) needs --num_groups >= 2 "
+        "(or unbind trainer.train.exchange)"),
     "averaging_interval_zero": (
         "launch", [], "codistill_2way.gin",
-        ["trainer.train.averaging = @tfc.ParameterAveraging()",
+        ["tfc.Exchange.averaging = @tfc.ParameterAveraging()",
          "tfc.ParameterAveraging.every_steps = 0"], {},
         "ParameterAveraging.every_steps=0 must be >= 1"),
     "averaging_unknown_outer_optimizer": (
         "launch", [], "codistill_2way.gin",
-        ["trainer.train.averaging = @tfc.ParameterAveraging()",
+        ["tfc.Exchange.averaging = @tfc.ParameterAveraging()",
          "tfc.ParameterAveraging.outer_optimizer = 'adam'"], {},
         "ParameterAveraging.outer_optimizer='adam' is not one of ['nesterov', 'momentum', "
         "'average']"),
@@ -147,7 +151,7 @@ def test_bad_configuration_is_a_one_line_error_before_training(outcomes, case):
 
 
 @pytest.mark.parametrize("binding,message", [
-    ("trainer.train.codistill = 1", "expected a bool (True/False), got int"),
+    ("tfc.Exchange.distill = 1", "expected a bool (True/False), got int"),
     ("trainer.train.train_files = 'data/train-*'", "expected a list (str items)"),
     ("models.ctr_model.hidden_units = (32, 'x')", "expected a list (int items)"),
     ("NUM_BUCKETS = 'many'", "criteo.make_dataset.num_buckets = 'many' (through %NUM_BUCKETS)"),

@@ -115,7 +115,7 @@ def test_guard_names_the_step_and_the_non_finite_losses():
 def test_publisher_never_publishes_a_non_finite_model(tmp_path, caplog, poison, reason):
   student, local = small_net(), small_net()
   publisher = publishing.ExchangePublisher(publishing.LocalCopy(student, local), str(tmp_path), 0,
-                                          every_steps=10, input_spec=SPEC,
+                                          publish_every_steps=10, input_spec=SPEC,
                                           probe=tf.ones([8, 4]))
   publisher.on_begin(None, 0)
   publisher.on_step(None, 10, {})

@@ -29,7 +29,7 @@ SPEC = tf.TensorSpec([None, 4], tf.float32)
 def _publisher(exchange_dir):
   student, local = small_net(seed=1), small_net()
   return publishing.ExchangePublisher(publishing.LocalCopy(student, local), exchange_dir, 0,
-                                     every_steps=10, input_spec=SPEC, keep_last=2)
+                                     publish_every_steps=10, input_spec=SPEC, keep_last=2)
 
 
 def _assert_only_intact(exchange_dir, steps):

@@ -45,7 +45,7 @@ def test_groups_hung_waiting_for_a_stopped_peer_dump_their_stacks_and_restart(tm
   # a configured wait longer than the watchdog's timeout: below).
   model_dir = str(tmp_path / "job")
   args = launch_args(model_dir, criteo_dir, bindings=[
-      "trainer.train.wait_for_first_teachers_s = 3600.0", "trainer.train.heartbeat_every_s = 0.5"])
+      "tfc.Exchange.wait_for_first_teachers_s = 3600.0", "trainer.train.heartbeat_every_s = 0.5"])
   gin_file = next(a.split("=", 1)[1] for a in args if a.startswith("--gin_file="))
   bindings = [a.split("=", 1)[1] for a in args if a.startswith("--gin_bindings=")]
   launch = Launch([sys.executable, "-c", _LAUNCH, f"--model_dir={model_dir}", gin_file,
@@ -73,9 +73,9 @@ def test_groups_hung_waiting_for_a_stopped_peer_dump_their_stacks_and_restart(tm
 def test_a_configured_wait_the_watchdog_would_take_for_a_hang_is_refused(tmp_path, criteo_dir):
   launch = Launch(launch_args(str(tmp_path / "job"), criteo_dir, "--num_groups=2",
                               "--stall_timeout_s=20",
-                              bindings=["trainer.train.wait_for_first_teachers_s = 3600.0"]))
+                              bindings=["tfc.Exchange.wait_for_first_teachers_s = 3600.0"]))
   assert launch.wait(timeout=120) == 2
-  assert ("trainer.train.wait_for_first_teachers_s allows a 3600 s wait, not below "
+  assert ("tfc.Exchange.wait_for_first_teachers_s allows a 3600 s wait, not below "
           "--stall_timeout_s=20") in launch.stderr
 
 

@@ -37,7 +37,7 @@ flags.DEFINE_string("on_group_failure", "stop_all",
                     "continue (continue).")
 flags.DEFINE_string("teacher_graph", None,
                     "Which peers each group distills from: every other group (all_to_all) or its "
-                    "predecessor (ring) (default: the gin binding trainer.train.teacher_graph, "
+                    "predecessor (ring) (default: the gin binding tfc.Exchange.teacher_graph, "
                     "else all_to_all).")
 flags.DEFINE_bool("isolate_network", True,
                   "Run every task of the launch in one private network namespace (loopback only): "

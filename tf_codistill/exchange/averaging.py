@@ -94,20 +94,21 @@ class ParameterAveraging:
   def __post_init__(self):
     for name in ("every_steps", "min_groups", "keep_rounds"):
       if getattr(self, name) < 1:
-        raise ConfigurationError(f"ParameterAveraging.{name}={getattr(self, name)} must be >= 1")
+        raise ConfigurationError(f"tfc.ParameterAveraging.{name}={getattr(self, name)} must be "
+                                 ">= 1")
     choices = (("outer_optimizer", outer.KINDS), ("encoding", weight_codecs.ENCODINGS),
                ("on_missing", POLICIES))
     for name, allowed in choices:
       if getattr(self, name) not in allowed:
-        raise ConfigurationError(f"ParameterAveraging.{name}={getattr(self, name)!r} is not one "
-                                 f"of {list(allowed)}")
+        raise ConfigurationError(f"tfc.ParameterAveraging.{name}={getattr(self, name)!r} is not "
+                                 f"one of {list(allowed)}")
     for name in ("peer_timeout_s", "poll_interval_s", "outer_learning_rate"):
       if not 0 < getattr(self, name) < float("inf"):
-        raise ConfigurationError(f"ParameterAveraging.{name}={getattr(self, name)} must be > 0 "
-                                 "and finite")
+        raise ConfigurationError(f"tfc.ParameterAveraging.{name}={getattr(self, name)} must be "
+                                 "> 0 and finite")
     if not 0 <= self.outer_momentum < 1:
-      raise ConfigurationError(f"ParameterAveraging.outer_momentum={self.outer_momentum} must be "
-                               "in [0, 1)")
+      raise ConfigurationError(f"tfc.ParameterAveraging.outer_momentum={self.outer_momentum} must "
+                               "be in [0, 1)")
 
   @classmethod
   def diloco(cls, every_steps: int = 500, **kwargs) -> "ParameterAveraging":
@@ -123,16 +124,16 @@ class ParameterAveraging:
     """Raises ConfigurationError if this averaging cannot run for ``num_groups`` groups
     sharing ``directory_path``."""
     if num_groups < 2:
-      raise ConfigurationError(f"ParameterAveraging needs >= 2 groups, not {num_groups}")
+      raise ConfigurationError(f"tfc.ParameterAveraging needs >= 2 groups, not {num_groups}")
     if not 0 <= self.seed_group < num_groups:
-      raise ConfigurationError(f"ParameterAveraging.seed_group={self.seed_group} is not a group "
-                               f"of range({num_groups})")
+      raise ConfigurationError(f"tfc.ParameterAveraging.seed_group={self.seed_group} is not a "
+                               f"group of range({num_groups})")
     if self.min_groups > num_groups:
-      raise ConfigurationError(f"ParameterAveraging.min_groups={self.min_groups} is more than "
-                               f"the {num_groups} groups")
+      raise ConfigurationError(f"tfc.ParameterAveraging.min_groups={self.min_groups} is more "
+                               f"than the {num_groups} groups")
     if self.on_missing == "continue" and "://" in directory_path:
       raise ConfigurationError(
-          f"ParameterAveraging.on_missing='continue' needs a POSIX exchange directory (its "
+          f"tfc.ParameterAveraging.on_missing='continue' needs a POSIX exchange directory (its "
           f"decisions are created exclusively); {directory_path} is not one: use 'fail'")
 
   def optimizer(self) -> outer.OuterOptimizer:

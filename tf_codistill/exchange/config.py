@@ -76,39 +76,41 @@ class Exchange:
 
   def __post_init__(self):
     if not self.directory:
-      raise ConfigurationError("Exchange.directory is empty: give the shared exchange directory")
+      raise ConfigurationError("tfc.Exchange.directory is empty: give the shared exchange "
+                               "directory")
     if not self.distill and self.averaging is None:
-      raise ConfigurationError("Exchange.distill=False and no Exchange.averaging: the groups "
-                               "would exchange nothing")
+      raise ConfigurationError("tfc.Exchange.distill=False and no tfc.Exchange.averaging: the "
+                               "groups would exchange nothing")
     if self.averaging is not None:
       self.averaging.check_job(self.directory, self.num_groups)
     for name in ("publish_every_steps", "keep_last"):
       if getattr(self, name) < 1:
-        raise ConfigurationError(f"Exchange.{name}={getattr(self, name)} must be >= 1")
+        raise ConfigurationError(f"tfc.Exchange.{name}={getattr(self, name)} must be >= 1")
     if self.poll_interval_s <= 0:
-      raise ConfigurationError(f"Exchange.poll_interval_s={self.poll_interval_s} must be > 0")
+      raise ConfigurationError(f"tfc.Exchange.poll_interval_s={self.poll_interval_s} must be "
+                               "> 0")
     low, high = LOADER_NICE_RANGE
     if not low <= self.loader_nice <= high:
-      raise ConfigurationError(f"Exchange.loader_nice={self.loader_nice} must be in "
+      raise ConfigurationError(f"tfc.Exchange.loader_nice={self.loader_nice} must be in "
                                f"[{low}, {high}]")
     if not 0 <= self.wait_for_first_teachers_s <= threading.TIMEOUT_MAX:
-      raise ConfigurationError(f"Exchange.wait_for_first_teachers_s="
+      raise ConfigurationError(f"tfc.Exchange.wait_for_first_teachers_s="
                                f"{self.wait_for_first_teachers_s} must be >= 0 and finite")
     try:
       peers = topology.teacher_groups(self.group, self.num_groups, self.teacher_graph)
       peers = self.peer_groups()
     except ValueError as e:
-      raise ConfigurationError(f"Exchange: {e}") from None
+      raise ConfigurationError(f"tfc.Exchange: {e}") from None
     if self.group in peers or any(not 0 <= p < self.num_groups for p in peers) or not peers:
-      raise ConfigurationError(f"Exchange.peers={list(peers)} must be other groups of "
+      raise ConfigurationError(f"tfc.Exchange.peers={list(peers)} must be other groups of "
                                f"range({self.num_groups}) than group {self.group}")
 
   def check_strategy(self, parameter_server: bool) -> None:
     """Raises ConfigurationError if this exchange cannot work under the group's strategy."""
     if parameter_server and self.wait_for_first_teachers_s > 0:
       raise ConfigurationError(
-          "Exchange.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group (its "
-          "steps are scheduled regardless of hooks): set it to 0")
+          "tfc.Exchange.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group "
+          "(its steps are scheduled regardless of hooks): set it to 0")
 
   def peer_groups(self) -> List[int]:
     """The groups this group distills from, in ascending order."""

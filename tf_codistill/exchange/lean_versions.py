@@ -74,21 +74,21 @@ class PublishFormat:
   def __post_init__(self):
     choices = (SAVED_MODEL,) + weight_codecs.ENCODINGS
     if self.encoding not in choices:
-      raise ConfigurationError(f"PublishFormat.encoding={self.encoding!r} is not one of "
+      raise ConfigurationError(f"tfc.PublishFormat.encoding={self.encoding!r} is not one of "
                                f"{list(choices)}")
     if self.row_deltas and self.encoding == SAVED_MODEL:
-      raise ConfigurationError("PublishFormat.row_deltas=True needs a lean encoding "
+      raise ConfigurationError("tfc.PublishFormat.row_deltas=True needs a lean encoding "
                                f"({list(weight_codecs.ENCODINGS)}), not {SAVED_MODEL!r}")
     if self.whole_every < 1:
-      raise ConfigurationError(f"PublishFormat.whole_every={self.whole_every} must be >= 1")
+      raise ConfigurationError(f"tfc.PublishFormat.whole_every={self.whole_every} must be >= 1")
     if not 0 <= self.delta_max_fraction <= 1:
       raise ConfigurationError(
-          f"PublishFormat.delta_max_fraction={self.delta_max_fraction} must be in [0, 1]")
+          f"tfc.PublishFormat.delta_max_fraction={self.delta_max_fraction} must be in [0, 1]")
     if not 0 <= self.row_tolerance < 1:
       raise ConfigurationError(
-          f"PublishFormat.row_tolerance={self.row_tolerance} must be in [0, 1)")
+          f"tfc.PublishFormat.row_tolerance={self.row_tolerance} must be in [0, 1)")
     if self.row_tolerance and not self.row_deltas:
-      raise ConfigurationError(f"PublishFormat.row_tolerance={self.row_tolerance} needs "
+      raise ConfigurationError(f"tfc.PublishFormat.row_tolerance={self.row_tolerance} needs "
                                "row_deltas=True (it bounds the error of row deltas)")
 
   @property

@@ -73,19 +73,20 @@ def _version_bytes(group: int, step: int, path: str) -> int:
 
 
 class ExchangePublisher(StepHook):
-  """Publishes the student to the exchange directory every ``every_steps`` optimizer steps.
+  """Publishes the student to the exchange directory every ``publish_every_steps`` optimizer
+  steps.
 
   The training loop only snapshots the weights (``get_weights``); writing the SavedModel happens
   on a background thread, one publish at a time (a publish due while one is in flight waits for
-  the next step after it, and the cadence stays on multiples of ``every_steps``). Steps are
-  compared by order, not equality: with ``steps_per_execution`` or asynchronous training not
-  every step is seen. A version is named by the step whose weights it holds. ``every_steps`` and
+  the next step after it, and the cadence stays on its multiples). Steps are compared by order,
+  not equality: with ``steps_per_execution`` or asynchronous training not every step is seen. A
+  version is named by the step whose weights it holds. ``publish_every_steps`` and
   ``keep_last`` are ``tfc.Exchange``'s, which checks them.
   """
 
   reads_logs = False
 
-  def __init__(self, local: LocalCopy, exchange_dir: str, group: int, every_steps: int,
+  def __init__(self, local: LocalCopy, exchange_dir: str, group: int, publish_every_steps: int,
                input_spec, *, keep_last: int = 2, probe=None,
                writer: Optional[lean_versions.LeanWriter] = None):
     self.probe = exchange.ProbeForward(probe)  # the published model must predict finite values
@@ -94,7 +95,7 @@ class ExchangePublisher(StepHook):
     self.local = local
     self.exchange_dir = exchange_dir
     self.group = group
-    self.every_steps = every_steps
+    self.publish_every_steps = publish_every_steps
     self.input_spec = input_spec
     self.keep_last = keep_last
     self.last_published = 0
@@ -139,12 +140,12 @@ class ExchangePublisher(StepHook):
     self._in_flight = self._executor.submit(self._publish, step, self.local.snapshot(), start)
 
   def on_begin(self, model, step):
-    self.last_published = step - step % self.every_steps  # resumed runs keep the cadence
+    self.last_published = step - step % self.publish_every_steps  # resumed runs keep the cadence
 
   def on_step(self, model, step, logs):
     if self._in_flight is not None and not self._in_flight.done():
       return
-    if step >= (self.last_published // self.every_steps + 1) * self.every_steps:
+    if step >= (self.last_published // self.publish_every_steps + 1) * self.publish_every_steps:
       self._start(step)
 
   def on_end(self, model, step):

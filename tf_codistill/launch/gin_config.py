@@ -92,8 +92,7 @@ def parse_gin(gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = ()) -
     if re.search(r"'(?:tfc\.)?Exchange' doesn't have a parameter named 'teacher_precision'",
                  str(e)):
       raise ConfigError("tfc.Exchange.teacher_precision is now tfc.TeacherSpec.precision (the "
-                        "teachers belong to the model: tfc.CodistillModel(teachers=...)); "
-                        "trainer.train.teacher_precision is unchanged: rename the binding") from e
+                        "teachers belong to the model): rename the binding") from e
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ConfigError(f"gin configuration error: {first}") from e
   check_bound_types()

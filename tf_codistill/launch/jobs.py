@@ -19,6 +19,7 @@ from absl import logging
 
 from tf_codistill import layout
 from tf_codistill.errors import ConfigurationError
+from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.launch import demo
 from tf_codistill.launch import gin_config as config
@@ -47,7 +48,7 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
     gin_files, gin_bindings: the configuration every task gets (``trainer.train.*``, ...).
     exchange_dir: where groups publish and read models (default ``model_dir/exchange``).
     strategy, workers_per_group, ps_per_group, teacher_graph: override the gin bindings
-      ``trainer.train.strategy``, ``launcher.group_shape.*`` and ``trainer.train.teacher_graph``.
+      ``trainer.train.strategy``, ``launcher.group_shape.*`` and ``tfc.Exchange.teacher_graph``.
     **launch_options: ``launcher.launch``'s fault, CPU and network options (``max_restarts``,
       ``on_group_failure``, ``pin_groups``, ``isolate_network``, ``allow_exposed_ports``,
       ``stall_timeout_s``).
@@ -82,16 +83,19 @@ def prepare_job(model_dir: str, num_groups: int, *, gin_files: Sequence[str] = (
       name: value for name, value in (("workers_per_group", workers_per_group),
                                       ("ps_per_group", ps_per_group)) if value is not None})
   files, sample_dir = _data_files(model_dir)
-  overrides: Dict[str, Any] = {"strategy": strategy, **files,
-                               **({"teacher_graph": teacher_graph} if teacher_graph else {})}
+  overrides: Dict[str, Any] = {"trainer.train.strategy": strategy,
+                               **{f"trainer.train.{name}": value for name, value in files.items()},
+                               **({"tfc.Exchange.teacher_graph": teacher_graph}
+                                  if teacher_graph else {})}
   for name, value in overrides.items():
-    gin.bind_parameter(f"trainer.train.{name}", value)
-  train_config = train_config_lib.TrainConfig()  # what config.gin below gives every task
+    gin.bind_parameter(name, value)
+  train_config = train_config_lib.from_bindings()  # what config.gin below gives every task
   shared_exchange = exchange_dir or layout.exchange_dir(model_dir)
   for group in range(num_groups):
     train_config_lib.validate(train_config, group=group, num_groups=num_groups,
                               exchange_dir=shared_exchange)
-  _check_waits(train_config, stall_timeout_s)
+  _check_waits(train_config_lib.exchange_for(train_config, shared_exchange, 0, num_groups),
+               stall_timeout_s)
   if pin_groups:
     launcher.split_cpus(num_groups)
   for flag, directory in (("--model_dir", model_dir), ("--exchange_dir", shared_exchange)):
@@ -106,13 +110,16 @@ def prepare_job(model_dir: str, num_groups: int, *, gin_files: Sequence[str] = (
   return Job(train_config, shape, config_file)
 
 
-def _check_waits(config: train_config_lib.TrainConfig, stall_timeout_s: float) -> None:
-  """Raises ConfigurationError if a wait the configuration allows could look like a hang to the
+def _check_waits(exchange: Optional[exchange_config.Exchange], stall_timeout_s: float) -> None:
+  """Raises ConfigurationError if a wait the exchange allows could look like a hang to the
   launcher's watchdog (``stall_timeout_s``; 0: no watchdog)."""
-  waits = {"trainer.train.wait_for_first_teachers_s": config.wait_for_first_teachers_s}
-  if config.averaging is not None:  # a worker that does not decide waits twice the timeout
+  if exchange is None:
+    return
+  waits = {"tfc.Exchange.wait_for_first_teachers_s": exchange.wait_for_first_teachers_s}
+  averaging = exchange.averaging
+  if averaging is not None:  # a worker that does not decide waits twice the timeout
     waits["tfc.ParameterAveraging.peer_timeout_s (x2 + 60)"] = (
-        config.averaging.peer_timeout_s + max(60.0, config.averaging.peer_timeout_s))
+        averaging.peer_timeout_s + max(60.0, averaging.peer_timeout_s))
   for name, seconds in waits.items():
     if stall_timeout_s and seconds >= stall_timeout_s:
       raise ConfigurationError(f"{name} allows a {seconds:.0f} s wait, not below "

@@ -169,7 +169,7 @@ def ctr_teacher(student: keras.Model, dtype_policy: Optional[str] = None) -> ker
   (StackedEmbeddings): the same predictions from fewer, cheaper ops in the train step. Pass it as
   ``CodistillModel(teachers=tfc.TeacherSpec(factory=lambda: ctr_teacher(student)))`` or bind
   ``trainer.train.teacher_fn = @models.ctr_teacher``. ``dtype_policy`` (e.g. ``'bfloat16'``)
-  builds it in that tf_keras dtype policy, as ``teacher_precision`` does for a clone; ``'int8'``
+  builds it in that tf_keras dtype policy, as ``TeacherSpec.precision`` does for a clone; ``'int8'``
   builds it with int8 tables (one scale per table column, multiplied into the first Dense
   kernel: Int8StackedInput) and int8 kernels (``quantization.Int8Dense``), computing in
   bfloat16 as ``quantization.Int8Dense`` multiplies.

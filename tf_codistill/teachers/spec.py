@@ -15,8 +15,8 @@ PRECISIONS = {"float32": "float32", "bfloat16": "bfloat16", "mixed_bfloat16": "m
               "int8": "float32"}
 
 
-def check(precision: str, has_factory: bool, precision_name: str = "TeacherSpec.precision",
-          factory_name: str = "TeacherSpec.factory") -> None:
+def check(precision: str, has_factory: bool, precision_name: str = "tfc.TeacherSpec.precision",
+          factory_name: str = "tfc.TeacherSpec.factory") -> None:
   """Raises ConfigurationError, naming the settings, if the teachers cannot be built so."""
   if precision not in PRECISIONS:
     raise ConfigurationError(f"{precision_name}={precision!r} is not one of {list(PRECISIONS)}")

@@ -163,7 +163,7 @@ class AveragingRound(step_hooks.StepHook):
     if state is None or state.round < round_:
       raise AveragingError(f"averaging: group {self.group} cannot apply round {round_} ({why}) "
                            "and no shared state of it or later exists: raise "
-                           "ParameterAveraging.keep_rounds") from None
+                           "tfc.ParameterAveraging.keep_rounds") from None
     logging.warning("averaging: group %d skips to the shared state of round %d (%s)",
                     self.group, state.round, why)
     self._adopt(state)

@@ -163,7 +163,7 @@ def exchange_hooks(model, exchange: Exchange, input_spec,
   hooks = ExchangeHooks(None, None)
   if exchange.averaging is not None:
     if chief:
-      exchange_lib.check_writable(averaging_lib.root(exchange.directory), "Exchange.directory")
+      exchange_lib.check_writable(averaging_lib.root(exchange.directory), "tfc.Exchange.directory")
     hooks.averaging = averaging_hooks.AveragingRound(
         exchange.averaging, exchange.directory, exchange.group, exchange.num_groups, chief,
         options.summary_writer, before_read=model.flush_fusion)
@@ -190,7 +190,7 @@ def _publisher(model, exchange: Exchange, input_spec, output_shape, sample,
                options: HookOptions) -> publishing.ExchangePublisher:
   """The chief's publisher, after checking that it can write to its group's directory."""
   exchange_lib.check_writable(exchange_lib.group_dir(exchange.directory, exchange.group),
-                              "Exchange.directory")
+                              "tfc.Exchange.directory")
   local = options.local_copy
   if local is None:
     local = publishing.LocalCopy(model.student, model.copy_student(),

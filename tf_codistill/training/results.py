@@ -14,7 +14,8 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tf_codistill import layout
-from tf_codistill.exchange import directory as exchange
+from tf_codistill.exchange import config as exchange_config
+from tf_codistill.exchange import directory as exchange_dir_lib
 from tf_codistill.training import checkpointing
 from tf_codistill.training import codistill_hooks
 from tf_codistill.training import strategies
@@ -25,20 +26,25 @@ SKIPPED_LINES_TAG = "data/skipped_lines"
 
 
 def group_results(config: TrainConfig, *, group: int, num_groups: int,
-                  info: strategies.TaskInfo, task: tasks_lib.Task, peers: Sequence[int],
-                  steps: int, final: Dict[str, float], history: keras.callbacks.History,
+                  info: strategies.TaskInfo, task: tasks_lib.Task,
+                  exchange: Optional[exchange_config.Exchange], steps: int,
+                  final: Dict[str, float], history: keras.callbacks.History,
                   examples_per_sec: Sequence[float], trainable_bytes: Optional[int] = None,
                   **extra: Any) -> Dict[str, Any]:
   """The contents of ``results.json`` without the exchange's part (``exchange_results``)."""
+  distills = exchange is not None and exchange.distill
+  averaging = None if exchange is None else exchange.averaging
+  teachers = config.teachers
+  factory = config.teacher_fn or teachers.factory
   return {
       "group": group, "num_groups": num_groups, "strategy": config.strategy,
-      "num_workers": info.num_workers, "codistill": config.codistill,
-      "averaging": None if config.averaging is None else dataclasses.asdict(config.averaging),
+      "num_workers": info.num_workers, "codistill": distills,
+      "averaging": None if averaging is None else dataclasses.asdict(averaging),
       "steps": steps, **task.results(final),
-      "teacher_graph": config.teacher_graph, "teacher_groups": list(peers),
-      "teacher_precision": config.teacher_precision,
-      "teacher_fn": (None if config.teacher_fn is None
-                     else getattr(config.teacher_fn, "__name__", repr(config.teacher_fn))),
+      "teacher_graph": None if exchange is None else exchange.teacher_graph,
+      "teacher_groups": exchange.peer_groups() if distills else [],
+      "teacher_precision": teachers.precision,
+      "teacher_fn": None if factory is None else getattr(factory, "__name__", repr(factory)),
       "examples_per_sec": float(np.median(examples_per_sec)) if examples_per_sec else None,
       "trainable_parameter_bytes": trainable_bytes,
       "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
@@ -77,7 +83,7 @@ def save_npz(path: str, **arrays: np.ndarray) -> None:
   """Writes arrays as .npz atomically through tf.io.gfile."""
   buffer = io.BytesIO()
   np.savez(buffer, **arrays)
-  exchange.write_atomically(path, buffer.getvalue())
+  exchange_dir_lib.write_atomically(path, buffer.getvalue())
 
 
 def weights_digest(model: keras.Model) -> str:
@@ -101,7 +107,7 @@ def non_finite_message(reason: str, model_dir: str, exchange_dir: Optional[str],
     kept = [f"last checkpoint {checkpoint} (step {checkpointing.checkpoint_step(checkpoint)}; a "
             "restart resumes from it)"]
   if publishes and exchange_dir:
-    versions = exchange.list_versions(exchange_dir, group)
+    versions = exchange_dir_lib.list_versions(exchange_dir, group)
     kept.append(f"last published version {versions[0].path if versions else 'none'}")
   return (f"training stopped: {reason}; nothing of this step or later was checkpointed or "
           f"published; kept: {', '.join(kept)}. Lower trainer.train.learning_rate or check the "

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import re
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import gin
 import tensorflow as tf
@@ -13,9 +11,7 @@ import tf_keras as keras
 
 from data_pipelines import criteo
 from tf_codistill import errors
-from tf_codistill.exchange import averaging as averaging_lib
 from tf_codistill.exchange import config as exchange_config
-from tf_codistill.exchange import lean_versions
 from tf_codistill.models import ctr
 from tf_codistill.optim import comm
 from tf_codistill.optim import fusion as fusion_lib
@@ -26,10 +22,19 @@ DATA_SPLITS = ("disjoint", "same")
 OPTIMIZERS = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD,
               "adagrad": keras.optimizers.Adagrad, "rmsprop": keras.optimizers.RMSprop}
 ConfigurationError = errors.ConfigurationError
-# Settings that were renamed: old trainer.train name -> (new name, what it is); an old name is
-# an error naming the new one.
-RENAMED = {"exchange_every_steps": ("publish_every_steps",
-                                    "the same setting as tfc.Exchange.publish_every_steps")}
+# Settings that moved or were renamed: old trainer.train name -> (what to bind now, why); an
+# old name is an error naming the new one.
+_TO_EXCHANGE = "bind trainer.train.exchange = @tfc.Exchange"
+RENAMED = {
+    "exchange_every_steps": ("tfc.Exchange.publish_every_steps", _TO_EXCHANGE),
+    "codistill": ("trainer.train.exchange = @tfc.Exchange",
+                  "the exchange with its peers is one setting; tfc.Exchange.distill = False "
+                  "averages parameters only"),
+    **{name: (f"tfc.Exchange.{name}", _TO_EXCHANGE)
+       for name in ("publish_every_steps", "keep_last", "poll_interval_s", "publish_format",
+                    "wait_for_first_teachers_s", "teacher_graph", "averaging")},
+    "teacher_precision": ("tfc.TeacherSpec.precision", "the teachers belong to the model"),
+}
 
 # Learning-rate schedules for trainer.train.learning_rate, e.g.
 #   trainer.train.learning_rate = @schedules.PiecewiseConstantDecay()
@@ -48,16 +53,16 @@ class TrainConfig:
   checks it once, in the launcher for every group and in every task.
 
   ``strategy`` is one of strategies.KINDS; with a cluster it is read from TF_CONFIG, and workers
-  and ps tasks of a parameter-server group only serve. With ``codistill=True`` the group's chief
-  publishes to the exchange directory every ``publish_every_steps`` steps and every training
-  task distills from the other groups' newest published versions: of every other group
-  (``teacher_graph='all_to_all'``) or of its predecessor only (``'ring'``), run in
-  ``teacher_precision`` (or built by ``teacher_fn(student)``, e.g. ``@models.ctr_teacher``, whose
-  own layers set the precision), each version published as ``publish_format`` (a SavedModel, or a
-  lean version: ``@tfc.PublishFormat()``, lean_versions.py); ``wait_for_first_teachers_s`` holds a
-  group that runs ahead until its peers' first versions are loaded (exchange_config.Exchange).
-  ``averaging`` (``@tfc.ParameterAveraging()``) averages the groups' parameters every
-  ``averaging.every_steps`` steps (DiLoCo, local SGD), with or without ``codistill``.
+  and ps tasks of a parameter-server group only serve. ``exchange`` (``@tfc.Exchange``, set as
+  ``tfc.Exchange.<field>``; None: the group trains alone) is called with the exchange directory,
+  this group and the number of groups, and says how the group exchanges with its peers:
+  distillation from their newest published versions (``tfc.Exchange.distill``, publish interval,
+  format and teacher graph), parameter averaging (``tfc.Exchange.averaging``: DiLoCo, local
+  SGD), or both. ``teachers`` (default: ``tfc.TeacherSpec()`` with its ``tfc.TeacherSpec.*``
+  bindings) says how the teacher copies are built; ``teacher_fn(student)`` (e.g.
+  ``@models.ctr_teacher``) is its factory where gin cannot name the student; ``alpha``,
+  ``burn_in_steps``, ``distill_kind`` and ``temperature`` are CodistillModel's distillation
+  term.
   ``data_split='disjoint'`` gives each group (and each of its input pipelines) its own shard of
   ``train_files``; ``batch_size`` is the global batch of one step; exactly ``train_steps`` steps
   run, evaluated every ``steps_per_epoch``.
@@ -91,20 +96,14 @@ class TrainConfig:
   shuffle_buffer: int = 10_000
   optimizer: str = "adam"
   learning_rate: Union[float, keras.optimizers.schedules.LearningRateSchedule] = 1e-3
-  codistill: bool = False
-  averaging: Optional[averaging_lib.ParameterAveraging] = None
+  exchange: Optional[Callable[..., exchange_config.Exchange]] = None
+  # Made when the config is: the TeacherSpec of the tfc.TeacherSpec.* bindings.
+  teachers: teacher_spec.TeacherSpec = dataclasses.field(default_factory=teacher_spec.TeacherSpec)
+  teacher_fn: Optional[Callable[[keras.Model], keras.Model]] = None
   alpha: float = 1.0
   burn_in_steps: int = 0
   distill_kind: str = "xent"
   temperature: float = 1.0
-  teacher_graph: str = "all_to_all"
-  teacher_precision: str = "float32"
-  teacher_fn: Optional[Callable[[keras.Model], keras.Model]] = None
-  publish_format: lean_versions.PublishFormat = lean_versions.PublishFormat()
-  publish_every_steps: int = 100
-  keep_last: int = 2
-  poll_interval_s: float = 2.0
-  wait_for_first_teachers_s: float = 0.0
   data_split: str = "disjoint"
   label_smoothing: float = 0.0
   smoothing_prior: str = "uniform"
@@ -127,7 +126,7 @@ class TrainConfig:
   @property
   def exchanges(self) -> bool:
     """Whether the group exchanges anything with its peers (distillation or averaging)."""
-    return self.codistill or self.averaging is not None
+    return self.exchange is not None
 
 
 def check_renamed(names: Sequence[str]) -> None:
@@ -136,7 +135,7 @@ def check_renamed(names: Sequence[str]) -> None:
     if name in RENAMED:
       new, what = RENAMED[name]
       raise ConfigurationError(
-          f"trainer.train.{name} is now trainer.train.{new} ({what}): rename the binding")
+          f"trainer.train.{name} is now {new} ({what}): rename the binding")
 
 
 def validate(config: TrainConfig, *, group: int, num_groups: int,
@@ -146,21 +145,20 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
   The one check of a configuration: the launcher runs it for every group before starting any,
   and every task before it trains.
   """
-  _validate(group, num_groups, config.exchanges, config.codistill, exchange_dir,
-            config.data_split, config.optimizer)
+  _validate(group, num_groups, config.exchanges, exchange_dir, config.data_split,
+            config.optimizer)
   _validate_comm(config.strategy, config.fusion, config.allreduce_dtype)
   _validate_numbers(train_steps=config.train_steps, steps_per_epoch=config.steps_per_epoch,
                     batch_size=config.batch_size, steps_per_execution=config.steps_per_execution,
                     checkpoint_every_steps=config.checkpoint_every_steps)
-  if config.exchanges:  # tfc.Exchange checks its own settings
-    exchange = exchange_for(config, exchange_dir or "", group, num_groups)
-    with _as_bindings():
-      exchange.check_strategy(config.strategy == "parameter_server")
+  teacher_spec.check(config.teachers.precision, config.teacher_fn is not None,
+                     factory_name="trainer.train.teacher_fn")
+  exchange = exchange_for(config, exchange_dir or "", group, num_groups)  # checks itself
+  if exchange is not None:
+    exchange.check_strategy(config.strategy == "parameter_server")
   if config.max_wall_seconds is not None and config.strategy == "multi_worker_mirrored":
     raise ConfigurationError("trainer.train.max_wall_seconds cannot end a multi_worker_mirrored "
                              "group (its workers would wait for the chief): unbind it")
-  teacher_spec.check(config.teacher_precision, config.teacher_fn is not None,
-                     "trainer.train.teacher_precision", "trainer.train.teacher_fn")
   for name in ("train_files", "eval_files"):
     if not getattr(config, name):
       raise ConfigurationError(
@@ -169,36 +167,39 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
 
 
 def exchange_for(config: TrainConfig, directory: str, group: int, num_groups: int,
-                 input_spec: Any = None) -> exchange_config.Exchange:
-  """The group's ``tfc.Exchange`` from its ``trainer.train.*`` settings; the Exchange checks
-  them, and its errors name the trainer.train binding to change."""
-  with _as_bindings():
-    return exchange_config.Exchange(
-        directory, group, num_groups, config.teacher_graph,
-        publish_every_steps=config.publish_every_steps, keep_last=config.keep_last,
-        poll_interval_s=config.poll_interval_s,
-        publish_format=config.publish_format,
-        wait_for_first_teachers_s=config.wait_for_first_teachers_s, input_spec=input_spec,
-        averaging=config.averaging, distill=config.codistill)
+                 input_spec: Any = None) -> Optional[exchange_config.Exchange]:
+  """Group ``group``'s ``tfc.Exchange`` (None when it trains alone), checked by the Exchange."""
+  if config.exchange is None:
+    return None
+  if isinstance(config.exchange, exchange_config.Exchange) or not callable(config.exchange):
+    raise ConfigurationError(
+        f"trainer.train.exchange={config.exchange!r} must make the exchange of each group: "
+        "bind @tfc.Exchange (no parentheses; its fields as tfc.Exchange.<field>), or pass "
+        "functools.partial(tfc.Exchange, ...)")
+  return config.exchange(directory=directory, group=group, num_groups=num_groups,
+                         input_spec=input_spec)
 
 
-@contextlib.contextmanager
-def _as_bindings() -> Iterator[None]:
-  """Renames ``Exchange.<field>`` in an Exchange's ConfigurationError to its gin binding."""
+def from_bindings(**settings: Any) -> TrainConfig:
+  """``TrainConfig(**settings)``, the rest from gin; a setting under an old name, or a
+  configurable called where a factory belongs (``@tfc.Exchange()``), is a ConfigurationError."""
+  check_renamed(list(settings))
   try:
-    yield
-  except ConfigurationError as e:
-    message = re.sub(r"\bExchange\.(\w+)", r"trainer.train.\1", str(e))
-    message = re.sub(r"\bExchange: (\w+)=", r"trainer.train.\1=", message)
-    raise ConfigurationError(message) from None
+    return TrainConfig(**settings)
+  except TypeError as e:
+    if "Exchange" in str(e):
+      raise ConfigurationError(
+          "trainer.train.exchange = @tfc.Exchange() calls the exchange before it has a group: "
+          f"bind @tfc.Exchange without parentheses ({str(e).splitlines()[0]})") from None
+    raise
 
 
 def teachers(config: TrainConfig, student: keras.Model) -> teacher_spec.TeacherSpec:
-  """CodistillModel's ``TeacherSpec`` from ``trainer.train.teacher_precision`` and
-  ``teacher_fn``: a teacher_fn that cannot build a teacher of this student raises
-  ConfigurationError naming the binding (a permanent failure, not one a restart fixes)."""
+  """CodistillModel's ``TeacherSpec``: ``config.teachers``, with ``teacher_fn(student)`` as its
+  factory when set; a teacher_fn that cannot build a teacher of this student raises
+  ConfigurationError naming it (a permanent failure, not one a restart fixes)."""
   if config.teacher_fn is None:
-    return teacher_spec.TeacherSpec(precision=config.teacher_precision)
+    return config.teachers
   teacher_fn = config.teacher_fn
 
   def make() -> keras.Model:
@@ -206,7 +207,7 @@ def teachers(config: TrainConfig, student: keras.Model) -> teacher_spec.TeacherS
       return teacher_fn(student)
     except ValueError as e:
       raise ConfigurationError(f"trainer.train.teacher_fn: {e}") from None
-  return teacher_spec.TeacherSpec(factory=make)
+  return dataclasses.replace(config.teachers, factory=make)
 
 
 def _validate_numbers(**values: int) -> None:
@@ -227,18 +228,18 @@ def _validate_comm(strategy: str, fusion: str, allreduce_dtype: str) -> None:
         "gradient all-reduce")
 
 
-def _validate(group: int, num_groups: int, exchanges: bool, codistill: bool,
-              exchange_dir: Optional[str], data_split: str, optimizer: str) -> None:
+def _validate(group: int, num_groups: int, exchanges: bool, exchange_dir: Optional[str],
+              data_split: str, optimizer: str) -> None:
   if num_groups < 1:
     raise ConfigurationError(f"--num_groups={num_groups} must be >= 1")
   if not 0 <= group < num_groups:
     raise ConfigurationError(f"--group={group} is out of range for --num_groups={num_groups}")
-  what, undo = ("codistillation", "bind trainer.train.codistill = False") if codistill else (
-      "parameter averaging", "unbind trainer.train.averaging")
   if exchanges and num_groups < 2:
-    raise ConfigurationError(f"{what} needs --num_groups >= 2 (or {undo})")
+    raise ConfigurationError("trainer.train.exchange (codistillation, parameter averaging) needs "
+                             "--num_groups >= 2 (or unbind trainer.train.exchange)")
   if exchanges and not exchange_dir:
-    raise ConfigurationError(f"{what} needs --exchange_dir")
+    raise ConfigurationError("trainer.train.exchange (codistillation, parameter averaging) needs "
+                             "--exchange_dir")
   if data_split not in DATA_SPLITS:
     raise ConfigurationError(f"trainer.train.data_split={data_split!r} is not one of {DATA_SPLITS}")
   if optimizer not in OPTIMIZERS:

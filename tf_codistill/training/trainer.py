@@ -9,6 +9,7 @@ callbacks, which publishes every K steps and swaps in peers' newest versions
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any, Dict, Optional, Tuple
@@ -26,7 +27,6 @@ from tf_codistill import serving
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.exchange import publishing
-from tf_codistill.exchange import topology
 from tf_codistill.optim import comm
 from tf_codistill.step_hooks import current_step
 from tf_codistill.training import codistill_hooks
@@ -58,8 +58,7 @@ def train(model_dir: str, *, group: int = 0, num_groups: int = 1,
   also raised mid-training). A NaN/Inf loss raises NonFiniteLossError naming the step, before
   that step is checkpointed or published.
   """
-  train_config.check_renamed(list(settings))
-  config = TrainConfig(**settings)
+  config = train_config.from_bindings(**settings)
   train_config.validate(config, group=group, num_groups=num_groups, exchange_dir=exchange_dir)
   return GroupTrainer(config, model_dir, group, num_groups, exchange_dir).run()
 
@@ -77,8 +76,9 @@ class GroupTrainer:
     self.exchange_dir = exchange_dir
     self.run_dir = layout.RunDir(model_dir)
     self.task = config.task or tasks_lib.BinaryTask()
-    self.peers = (topology.teacher_groups(group, num_groups, config.teacher_graph)
-                  if config.codistill else [])
+    self.exchange = (train_config.exchange_for(config, self.shared_exchange, group, num_groups)
+                     if config.exchanges else None)
+    self.distills = self.exchange is not None and self.exchange.distill
     self.info = strategies.task_info(config.strategy)
 
   def run(self) -> Dict[str, float]:
@@ -176,11 +176,9 @@ class GroupTrainer:
     """Where and how this group exchanges models (None without codistillation or averaging);
     ``input_spec`` is the student's (``fit`` under parameter servers reads no dataset to find
     it)."""
-    config = self.config
-    if not config.exchanges:
+    if self.exchange is None:
       return None
-    return train_config.exchange_for(config, self.shared_exchange, self.group,
-                                     self.num_groups, input_spec)
+    return dataclasses.replace(self.exchange, input_spec=input_spec)
 
   def fit(self, model: CodistillModel, data: inputs.GroupData, local: publishing.LocalCopy,
           callbacks: fit_callbacks.FitCallbacks) -> keras.callbacks.History:
@@ -202,7 +200,7 @@ class GroupTrainer:
     except NonFiniteLossError as e:
       raise NonFiniteLossError(results_lib.non_finite_message(
           str(e), self.model_dir, self.exchange_dir, self.group, config.strategy,
-          config.codistill and self.info.is_chief), e.step) from None
+          self.distills and self.info.is_chief), e.step) from None
     return history
 
   def finalize(self, model: CodistillModel, local: publishing.LocalCopy, data: inputs.GroupData,
@@ -254,7 +252,7 @@ class GroupTrainer:
     rates = callbacks.step_summaries.examples_per_sec if callbacks.step_summaries else []
     results = results_lib.group_results(
         self.config, group=self.group, num_groups=self.num_groups, info=self.info,
-        task=self.task, peers=self.peers, steps=step, final=final, history=history,
+        task=self.task, exchange=self.exchange, steps=step, final=final, history=history,
         examples_per_sec=rates, trainable_bytes=int(sum(
             np.prod(v.shape) * 4 for v in model.student.trainable_variables)), **extra)
     hooks, timer = model.exchange_hooks, callbacks.step_timer

@@ -46,7 +46,7 @@ def test_job_checks_name_the_field(tmp_path):
   with pytest.raises(tfc.ConfigurationError, match="on_missing='continue' needs a POSIX"):
     tfc.ParameterAveraging().check_job("gs://bucket/exchange", 2)
   tfc.ParameterAveraging(on_missing="fail").check_job("gs://bucket/exchange", 2)
-  with pytest.raises(tfc.ConfigurationError, match="distill=False and no Exchange.averaging"):
+  with pytest.raises(tfc.ConfigurationError, match="distill=False and no tfc.Exchange.averaging"):
     tfc.Exchange(str(tmp_path), 0, 2, distill=False)
 
 

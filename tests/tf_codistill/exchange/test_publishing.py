@@ -17,7 +17,7 @@ def _local_copy():
 def test_publisher_writes_off_the_loop_at_its_cadence_and_the_final_step(tmp_path):
   from tf_codistill.exchange import directory as exchange
   local, spec = _local_copy()
-  publisher = publishing.ExchangePublisher(local, str(tmp_path), group=0, every_steps=10,
+  publisher = publishing.ExchangePublisher(local, str(tmp_path), group=0, publish_every_steps=10,
                                           input_spec=spec, keep_last=5)
   publisher.on_begin(None, 0)
   for step in range(1, 26):
@@ -34,7 +34,7 @@ def test_publish_due_while_one_is_in_flight_waits_then_cadence_returns_to_multip
 
   from tf_codistill.exchange import directory as exchange
   local, spec = _local_copy()
-  publisher = publishing.ExchangePublisher(local, str(tmp_path), group=0, every_steps=10,
+  publisher = publishing.ExchangePublisher(local, str(tmp_path), group=0, publish_every_steps=10,
                                           input_spec=spec, keep_last=5)
   publisher.on_begin(None, 0)
   publisher._in_flight = concurrent.futures.Future()  # a slow publish still being written
@@ -52,7 +52,7 @@ def test_failed_publish_is_counted_and_training_goes_on(tmp_path):
   blocker = tmp_path / "exchange"
   blocker.write_text("a file where the exchange directory should be")
   local, spec = _local_copy()
-  publisher = publishing.ExchangePublisher(local, str(blocker), group=0, every_steps=5,
+  publisher = publishing.ExchangePublisher(local, str(blocker), group=0, publish_every_steps=5,
                                           input_spec=spec)
   publisher.on_begin(None, 0)
   publisher.on_step(None, 5, {})

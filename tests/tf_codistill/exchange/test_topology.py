@@ -1,10 +1,13 @@
 """Tests of the teacher graphs: all-to-all and ring teacher selection for n = 2..8 groups."""
 
-import types
+import dataclasses
+import functools
 
 import pytest
 
+from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import topology
+from tf_codistill.teachers import spec
 
 
 @pytest.mark.parametrize("n", range(2, 9))
@@ -43,14 +46,15 @@ def test_bad_arguments_fail():
 def test_trainer_refuses_unknown_graph_and_precision_naming_the_binding(tmp_path):
   from tf_codistill.training import trainer
   codistilling = dict(group=0, num_groups=2, exchange_dir=str(tmp_path / "exchange"),
-                      codistill=True, train_files=["x"], eval_files=["y"])
-  with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_graph='star'"):
-    trainer.train(str(tmp_path), teacher_graph="star", **codistilling)
-  with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_precision='int4'"):
-    trainer.train(str(tmp_path), teacher_precision="int4", **codistilling)
+                      train_files=["x"], eval_files=["y"])
+  with pytest.raises(trainer.ConfigurationError, match="tfc.Exchange: teacher_graph='star'"):
+    trainer.train(str(tmp_path), exchange=functools.partial(
+        exchange_config.Exchange, teacher_graph="star"), **codistilling)
+  with pytest.raises(trainer.ConfigurationError, match="tfc.TeacherSpec.precision='int4'"):
+    spec.TeacherSpec(precision="int4")
   with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_fn is set"):
-    trainer.train(str(tmp_path), teacher_precision="bfloat16", teacher_fn=lambda s: s,
-                  train_files=["x"], eval_files=["y"])
+    trainer.train(str(tmp_path), teachers=spec.TeacherSpec(precision="bfloat16"),
+                  teacher_fn=lambda s: s, train_files=["x"], eval_files=["y"])
 
 
 def test_a_teacher_fn_that_does_not_fit_the_model_is_a_configuration_error():
@@ -58,9 +62,10 @@ def test_a_teacher_fn_that_does_not_fit_the_model_is_a_configuration_error():
   from tf_codistill.models import ctr
   from tf_codistill.models import mlp
   from tf_codistill.training import train_config
-  settings = lambda fn: types.SimpleNamespace(teacher_fn=fn, teacher_precision="float32")  # noqa
-  assert train_config.teachers(settings(None), mlp.mlp(num_classes=3)).factory is None
-  make = train_config.teachers(settings(ctr.ctr_teacher), mlp.mlp(num_classes=3)).factory
+  config = train_config.TrainConfig(teachers=spec.TeacherSpec())
+  assert train_config.teachers(config, mlp.mlp(num_classes=3)).factory is None
+  make = train_config.teachers(dataclasses.replace(config, teacher_fn=ctr.ctr_teacher),
+                               mlp.mlp(num_classes=3)).factory
   with pytest.raises(train_config.ConfigurationError,
                      match="trainer.train.teacher_fn: .* is not a models.ctr_model"):
     make()

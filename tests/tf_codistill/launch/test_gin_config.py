@@ -67,8 +67,8 @@ def test_the_exchanges_old_teacher_precision_names_the_models_teacher_spec():
 def test_a_renamed_setting_names_its_new_name_in_gin_files_and_bindings(tmp_path):
   suite = tmp_path / "old.gin"
   suite.write_text("trainer.train.batch_size = 64\ntrainer.train.exchange_every_steps = 50\n")
-  message = (r"trainer.train.exchange_every_steps is now trainer.train.publish_every_steps "
-             r"\(the same setting as tfc.Exchange.publish_every_steps\): rename the binding")
+  message = (r"trainer.train.exchange_every_steps is now tfc.Exchange.publish_every_steps "
+             r"\(bind trainer.train.exchange = @tfc.Exchange\): rename the binding")
   gin.clear_config()
   try:
     with pytest.raises(config.errors.ConfigurationError, match=message):
@@ -77,7 +77,7 @@ def test_a_renamed_setting_names_its_new_name_in_gin_files_and_bindings(tmp_path
     with pytest.raises(config.errors.ConfigurationError, match=message):
       config.parse_gin([], ["trainer.train.exchange_every_steps = 50"])
     gin.clear_config()
-    config.parse_gin([], ["trainer.train.publish_every_steps = 50"])
-    assert gin.query_parameter("trainer.train.publish_every_steps") == 50
+    config.parse_gin([], ["tfc.Exchange.publish_every_steps = 50"])
+    assert gin.query_parameter("tfc.Exchange.publish_every_steps") == 50
   finally:
     gin.clear_config()

@@ -51,8 +51,9 @@ def test_the_job_config_alone_gives_every_task_the_checked_configuration(tmp_pat
   assert (dataclasses.replace(parsed, raw_parser=None)
           == dataclasses.replace(job.train_config, raw_parser=None))
   assert (parsed.learning_rate, parsed.batch_size, parsed.train_steps) == (0.004, 64, 300)
-  assert (parsed.strategy, parsed.teacher_graph, parsed.codistill) == ("parameter_server",
-                                                                        "ring", True)
+  exchange = train_config_lib.exchange_for(parsed, "/tmp/exchange", 0, 2)
+  assert (parsed.strategy, exchange.teacher_graph, exchange.distill) == ("parameter_server",
+                                                                         "ring", True)
 
 
 def test_a_refused_job_writes_no_config_file(tmp_path):

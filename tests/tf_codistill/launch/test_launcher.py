@@ -91,10 +91,10 @@ def test_sync_and_async_configs_give_the_group_shape(name, strategy, workers, ps
     assert gin.query_parameter("trainer.train.batch_size") == batch
     assert launcher.group_shape(strategy) == launcher.GroupShape(strategy, workers, ps)
     if name.startswith("codistill"):
-      assert gin.query_parameter("trainer.train.codistill") is True
+      assert gin.query_parameter("trainer.train.exchange").selector == "tfc.Exchange"
     else:  # trains alone: the trainer's default
-      with pytest.raises(ValueError, match="no value bound for parameter 'codistill'"):
-        gin.query_parameter("trainer.train.codistill")
+      with pytest.raises(ValueError, match="no value bound for parameter 'exchange'"):
+        gin.query_parameter("trainer.train.exchange")
     # Explicit arguments (the launcher's flags) override the gin bindings.
     assert launcher.group_shape(strategy, workers_per_group=5).workers == 5
   finally:

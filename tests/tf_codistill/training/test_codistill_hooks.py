@@ -71,7 +71,7 @@ def test_the_teachers_are_the_models_and_refuse_what_cannot_be_built():
   with pytest.raises(tfc.ConfigurationError, match="TeacherSpec.precision='int4' is not one of"):
     tfc.TeacherSpec(precision="int4")
   with pytest.raises(tfc.ConfigurationError, match="applies to cloned teachers, and "
-                     "TeacherSpec.factory is set"):
+                     "tfc.TeacherSpec.factory is set"):
     tfc.TeacherSpec(precision="bfloat16", factory=small_net)
   with pytest.raises(TypeError, match="teacher_precision"):
     tfc.Exchange("/tmp/x", 0, teacher_precision="bfloat16")  # pylint: disable=unexpected-keyword-arg

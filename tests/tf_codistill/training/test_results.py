@@ -1,5 +1,6 @@
 """What a group leaves behind: results' contents, digests, prediction files, the NaN message."""
 
+import dataclasses
 import os
 
 import numpy as np
@@ -8,6 +9,9 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tf_codistill import layout
+from tf_codistill.exchange import config as exchange_config
+from tf_codistill.models import ctr
+from tf_codistill.teachers import spec as teacher_spec
 from tf_codistill.training import results
 from tf_codistill.training import strategies
 from tf_codistill.training import tasks
@@ -17,17 +21,25 @@ import testing_utils
 
 
 def test_group_results_name_the_group_its_teachers_and_its_history():
-  config = train_config.TrainConfig(train_files=["x"], eval_files=["y"], codistill=True,
-                                    teacher_precision="bfloat16")
+  config = train_config.TrainConfig(train_files=["x"], eval_files=["y"],
+                                    teachers=teacher_spec.TeacherSpec(precision="bfloat16"))
+  group_exchange = exchange_config.Exchange("/tmp/exchange", group=1, num_groups=2)
   history = keras.callbacks.History()
   history.history = {"loss": [np.float32(0.5), np.float32(0.25)]}
   info = strategies.TaskInfo("one_device", None, 0, 1, 0)
   out = results.group_results(config, group=1, num_groups=2, info=info,
-                              task=tasks.BinaryTask(), peers=[0], steps=40,
+                              task=tasks.BinaryTask(), exchange=group_exchange, steps=40,
                               final={"loss": 0.3, "auc": 0.7, "logloss": 0.31}, history=history,
                               examples_per_sec=[10.0, 30.0, 20.0], wall_time_s=1.5)
   assert (out["group"], out["num_groups"], out["steps"], out["teacher_groups"]) == (1, 2, 40, [0])
   assert out["teacher_precision"] == "bfloat16" and out["teacher_fn"] is None
+  assert out["codistill"] and out["teacher_graph"] == "all_to_all" and out["averaging"] is None
+  with_fn = results.group_results(
+      dataclasses.replace(config, teachers=teacher_spec.TeacherSpec(), teacher_fn=ctr.ctr_teacher),
+      group=1, num_groups=2, info=info, task=tasks.BinaryTask(), exchange=None, steps=40,
+      final={"loss": 0.3, "auc": 0.7, "logloss": 0.31}, history=history, examples_per_sec=[])
+  assert with_fn["teacher_fn"] == "ctr_teacher" and not with_fn["codistill"]
+  assert with_fn["teacher_groups"] == [] and with_fn["teacher_graph"] is None
   assert out["examples_per_sec"] == 20.0 and out["wall_time_s"] == 1.5
   assert (out["val_loss"], out["val_auc"]) == (0.3, 0.7)
   assert out["history"] == {"loss": [0.5, 0.25]}

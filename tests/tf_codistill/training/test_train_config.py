@@ -1,35 +1,44 @@
 """TrainConfig's one check: each setting that cannot work is named before anything runs."""
 
-import dataclasses
+import functools
 
+import gin
 import pytest
 
+from tf_codistill import errors
+from tf_codistill.exchange import config as exchange_config
+from tf_codistill.launch import gin_config
 from tf_codistill.training import train_config
 
 FILES = dict(train_files=["x"], eval_files=["y"])
 
 
+def _exchange(**settings):
+  """``trainer.train.exchange`` as a script passes it: a factory of tfc.Exchange."""
+  return {"exchange": functools.partial(exchange_config.Exchange, **settings)}
+
+
 @pytest.mark.parametrize("settings, where, message", [
     ({}, dict(group=0, num_groups=0), r"--num_groups=0 must be >= 1"),
     ({}, dict(group=2, num_groups=2), r"--group=2 is out of range for --num_groups=2"),
-    ({"codistill": True}, dict(group=0, num_groups=1), r"codistillation needs --num_groups >= 2"),
-    ({"codistill": True}, dict(group=0, num_groups=2, exchange_dir=None),
-     r"codistillation needs --exchange_dir"),
+    (_exchange(), dict(group=0, num_groups=1),
+     r"trainer.train.exchange \(codistillation, parameter averaging\) needs --num_groups >= 2"),
+    (_exchange(), dict(group=0, num_groups=2, exchange_dir=None),
+     r"trainer.train.exchange .* needs --exchange_dir"),
     ({"data_split": "half"}, {}, r"trainer.train.data_split='half' is not one of"),
     ({"optimizer": "lamb"}, {}, r"trainer.train.optimizer='lamb' is not one of"),
     ({"train_steps": 0}, {}, r"trainer.train.train_steps=0 must be >= 1"),
-    ({"codistill": True, "publish_every_steps": 0}, {},
-     r"trainer.train.publish_every_steps=0 must be >= 1"),
-    ({"codistill": True, "keep_last": 0}, {}, r"trainer.train.keep_last=0 must be >= 1"),
-    ({"codistill": True, "poll_interval_s": 0.0}, {}, r"trainer.train.poll_interval_s=0.0 must be"),
-    ({"codistill": True, "strategy": "parameter_server", "wait_for_first_teachers_s": 5.0}, {},
-     r"trainer.train.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group .* "
+    (_exchange(publish_every_steps=0), {}, r"tfc.Exchange.publish_every_steps=0 must be >= 1"),
+    (_exchange(keep_last=0), {}, r"tfc.Exchange.keep_last=0 must be >= 1"),
+    (_exchange(poll_interval_s=0.0), {}, r"tfc.Exchange.poll_interval_s=0.0 must be"),
+    ({**_exchange(wait_for_first_teachers_s=5.0), "strategy": "parameter_server"}, {},
+     r"tfc.Exchange.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group .* "
      r"set it to 0"),
     ({"strategy": "multi_worker_mirrored", "max_wall_seconds": 60.0}, {},
      r"max_wall_seconds cannot end a multi_worker_mirrored group"),
-    ({"codistill": True, "teacher_graph": "star"}, {}, r"trainer.train.teacher_graph='star'"),
-    ({"codistill": True, "teacher_precision": "int4"}, {},
-     r"trainer.train.teacher_precision='int4' is not one of"),
+    (_exchange(teacher_graph="star"), {}, r"tfc.Exchange: teacher_graph='star'"),
+    ({"exchange": exchange_config.Exchange("/tmp/exchange", 0)}, {},
+     r"trainer.train.exchange=.* must make the exchange of each group: bind @tfc.Exchange"),
     ({"fusion": "fast"}, {}, r"trainer.train.fusion='fast'"),
     ({"allreduce_dtype": "float16"}, {}, r"allreduce_dtype='float16' needs a synchronous group"),
     ({"train_files": []}, {}, r"trainer.train.train_files is empty: bind it"),
@@ -47,7 +56,7 @@ def test_validate_names_the_setting_that_cannot_work(settings, where, message):
 def test_the_defaults_with_files_are_valid_under_every_strategy(strategy):
   config = train_config.TrainConfig(strategy=strategy, **FILES)
   train_config.validate(config, group=0, num_groups=1, exchange_dir=None)
-  codistilling = train_config.TrainConfig(strategy=strategy, codistill=True, **FILES)
+  codistilling = train_config.TrainConfig(strategy=strategy, **_exchange(), **FILES)
   train_config.validate(codistilling, group=1, num_groups=2, exchange_dir="/tmp/exchange")
 
 
@@ -60,7 +69,52 @@ def test_a_renamed_setting_is_an_error_naming_its_new_name(tmp_path):
   from tf_codistill.training import trainer
   with pytest.raises(train_config.ConfigurationError,
                      match=r"trainer.train.exchange_every_steps is now "
-                           r"trainer.train.publish_every_steps"):
+                           r"tfc.Exchange.publish_every_steps"):
     trainer.train(str(tmp_path), exchange_every_steps=50, **FILES)
-  assert {new for new, _ in train_config.RENAMED.values()} <= {
-      f.name for f in dataclasses.fields(train_config.TrainConfig)}
+  with pytest.raises(train_config.ConfigurationError,
+                     match=r"trainer.train.codistill is now trainer.train.exchange = @tfc"):
+    trainer.train(str(tmp_path), codistill=True, **FILES)
+
+
+@pytest.fixture
+def _clean_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+@pytest.mark.parametrize("old, new", [
+    ("trainer.train.codistill = True", "trainer.train.exchange = @tfc.Exchange"),
+    ("trainer.train.publish_every_steps = 50", "tfc.Exchange.publish_every_steps"),
+    ("trainer.train.averaging = None", "tfc.Exchange.averaging"),
+    ("trainer.train.teacher_precision = 'int8'", "tfc.TeacherSpec.precision"),
+])
+def test_a_moved_gin_setting_is_an_error_naming_where_it_went(_clean_gin, old, new):
+  with pytest.raises(errors.ConfigurationError, match=f"is now {new}"):
+    gin_config.parse_gin([], [old])
+
+
+def test_the_nested_settings_come_from_their_own_bindings(_clean_gin):
+  gin_config.parse_gin([], ["trainer.train.exchange = @tfc.Exchange",
+                            "tfc.Exchange.publish_every_steps = 7",
+                            "tfc.Exchange.teacher_graph = 'ring'",
+                            "tfc.TeacherSpec.precision = 'bfloat16'"])
+  config = train_config.from_bindings(**FILES)
+  exchange = train_config.exchange_for(config, "/tmp/exchange", 2, 3)
+  assert (exchange.publish_every_steps, exchange.peer_groups(), exchange.group) == (7, [1], 2)
+  assert config.teachers.precision == "bfloat16"
+  alone = train_config.from_bindings(exchange=None, **FILES)
+  assert train_config.exchange_for(alone, "/tmp/e", 0, 2) is None
+
+
+def test_an_exchange_called_in_gin_is_an_error_saying_to_drop_the_parentheses(_clean_gin):
+  gin_config.parse_gin([], ["trainer.train.exchange = @tfc.Exchange()"])
+  with pytest.raises(errors.ConfigurationError, match=r"without parentheses"):
+    train_config.from_bindings(**FILES)
+
+
+def test_a_teacher_precision_that_cannot_work_is_named_when_the_config_is_made(_clean_gin):
+  gin_config.parse_gin([], ["tfc.TeacherSpec.precision = 'int4'"])
+  with pytest.raises(errors.ConfigurationError,
+                     match=r"tfc.TeacherSpec.precision='int4' is not one of"):
+    train_config.from_bindings(**FILES)

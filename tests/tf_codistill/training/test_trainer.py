@@ -13,6 +13,7 @@ from data_pipelines import criteo
 from tf_codistill import layout
 from tf_codistill import serving
 from tf_codistill.errors import ConfigurationError
+from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.models import ctr
 from tf_codistill.training import train_config
@@ -62,7 +63,8 @@ def test_a_codistilling_group_publishes_and_writes_what_its_exchange_did(tmp_pat
       dataset_fn=functools.partial(criteo.make_dataset, num_buckets=1000),
       model_fn=functools.partial(ctr.ctr_model, num_buckets=1000, embedding_dim=4,
                                  hidden_units=(16,)),
-      codistill=True, publish_every_steps=10, batch_size=32, train_steps=30,
+      exchange=functools.partial(exchange_config.Exchange, publish_every_steps=10),
+      batch_size=32, train_steps=30,
       steps_per_epoch=30, eval_steps=1, checkpoint_every_steps=30, verbose=0)
   # No peer ever published: the group trained on its task loss and published on its cadence.
   assert results["teacher_loads"] == 0 and results["teacher_groups"] == [1]
@@ -74,18 +76,19 @@ def test_a_codistilling_group_publishes_and_writes_what_its_exchange_did(tmp_pat
 
 
 def test_the_exchange_config_carries_the_trainers_settings_and_none_without_codistillation():
-  config = train_config.TrainConfig(train_files=["x"], eval_files=["y"], codistill=True,
-                                    publish_every_steps=7, keep_last=3, teacher_graph="ring")
+  config = train_config.TrainConfig(
+      train_files=["x"], eval_files=["y"], exchange=functools.partial(
+          exchange_config.Exchange, publish_every_steps=7, keep_last=3, teacher_graph="ring"))
   group = trainer.GroupTrainer(config, "/tmp/unused", group=1, num_groups=3,
                                exchange_dir="/tmp/exchange")
   exchange = group.exchange_config()
   assert (exchange.directory, exchange.group, exchange.num_groups) == ("/tmp/exchange", 1, 3)
   assert exchange.publish_every_steps == 7 and exchange.keep_last == 3
-  assert group.peers == [0]  # the ring's predecessor
-  alone = trainer.GroupTrainer(dataclasses.replace(config, codistill=False), "/tmp/unused")
-  assert alone.exchange_config() is None and alone.peers == []
+  assert exchange.peer_groups() == [0] and group.distills  # the ring's predecessor
+  alone = trainer.GroupTrainer(dataclasses.replace(config, exchange=None), "/tmp/unused")
+  assert alone.exchange_config() is None and not alone.distills
   with pytest.raises(train_config.ConfigurationError, match="needs --exchange_dir"):
-    trainer.GroupTrainer(config, "/tmp/unused", group=0, num_groups=2).exchange_config()
+    trainer.GroupTrainer(config, "/tmp/unused", group=0, num_groups=2)
 
 
 def test_a_bound_raw_parser_exports_serving_raw_and_a_mismatched_one_stops_before_training(

@@ -649,6 +649,10 @@ RECORDED_BINDINGS: Dict[str, str] = {
 }
 
 
+# What an averaging binding recorded without codistillation (it averaged only) is today.
+_AVERAGING_ONLY = ["trainer.train.exchange = @tfc.Exchange", "tfc.Exchange.distill = False"]
+
+
 def _renamed(binding: str, names: Mapping[str, str], whole: Mapping[str, str]) -> str:
   if binding.strip() in whole:
     return whole[binding.strip()]
@@ -657,23 +661,32 @@ def _renamed(binding: str, names: Mapping[str, str], whole: Mapping[str, str]) -
   return f"{new} ={value}" if sep and new else binding
 
 
-def _as_recorded(binding: str) -> str:
-  """``binding`` ("name = value") under the name the first recorded configurations knew it by."""
-  return _renamed(binding, RECORDED_BINDING_NAMES, RECORDED_BINDINGS)
+def _as_recorded(bindings: Sequence[str]) -> List[str]:
+  """``bindings`` ("name = value") as the first recorded configurations wrote them."""
+  stripped = [b.strip() for b in bindings]
+  if all(b in stripped for b in _AVERAGING_ONLY):
+    bindings = [b for b in bindings if b.strip() not in _AVERAGING_ONLY]
+  return [_renamed(b, RECORDED_BINDING_NAMES, RECORDED_BINDINGS) for b in bindings]
 
 
-def _as_current(binding: str) -> str:
-  """A recorded ``binding`` under its name today."""
-  return _renamed(binding, {old: new for new, old in RECORDED_BINDING_NAMES.items()},
-                  {old: new for new, old in RECORDED_BINDINGS.items()})
+def _as_current(bindings: Sequence[str]) -> List[str]:
+  """Recorded ``bindings`` under today's names (unchanged if they already are)."""
+  names = {old: new for new, old in RECORDED_BINDING_NAMES.items()}
+  whole = {old: new for new, old in RECORDED_BINDINGS.items()}
+  current: List[str] = []
+  for binding in bindings:
+    if (binding.partition("=")[0].strip() == "trainer.train.averaging"
+        and "trainer.train.codistill = True" not in [b.strip() for b in bindings]):
+      current += _AVERAGING_ONLY
+    current.append(_renamed(binding, names, whole))
+  return current
 
 
-def _bindings_as(config: dict, name: Callable[[str], str]) -> dict:
-  """``config`` (an arm_config) with every binding under ``name(binding)``."""
-  return {**config, "arm": {**config["arm"], "gin_bindings": [
-      name(b) for b in config["arm"]["gin_bindings"]]},
-          "common_bindings": [name(b) for b in config["common_bindings"]],
-          "data": [name(b) for b in config["data"]]}
+def _bindings_as(config: dict, convert: Callable[[Sequence[str]], List[str]]) -> dict:
+  """``config`` (an arm_config) with each of its lists of bindings ``convert``ed."""
+  return {**config, "arm": {**config["arm"], "gin_bindings": convert(
+      config["arm"]["gin_bindings"])}, "common_bindings": convert(config["common_bindings"]),
+          "data": convert(config["data"])}
 
 
 def arm_config(arm: Arm, suite: Suite, data: Sequence[str]) -> dict:
@@ -1117,7 +1130,7 @@ def _recorded_arm(arm: Arm, paths: RunPaths) -> Arm:
     raise FileNotFoundError(f"arm {arm.name!r}: arm {arm.source_arm!r} has no recorded runs in "
                             f"{paths.results_dir}: run it first")
   return Arm(**{**recorded["arm"],
-                 "gin_bindings": [_as_current(b) for b in recorded["arm"]["gin_bindings"]]})
+                 "gin_bindings": _as_current(recorded["arm"]["gin_bindings"])})
 
 
 def _regenerate(source: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence[str],

@@ -172,7 +172,18 @@ def test_a_renamed_gin_setting_keeps_recorded_configurations_and_digests(tmp_pat
   assert runner._tuning_arms(renamed, suite, data, rates=[0.001])[0.001].name == digest
   other = runner.Arm("a", seeds=1, gin_bindings=[now[0], "tfc.Exchange.publish_every_steps = 40"])
   assert not runner.same_config(config, runner.arm_config(other, suite, data))
-  assert runner._as_recorded("no binding here") == "no binding here"
+  assert runner._as_recorded(["no binding here"]) == ["no binding here"]
+  # An averaging binding recorded without codistillation averaged only: today, three bindings.
+  averaged = ["trainer.train.averaging = @tfc.ParameterAveraging()",
+              "tfc.ParameterAveraging.every_steps = 50"]
+  today = ["trainer.train.exchange = @tfc.Exchange", "tfc.Exchange.distill = False",
+           "tfc.Exchange.averaging = @tfc.ParameterAveraging()",
+           "tfc.ParameterAveraging.every_steps = 50"]
+  assert runner._as_current(averaged) == today and runner._as_current(today) == today
+  assert runner._as_recorded(today) == averaged
+  both = ["trainer.train.codistill = True", *averaged]  # codistillation and averaging
+  assert runner._as_current(both) == [now[0], *today[2:]]
+  assert runner._as_recorded(runner._as_current(both)) == both
   # A recorded arm launched again (an ensemble's or offline teacher's source) uses today's name.
   os.makedirs(os.path.dirname(runner._config_path(old, paths)))
   with open(runner._config_path(old, paths), "w") as f:

@@ -61,13 +61,13 @@ def _quiet_include_probes() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _search_path(gin_files: Sequence[str]) -> Iterator[None]:
-  """Lets `include`s resolve next to these files, then under gin/, and nowhere else: gin keeps
-  its search path for the process, so a directory from an earlier parse could otherwise
-  shadow a file of the same name."""
+  """Lets `include`s resolve next to these files, then under gin/, then from the working
+  directory, and nowhere else: gin keeps its search path for the process, so a directory from
+  an earlier parse could otherwise shadow a file of the same name."""
   prefixes = gin.config._LOCATION_PREFIXES  # gin 0.5.0 (pinned): no API removes a prefix
   saved = list(prefixes)
   own = [os.path.dirname(os.path.abspath(p)) for p in gin_files]
-  prefixes[:] = [""] + list(dict.fromkeys(own + [REPO_GIN_DIR, os.path.dirname(REPO_GIN_DIR)]))
+  prefixes[:] = list(dict.fromkeys(own + [REPO_GIN_DIR, os.path.dirname(REPO_GIN_DIR)])) + [""]
   try:
     yield
   finally:

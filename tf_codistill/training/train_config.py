@@ -27,12 +27,15 @@ ConfigurationError = errors.ConfigurationError
 _TO_EXCHANGE = "bind trainer.train.exchange = @tfc.Exchange"
 RENAMED = {
     "exchange_every_steps": ("tfc.Exchange.publish_every_steps", _TO_EXCHANGE),
-    "codistill": ("trainer.train.exchange = @tfc.Exchange",
-                  "the exchange with its peers is one setting; tfc.Exchange.distill = False "
-                  "averages parameters only"),
+    "codistill": ("trainer.train.exchange",
+                  "True: bind trainer.train.exchange = @tfc.Exchange; False: leave it unbound "
+                  "(None)"),
     **{name: (f"tfc.Exchange.{name}", _TO_EXCHANGE)
        for name in ("publish_every_steps", "keep_last", "poll_interval_s", "publish_format",
-                    "wait_for_first_teachers_s", "teacher_graph", "averaging")},
+                    "wait_for_first_teachers_s", "teacher_graph")},
+    "averaging": ("tfc.Exchange.averaging",
+                  f"{_TO_EXCHANGE}, and tfc.Exchange.distill = False unless the groups also "
+                  "codistilled"),
     "teacher_precision": ("tfc.TeacherSpec.precision", "the teachers belong to the model"),
 }
 

@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 
+import gin
 import pytest
 
 from tf_codistill.exchange import config as exchange_config
@@ -50,8 +51,12 @@ def test_trainer_refuses_unknown_graph_and_precision_naming_the_binding(tmp_path
   with pytest.raises(trainer.ConfigurationError, match="tfc.Exchange: teacher_graph='star'"):
     trainer.train(str(tmp_path), exchange=functools.partial(
         exchange_config.Exchange, teacher_graph="star"), **codistilling)
-  with pytest.raises(trainer.ConfigurationError, match="tfc.TeacherSpec.precision='int4'"):
-    spec.TeacherSpec(precision="int4")
+  gin.bind_parameter("tfc.TeacherSpec.precision", "int4")
+  try:
+    with pytest.raises(trainer.ConfigurationError, match="tfc.TeacherSpec.precision='int4'"):
+      trainer.train(str(tmp_path), **codistilling)
+  finally:
+    gin.clear_config()
   with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_fn is set"):
     trainer.train(str(tmp_path), teachers=spec.TeacherSpec(precision="bfloat16"),
                   teacher_fn=lambda s: s, train_files=["x"], eval_files=["y"])

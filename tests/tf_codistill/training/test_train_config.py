@@ -1,5 +1,6 @@
 """TrainConfig's one check: each setting that cannot work is named before anything runs."""
 
+import dataclasses
 import functools
 
 import gin
@@ -8,6 +9,7 @@ import pytest
 from tf_codistill import errors
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.launch import gin_config
+from tf_codistill.teachers import spec as teacher_spec
 from tf_codistill.training import train_config
 
 FILES = dict(train_files=["x"], eval_files=["y"])
@@ -72,7 +74,7 @@ def test_a_renamed_setting_is_an_error_naming_its_new_name(tmp_path):
                            r"tfc.Exchange.publish_every_steps"):
     trainer.train(str(tmp_path), exchange_every_steps=50, **FILES)
   with pytest.raises(train_config.ConfigurationError,
-                     match=r"trainer.train.codistill is now trainer.train.exchange = @tfc"):
+                     match=r"trainer.train.codistill is now trainer.train.exchange \(True: "):
     trainer.train(str(tmp_path), codistill=True, **FILES)
 
 
@@ -84,14 +86,24 @@ def _clean_gin():
 
 
 @pytest.mark.parametrize("old, new", [
-    ("trainer.train.codistill = True", "trainer.train.exchange = @tfc.Exchange"),
+    ("trainer.train.codistill = True", "trainer.train.exchange .True: bind trainer.train.exchange "
+                                       "= @tfc.Exchange; False: leave it unbound"),
     ("trainer.train.publish_every_steps = 50", "tfc.Exchange.publish_every_steps"),
-    ("trainer.train.averaging = None", "tfc.Exchange.averaging"),
+    ("trainer.train.averaging = None", "tfc.Exchange.averaging .bind trainer.train.exchange = "
+                                       "@tfc.Exchange, and tfc.Exchange.distill = False unless"),
     ("trainer.train.teacher_precision = 'int8'", "tfc.TeacherSpec.precision"),
 ])
 def test_a_moved_gin_setting_is_an_error_naming_where_it_went(_clean_gin, old, new):
   with pytest.raises(errors.ConfigurationError, match=f"is now {new}"):
     gin_config.parse_gin([], [old])
+
+
+def test_every_new_name_of_a_moved_setting_exists():
+  owners = {"trainer.train": train_config.TrainConfig, "tfc.Exchange": exchange_config.Exchange,
+            "tfc.TeacherSpec": teacher_spec.TeacherSpec}
+  for new, _ in train_config.RENAMED.values():
+    owner, _, field = new.partition(" ")[0].rpartition(".")
+    assert field in {f.name for f in dataclasses.fields(owners[owner])}, new
 
 
 def test_the_nested_settings_come_from_their_own_bindings(_clean_gin):

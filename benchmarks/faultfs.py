@@ -3,16 +3,19 @@ operation through until told to misbehave. It makes the exchange directory's fau
 (the kernel, TF's file system layer and the exchange code all see them): slow (every operation
 delayed), read-only (EROFS), full (ENOSPC), vanished (empty, every path gone, until back),
 stalled (every operation blocks until the mode changes), and a bandwidth cap (bytes per second
-for reads and writes together) for a slow link to a remote exchange.
+read, and as many written, as over a full-duplex link) for a slow link to a remote exchange.
+It counts the bytes read and written through it (``bytes_moved``: what crossed the link).
 
   with faultfs.FaultyDirectory(backing, mount) as exchange_dir:   # exchange_dir == mount
     ...                                     # pass-through
     exchange_dir.set("full")                # writes fail with ENOSPC from now on
     exchange_dir.set("ok", bytes_per_s=12.5e6)   # ~100 Mbit/s
+    exchange_dir.bytes_moved()              # {"read": ..., "written": ...} so far
 
 The file system runs in a process of its own (``python -m benchmarks.faultfs BACKING MOUNT
 CONTROL``); ``set`` rewrites the control file (JSON, atomically), which the file system reads
-again before its next operation. Needs root (``/dev/fuse``), Debian's ``fuse3`` and the
+again before its next operation; it writes its byte counts to ``CONTROL.bytes.json`` (at most
+every 0.2 s, and as it is unmounted). Needs root (``/dev/fuse``), Debian's ``fuse3`` and the
 ``mfusepy`` package; ``unavailable()`` says what is missing.
 """
 
@@ -48,6 +51,11 @@ def unavailable() -> Optional[str]:
   return None
 
 
+def bytes_path(control: str) -> str:
+  """Where the file system of control file ``control`` writes its byte counts."""
+  return f"{control}.bytes.json"
+
+
 def _make_operations(backing: str, control: str) -> Any:
   """The FUSE operations over ``backing`` under the behaviour ``control`` says (built here so
   that importing this module needs no libfuse)."""
@@ -59,8 +67,10 @@ def _make_operations(backing: str, control: str) -> Any:
     def __init__(self):
       self._stamp: Optional[int] = None
       self._behaviour: Dict[str, Any] = {"mode": "ok"}
-      self._bandwidth_lock = threading.Lock()
-      self._link_free_at = 0.0
+      self._links = {side: [threading.Lock(), 0.0] for side in ("read", "written")}
+      self._moved = {"read": 0, "written": 0}
+      self._counting = threading.Lock()
+      self._reported_at = 0.0
 
     def _current(self) -> Dict[str, Any]:
       try:
@@ -89,16 +99,33 @@ def _make_operations(backing: str, control: str) -> Any:
         raise mfusepy.FuseOSError(errno.ENOSPC if mode == "full" else errno.ENOENT)
       return os.path.join(backing, path.lstrip("/"))
 
-    def _transfer(self, size: int) -> None:
-      """Holds a read or write of ``size`` bytes until a link of ``bytes_per_s`` carried it."""
+    def _transfer(self, side: str, size: int) -> None:
+      """Holds a read or write (``side``) of ``size`` bytes until a link of ``bytes_per_s``
+      each way carried it, and counts it."""
       rate = self._current().get("bytes_per_s")
-      if not rate:
-        return
-      with self._bandwidth_lock:
-        start = max(time.monotonic(), self._link_free_at)
-        self._link_free_at = start + size / rate
-        done = self._link_free_at
-      time.sleep(max(0.0, done - time.monotonic()))
+      if rate:
+        lock, _ = link = self._links[side]
+        with lock:
+          start = max(time.monotonic(), link[1])
+          link[1] = start + size / rate
+          done = link[1]
+        time.sleep(max(0.0, done - time.monotonic()))
+      with self._counting:
+        self._moved[side] += size
+      self._report()
+
+    def _report(self, force: bool = False) -> None:
+      """Writes the byte counts (at most every 0.2 s unless ``force``)."""
+      with self._counting:
+        now = time.monotonic()
+        if not force and now - self._reported_at < 0.2:
+          return
+        self._reported_at = now
+        moved = dict(self._moved)
+      machine.write_json(bytes_path(control), moved)
+
+    def destroy(self, path):
+      self._report(force=True)
 
     def __call__(self, op, *args):
       try:
@@ -132,12 +159,13 @@ def _make_operations(backing: str, control: str) -> Any:
 
     def read(self, path, size, offset, fh):
       self._enter(path)
-      self._transfer(size)
-      return os.pread(fh, size, offset)
+      data = os.pread(fh, size, offset)
+      self._transfer("read", len(data))
+      return data
 
     def write(self, path, data, offset, fh):
       self._enter(path, write=True)
-      self._transfer(len(data))
+      self._transfer("written", len(data))
       return os.pwrite(fh, data, offset)
 
     def truncate(self, path, length, fh=None):
@@ -195,6 +223,9 @@ class FaultyDirectory:
       raise RuntimeError(f"cannot mount a faulty directory: {reason}")
     self.backing, self.path = os.path.abspath(backing), os.path.abspath(mount)
     self.control = f"{self.path.rstrip('/')}.faultfs.json"
+    self._final: Optional[Dict[str, int]] = None
+    if os.path.exists(bytes_path(self.control)):
+      os.remove(bytes_path(self.control))
     os.makedirs(self.backing, exist_ok=True)
     os.makedirs(self.path, exist_ok=True)
     self.set("ok")
@@ -211,14 +242,25 @@ class FaultyDirectory:
 
   def set(self, mode: str, delay_s: float = 2.0, bytes_per_s: Optional[float] = None) -> None:
     """From the next operation on: ``mode`` (one of MODES; ``delay_s`` for 'slow'), and at most
-    ``bytes_per_s`` read and written (None: no cap)."""
+    ``bytes_per_s`` read and as many written (None: no cap)."""
     if mode not in MODES:
       raise ValueError(f"mode={mode!r} is not one of {MODES}")
     machine.write_json(self.control,
                        {"mode": mode, "delay_s": delay_s, "bytes_per_s": bytes_per_s})
 
+  def bytes_moved(self) -> Dict[str, int]:
+    """Bytes read and written through the directory so far (final once it is closed)."""
+    if self._final is not None:
+      return dict(self._final)
+    try:
+      with open(bytes_path(self.control)) as f:
+        return json.load(f)
+    except (OSError, ValueError):  # nothing moved yet
+      return {"read": 0, "written": 0}
+
   def close(self) -> None:
-    """Unmounts (waiting for the file system process) and removes the control file."""
+    """Unmounts (waiting for the file system process) and removes the control file, keeping
+    the final byte counts (``bytes_moved``)."""
     if os.path.ismount(self.path):
       self.set("ok")  # a stalled operation returns, so the unmount is not refused as busy
       subprocess.run(["fusermount3", "-u", self.path], check=False, capture_output=True)
@@ -228,8 +270,11 @@ class FaultyDirectory:
       except subprocess.TimeoutExpired:
         self._proc.kill()
         self._proc.wait()
-    if os.path.exists(self.control):
-      os.remove(self.control)
+    if self._final is None:
+      self._final = self.bytes_moved()
+    for path in (self.control, bytes_path(self.control)):
+      if os.path.exists(path):
+        os.remove(path)
 
   def __enter__(self) -> "FaultyDirectory":
     return self

@@ -14,10 +14,12 @@ hangs, not crashes.
   matched with ``socket cgroupv2``). Healing deletes the table and moves the process back.
 - ``latency``: this kernel family ships without ``sch_netem``, so delay is made by a relay inside
   the namespace that holds every chunk, each way, for ``delay_s`` before passing it on to where
-  the connection was addressed; nftables NAT rules redirect the task's new connections (its
+  the connection was addressed, and with a rate cap carries at most so many bytes a second in
+  each direction (a slow link); nftables NAT rules redirect the task's new connections (its
   cgroup) and new connections to its ports through it (the relay's own connections carry a mark
   the rules skip). Connections open before the fault keep their direct path, so a whole-run
-  latency is installed as the task starts (``connections`` counts what went through it).
+  latency is installed as the task starts (``connections`` counts what went through it,
+  ``bytes_carried`` the bytes it carried each way).
 
 Needs root (nftables in the namespace, cgroups), the ``nft`` tool (Debian's ``nftables``) and a
 cgroup v2 hierarchy; ``unavailable()`` says what is missing.
@@ -33,36 +35,44 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional, Set
+from typing import List, Optional, Sequence, Set
 
 RELAY_MARK = 0x7466  # packets of the relay's own connections: never redirected again
 _ids = itertools.count()
 
-# Runs inside the namespace: listens on a free loopback port (printed first), forwards every
-# connection redirected to it to the port it was addressed to (SO_ORIGINAL_DST), holding each
-# chunk DELAY seconds each way and, with RATE > 0, at most RATE bytes a second each way over all
-# its connections (a link's capacity); prints "connection" per accepted connection.
+# Runs inside the namespace: listens on two free loopback ports (printed first: OUT IN), one for
+# the task's own connections, one for connections to the task, and forwards each connection
+# redirected to it to the port it was addressed to (SO_ORIGINAL_DST), holding each chunk DELAY
+# seconds and, with RATE > 0, carrying at most RATE bytes a second in each direction of the link
+# ("out": the task sends, "in": it receives) over all its connections; prints "connection" per
+# accepted connection and "bytes OUT IN" (totals carried) at most every 0.2 s, as a connection
+# ends and as it is stopped (SIGTERM).
 _RELAY = r"""
-import collections, socket, struct, sys, threading, time
+import collections, os, signal, socket, struct, sys, threading, time
 delay, mark, rate = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 SO_ORIGINAL_DST = 80
-links = {"up": [threading.Lock(), 0.0], "down": [threading.Lock(), 0.0]}
+links = {side: [threading.Lock(), 0.0] for side in ("out", "in")}
+carried = {"out": 0, "in": 0}
+printing = threading.Lock()
+last_print = [0.0]
 
-def carry(direction, size):
-  if rate <= 0:
-    return
-  lock, _ = link = links[direction]
-  with lock:
-    start = max(time.monotonic(), link[1])
-    link[1] = start + size / rate
-    done = link[1]
-  time.sleep(max(0.0, done - time.monotonic()))
-server = socket.socket()
-server.bind(("127.0.0.1", 0))
-server.listen(128)
-print(server.getsockname()[1], flush=True)
+def report(force=False):
+  with printing:
+    now = time.monotonic()
+    if force or now - last_print[0] >= 0.2:
+      last_print[0] = now
+      print("bytes", carried["out"], carried["in"], flush=True)
 
-def pipe(src, dst, direction):
+def carry(side, size):
+  if rate > 0:
+    lock, _ = link = links[side]
+    with lock:
+      start = max(time.monotonic(), link[1])
+      link[1] = start + size / rate
+      done = link[1]
+    time.sleep(max(0.0, done - time.monotonic()))
+
+def pipe(src, dst, side):
   queue, ready = collections.deque(), threading.Condition()
   def read():
     while True:
@@ -85,29 +95,49 @@ def pipe(src, dst, direction):
       try:
         if not data:
           dst.shutdown(socket.SHUT_WR)
+          report(force=True)
           return
-        carry(direction, len(data))
+        carry(side, len(data))
         dst.sendall(data)
       except OSError:
+        report(force=True)
         return
+      with printing:
+        carried[side] += len(data)
+      report()
   for fn in (read, write):
     threading.Thread(target=fn, daemon=True).start()
 
-while True:
-  client, _ = server.accept()
-  target = struct.unpack("!H", client.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)[2:4])[0]
-  upstream = socket.socket()
-  upstream.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
-  try:
-    upstream.connect(("127.0.0.1", target))
-  except OSError:
-    client.close()
-    continue
-  for s in (client, upstream):
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-  pipe(client, upstream, "up")
-  pipe(upstream, client, "down")
-  print("connection", flush=True)
+def serve(server, outgoing):
+  while True:
+    client, _ = server.accept()
+    target = struct.unpack("!H", client.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)[2:4])[0]
+    upstream = socket.socket()
+    upstream.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
+    try:
+      upstream.connect(("127.0.0.1", target))
+    except OSError:
+      client.close()
+      continue
+    for s in (client, upstream):
+      s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    pipe(client, upstream, "out" if outgoing else "in")
+    pipe(upstream, client, "in" if outgoing else "out")
+    print("connection", flush=True)
+
+def stop(*_):
+  report(force=True)
+  os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+servers = []
+for _ in range(2):
+  server = socket.socket()
+  server.bind(("127.0.0.1", 0))
+  server.listen(128)
+  servers.append(server)
+print(*(s.getsockname()[1] for s in servers), flush=True)
+threading.Thread(target=serve, args=(servers[1], False), daemon=True).start()
+serve(servers[0], True)
 """
 
 
@@ -209,19 +239,30 @@ class Fault:
     self._faults, self.table, self._family, self.what = faults, table, family, what
     self._relay, self._cgroup = relay, cgroup
     self._connections = 0
+    self._carried = {"out": 0, "in": 0}
     self.healed = False
+    self._counter = threading.Thread(target=self._count, daemon=True)
     if relay is not None:
-      threading.Thread(target=self._count, daemon=True).start()
+      self._counter.start()
 
   def _count(self) -> None:
     for line in self._relay.stdout:
-      if line.strip() == b"connection":
+      words = line.split()
+      if words == [b"connection"]:
         self._connections += 1
+      elif len(words) == 3 and words[0] == b"bytes":
+        self._carried = {"out": int(words[1]), "in": int(words[2])}
 
   @property
   def connections(self) -> int:
     """Connections that went through the latency relay (0 for other faults)."""
     return self._connections
+
+  @property
+  def bytes_carried(self) -> dict:
+    """Bytes the latency relay carried so far each way: ``out`` the task sent, ``in`` it
+    received (zeros for other faults)."""
+    return dict(self._carried)
 
   def dropped(self) -> int:
     """Packets the fault's rules have dropped so far (0 for latency, and once healed)."""
@@ -239,8 +280,13 @@ class Fault:
     if self._faults.alive():  # else the namespace, and its rules, ended with its launch
       self._faults.nft(f"delete table {self._family} {self.table}\n")
     if self._relay is not None:
-      self._relay.kill()
-      self._relay.wait()
+      self._relay.terminate()  # it prints its final counts first
+      try:
+        self._relay.wait(timeout=10)
+      except subprocess.TimeoutExpired:
+        self._relay.kill()
+        self._relay.wait()
+      self._counter.join(timeout=10)
     if self._cgroup is not None:
       self._cgroup.release()
     self.healed = True
@@ -338,11 +384,13 @@ class NetworkFaults:
                       f"{percent}% packet loss at process {pid}")
 
   def latency(self, pid: int, delay_s: float, bytes_per_s: Optional[float] = None,
-              timeout_s: float = 30.0) -> Fault:
+              timeout_s: float = 30.0, ports: Sequence[int] = ()) -> Fault:
     """Every new connection of process ``pid`` (a task), and to its ports, goes through a relay
     that delays each chunk, each way, by ``delay_s`` (a round trip takes ``2 * delay_s``
     longer) and carries at most ``bytes_per_s`` each way (None: no cap), as a slow link to the
-    task would. Connections open before the fault keep their direct path."""
+    task would. ``ports``: ports of the task it does not listen on yet (its server's, from the
+    cluster spec, for a fault made as it starts). Connections open before the fault keep their
+    direct path."""
     self._check_inside(pid)
     relay = subprocess.Popen(
         self.enter([sys.executable, "-c", _RELAY, str(delay_s), str(RELAY_MARK),
@@ -350,17 +398,19 @@ class NetworkFaults:
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     timer = threading.Timer(timeout_s, relay.kill)
     timer.start()
-    line = relay.stdout.readline().strip()
+    line = relay.stdout.readline().split()
     timer.cancel()
-    if not line.isdigit():
+    if len(line) != 2 or not all(word.isdigit() for word in line):
       relay.kill()
       raise NetFaultError(f"the latency relay in the namespace of pid {self.pid} did not start")
+    outgoing, incoming = (int(word) for word in line)
     table = f"tfc_fault_{os.getpid()}_{next(_ids)}"
-    ports = ", ".join(map(str, sorted(socket_ports(pid))))
+    own = ", ".join(map(str, sorted(socket_ports(pid) | set(ports))))
     cgroup = _Cgroup(pid, table)
-    skip, to = f"meta mark != {RELAY_MARK:#x}", f"redirect to :{int(line)}"
-    rules = [f"{skip} {cgroup.match} tcp dport != {int(line)} {to}",
-             *([f"{skip} tcp dport {{ {ports} }} {to}"] if ports else [])]
+    skip = f"meta mark != {RELAY_MARK:#x}"
+    rules = [f"{skip} {cgroup.match} tcp dport != {{ {outgoing}, {incoming} }} "
+             f"redirect to :{outgoing}",
+             *([f"{skip} tcp dport {{ {own} }} redirect to :{incoming}"] if own else [])]
     try:
       self.nft(_table(table, {"output": rules}, family="ip", kind="nat", priority=-100))
     except NetFaultError:

@@ -35,6 +35,7 @@ MODULES: Dict[str, str] = {
     "cluster_step_times": "benchmarks.cluster_step_times",
     "fault_trials": "benchmarks.fault_trials",
     "net_fault_trials": "benchmarks.net_fault_trials",
+    "slow_link": "benchmarks.slow_link",
     "soak": "benchmarks.soak",
     "tf_versions": "benchmarks.tf_versions",
 }

@@ -562,7 +562,8 @@ class RunPaths:
     return os.path.join(self.results_dir, CORPUS_MANIFEST)
 
 
-def _gin_path(path: str) -> str:
+def gin_path(path: str) -> str:
+  """A suite's gin file: as given when absolute, else under the repository's gin/."""
   return path if os.path.isabs(path) else os.path.join(config.REPO_GIN_DIR, path)
 
 
@@ -836,7 +837,7 @@ def _launch(arm: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence[s
                  "trainer.train.verbose = 0"] + threads)
   shape = launcher.GroupShape(arm.strategy, arm.workers_per_group, arm.ps_per_group)
   return launcher.launch(model_dir, num_groups or arm.num_groups, exchange_dir=exchange_dir,
-                         gin_files=[_gin_path(p) for p in arm.gin_files], gin_bindings=bindings,
+                         gin_files=[gin_path(p) for p in arm.gin_files], gin_bindings=bindings,
                          shape=shape, groups=groups, pin_groups=pin,
                          # A run restarted from a checkpoint is not the run its curve claims.
                          max_restarts=0)
@@ -874,7 +875,7 @@ def _next_rate(suite: Suite, rates: Sequence[float], chosen: float) -> Optional[
   return 2 * max(rates)
 
 
-def _curves(arm: Arm, paths: RunPaths, key: str) -> Dict[int, protocol.Curve]:
+def recorded_curves(arm: Arm, paths: RunPaths, key: str) -> Dict[int, protocol.Curve]:
   """{seed: the seed's validation curve (mean over its groups)} from the recorded runs."""
   groups = arm.num_groups if arm.kind == "train" else 1
   return protocol.grouped({
@@ -890,7 +891,7 @@ def _grid_losses(arm: Arm, suite: Suite, paths: RunPaths, data: Sequence[str],
     if not os.path.exists(paths.curve(tuning_arm.name, suite.tuning_seed, 0)):
       raise FileNotFoundError(f"arm {arm.name!r}: tuning run {tuning_arm.name} is not recorded "
                               f"in {paths.results_dir}: run the suite")
-    curve = _curves(tuning_arm, paths, suite.loss_key)[suite.tuning_seed]
+    curve = recorded_curves(tuning_arm, paths, suite.loss_key)[suite.tuning_seed]
     losses[lr] = {"best_val_loss": protocol.best_loss(curve), "runs": tuning_arm.name,
                   "curve": curve}
   return losses
@@ -1093,7 +1094,7 @@ def _ensemble(arm: Arm, suite: Suite, paths: RunPaths, seed: int, data: Sequence
   bindings = list(suite.common_bindings) + list(source.gin_bindings) + list(data)
   command = ([sys.executable, "-m", "tf_codistill.bin.evaluate", f"--json_out={scored}",
               f"--predictions_out={paths.predictions(arm.name, seed, 0)}"]
-             + [f"--gin_file={_gin_path(f)}" for f in source.gin_files]
+             + [f"--gin_file={gin_path(f)}" for f in source.gin_files]
              + [f"--gin_bindings={b}" for b in bindings]
              + [f"--saved_model={layout.group_run(paths.run_dir(source.name, m), 0).export}"
                 for m in members])
@@ -1293,7 +1294,7 @@ def _target(suite: Suite, paths: RunPaths, raw: Mapping[str, List[dict]]) -> Opt
   """The target loss steps are counted to, by the suite's target_rule."""
   if suite.target_rule == "best_sync":
     by_name = {a.name: a for a in suite.arms}
-    return protocol.best_arm({n: list(_curves(by_name[n], paths, suite.loss_key).values())
+    return protocol.best_arm({n: list(recorded_curves(by_name[n], paths, suite.loss_key).values())
                               for n in suite.sync_arms})[1]
   if suite.target_from_arm:
     return float(np.mean([r["result"][suite.loss_key] for r in raw[suite.target_from_arm]])) \
@@ -1362,7 +1363,7 @@ def summarize(suite: Suite, paths: RunPaths, protocol_record: Optional[dict] = N
         "repeated_tokens": (None if any(r["repeated_tokens"] is None for r in runs)
                             else sum(r["repeated_tokens"] for r in runs)),
         "seed_curves": {str(seed): curve for seed, curve in
-                        _curves(arm, paths, suite.loss_key).items()},
+                        recorded_curves(arm, paths, suite.loss_key).items()},
         "group_curves": {f"{r['seed']}_{r['group']}": protocol.curve_points(r["curve"],
                                                                            suite.loss_key)
                          for r in raw[arm.name]},

@@ -70,6 +70,18 @@ def test_slow_and_capped_operations_take_their_time(mounted):
   assert os.path.getsize(os.path.join(mounted.backing, "big")) == 1_000_000
 
 
+def test_bytes_read_and_written_through_it_are_counted_and_kept_after_it_closes(tmp_path):
+  directory = faultfs.FaultyDirectory(str(tmp_path / "backing"), str(tmp_path / "mount"))
+  try:
+    _write(os.path.join(directory.path, "a"), b"\1" * 300_000)
+    assert open(os.path.join(directory.path, "a"), "rb").read() == b"\1" * 300_000
+    _write(os.path.join(directory.backing, "b"), b"\2" * 1000)  # beside it: not counted
+  finally:
+    directory.close()
+  assert directory.bytes_moved() == {"read": 300_000, "written": 300_000}
+  assert not os.path.exists(faultfs.bytes_path(directory.control))
+
+
 def test_a_stalled_directory_blocks_every_operation_until_it_answers_again(mounted):
   mounted.set("stalled")
   done = threading.Event()

@@ -163,10 +163,49 @@ def test_a_delayed_process_answers_a_round_trip_after_twice_the_delay(namespace)
 
 def test_a_capped_link_carries_no_more_than_its_bytes_a_second(namespace):
   faults, echo, port = namespace
-  with faults.latency(echo.pid, 0.0, bytes_per_s=400_000):
+  with faults.latency(echo.pid, 0.0, bytes_per_s=400_000) as fault:
     capped = _client(faults, port, rounds=2000)  # 200 kB each way through a 400 kB/s link
   assert capped["echoed"] == 2000
   assert sum(capped["round_trips_s"]) >= 0.45, sum(capped["round_trips_s"])
+  # Counted from the task's side: it received the 200 kB and sent them back.
+  assert fault.bytes_carried == {"in": 200_000, "out": 200_000}
+
+
+# A server that listens only when told (on the port given on stdin), then echoes.
+_LATE_ECHO = r"""
+import socket, sys
+print("ready", flush=True)
+server = socket.socket()
+server.bind(("127.0.0.1", int(sys.stdin.readline())))
+server.listen(16)
+print("listening", flush=True)
+c, _ = server.accept()
+while True:
+  data = c.recv(4096)
+  if not data:
+    break
+  c.sendall(data)
+"""
+
+
+def test_a_task_delayed_before_it_listens_is_reached_through_the_relay(namespace):
+  faults = namespace[0]
+  late = subprocess.Popen(faults.enter([sys.executable, "-c", _LATE_ECHO]), text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+  try:
+    assert late.stdout.readline().strip() == "ready"
+    port = 45678  # the namespace is the test's own: nothing else listens in it
+    with faults.latency(late.pid, 0.1, ports=[port]) as fault:
+      late.stdin.write(f"{port}\n")
+      late.stdin.flush()
+      assert late.stdout.readline().strip() == "listening"
+      delayed = _client(faults, port, rounds=3)
+      assert _eventually(lambda: fault.connections == 1)
+    assert delayed["echoed"] == 3 and min(delayed["round_trips_s"]) >= 0.2, delayed
+    assert fault.bytes_carried == {"in": 300, "out": 300}
+  finally:
+    late.kill()
+    late.wait()
 
 
 def test_a_delayed_process_reaches_others_through_the_relay_too(namespace, dialer):

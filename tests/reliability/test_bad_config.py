@@ -65,6 +65,12 @@ CASES = {
         "launch", ["--num_groups=1"], "codistill_2way.gin", [], {},
         "trainer.train.exchange (codistillation, parameter averaging) needs --num_groups >= 2 "
         "(or unbind trainer.train.exchange)"),
+    "groups_not_indices_launch": (
+        "launch", ["--groups=one"], "codistill_2way.gin", [], {},
+        "--groups=one: give group indices, e.g. --groups=1 or --groups=0,2"),
+    "groups_out_of_range_launch": (
+        "launch", ["--groups=0,2"], "codistill_2way.gin", [], {},
+        "--groups=0,2 is out of range for --num_groups=2"),
     "group_out_of_range": (
         "train", ["--group=2", "--num_groups=2"], "codistill_2way.gin", [], {},
         "--group=2 is out of range for --num_groups=2"),

@@ -15,6 +15,9 @@ flags.DEFINE_string("model_dir", "codistill_run",
                     "Job directory; group i writes to model_dir/group_<i>.")
 flags.DEFINE_integer("num_groups", 2, "Number of codistillation groups.", lower_bound=1)
 flags.DEFINE_string("exchange_dir", None, "Shared exchange directory (default model_dir/exchange).")
+flags.DEFINE_list("groups", None,
+                  "Run only these of the job's groups here (e.g. 1), the others on other "
+                  "machines given the same --num_groups and --exchange_dir (default: all).")
 flags.DEFINE_string("strategy", None,
                     "Strategy inside each group: one_device, mirrored, multi_worker_mirrored or "
                     "parameter_server (default: the gin binding trainer.train.strategy, else "
@@ -55,6 +58,15 @@ def main(argv):
   if len(argv) > 1:
     common.exit_with_error(f"unexpected arguments: {argv[1:]}")
   policy = {} if FLAGS.max_restarts is None else {"max_restarts": FLAGS.max_restarts}
+  if FLAGS.groups is not None:
+    given = ",".join(FLAGS.groups)
+    if not FLAGS.groups or not all(g.strip().isdigit() for g in FLAGS.groups):
+      common.exit_with_error(f"--groups={given}: give group indices, e.g. --groups=1 or "
+                             "--groups=0,2")
+    policy["groups"] = [int(g) for g in FLAGS.groups]
+    if max(policy["groups"]) >= FLAGS.num_groups:
+      common.exit_with_error(f"--groups={given} is out of range for "
+                             f"--num_groups={FLAGS.num_groups}")
   try:
     dirs = tfc.launch_job(
         FLAGS.model_dir, FLAGS.num_groups, gin_files=FLAGS.gin_file,

@@ -100,8 +100,13 @@ def _command(model_dir: str, arm: runner.Arm, bindings: Sequence[str], flags: Se
 
 
 def _pin(pid: int, cpu: int) -> None:
-  """Pins every thread process ``pid`` has now (and so those it starts) to ``cpu``."""
-  for tid in os.listdir(f"/proc/{pid}/task"):
+  """Pins every thread process ``pid`` has now (and so those it starts) to ``cpu``; nothing if
+  it has ended (its launch then fails, saying why)."""
+  try:
+    tids = os.listdir(f"/proc/{pid}/task")
+  except FileNotFoundError:
+    return
+  for tid in tids:
     try:
       os.sched_setaffinity(int(tid), {cpu})
     except (ProcessLookupError, FileNotFoundError):  # the thread ended meanwhile
@@ -109,6 +114,7 @@ def _pin(pid: int, cpu: int) -> None:
 
 
 def _two_cpus() -> Tuple[int, int]:
+  """The two CPUs the two machines run on (this process's first two)."""
   cpus = sorted(os.sched_getaffinity(0))
   if len(cpus) < 2:
     raise RuntimeError(f"slow_link needs 2 CPUs (one per machine), this process may use {cpus}")

@@ -181,7 +181,10 @@ def _cut(faults: netfaults.NetworkFaults, pid: int) -> Callable[[], dict]:
   fault = faults.cut_off(pid)
 
   def end() -> dict:
-    dropped = fault.dropped()
+    try:
+      dropped: Optional[int] = fault.dropped()
+    except netfaults.NetFaultError:  # the launch ended meanwhile (a restart beat the cut)
+      dropped = None
     fault.heal()
     return {"packets_dropped": dropped}
   return end

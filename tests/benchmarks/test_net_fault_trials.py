@@ -2,12 +2,15 @@
 themselves run in tests/reliability/test_network_faults.py)."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from benchmarks import net_fault_trials
 from benchmarks import registry
 from benchmarks import reliability_doc
+from tf_codistill.launch import isolation
 
 
 def test_the_cases_cover_cuts_of_every_task_loss_and_latency_in_both_strategies():
@@ -98,3 +101,23 @@ def test_recorded_trials_are_kept_by_a_later_run_with_the_same_settings(tmp_path
   assert summary["summary"]["cut_worker_5s"]["finished"] == 1 and summary["wall_s"] == 50.0
   assert net_fault_trials._recorded_trial(ctx.results_dir, "cut_worker_5s", 0,
                                           {**settings, "stall_timeout_s": 60.0}) is None
+
+
+@pytest.mark.skipif(net_fault_trials.netfaults.unavailable() is not None,
+                    reason=str(net_fault_trials.netfaults.unavailable()))
+def test_a_cut_whose_launch_ended_meanwhile_ends_without_its_packet_count():
+  """A restart can beat a long cut: the launch (and its namespace) is gone when the cut ends;
+  the trial records no packet count instead of failing on the namespace."""
+  namespace = isolation.NetworkNamespace()
+  faults = net_fault_trials.netfaults.NetworkFaults(namespace.pid)
+  sleeper = subprocess.Popen(faults.enter([sys.executable, "-c", "import time; time.sleep(60)"]))
+  try:
+    faults.wait_inside(sleeper.pid)
+    end = net_fault_trials._cut(faults, sleeper.pid)
+    namespace.close()
+    assert not faults.alive()
+    assert end() == {"packets_dropped": None}
+  finally:
+    sleeper.kill()
+    sleeper.wait()
+    namespace.close()

@@ -485,7 +485,7 @@ def summarize_windows(launches: List[dict]) -> dict:
 
 
 def goals(groups: Dict[str, dict]) -> Dict[str, dict]:
-  """The issue's goals from the groups measured: the teacher's throughput ratio in the
+  """The goals from the groups measured: the teacher's throughput ratio in the
   parameter-server group, and the largest throughput share lost to refreshes in any group (its
   refresh windows' ratio where it has them, else its arms' ``refresh_vs_teacher``); each with
   its interval and its value in every launch."""

@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
+from benchmarks import links
 from benchmarks import machine
 
 MODES = ("ok", "slow", "read_only", "full", "vanished", "stalled")
@@ -67,7 +68,7 @@ def _make_operations(backing: str, control: str) -> Any:
     def __init__(self):
       self._stamp: Optional[int] = None
       self._behaviour: Dict[str, Any] = {"mode": "ok"}
-      self._links = {side: [threading.Lock(), 0.0] for side in ("read", "written")}
+      self._links = {side: links.Link() for side in ("read", "written")}
       self._moved = {"read": 0, "written": 0}
       self._counting = threading.Lock()
       self._reported_at = 0.0
@@ -102,14 +103,7 @@ def _make_operations(backing: str, control: str) -> Any:
     def _transfer(self, side: str, size: int) -> None:
       """Holds a read or write (``side``) of ``size`` bytes until a link of ``bytes_per_s``
       each way carried it, and counts it."""
-      rate = self._current().get("bytes_per_s")
-      if rate:
-        lock, _ = link = self._links[side]
-        with lock:
-          start = max(time.monotonic(), link[1])
-          link[1] = start + size / rate
-          done = link[1]
-        time.sleep(max(0.0, done - time.monotonic()))
+      self._links[side].carry(size, self._current().get("bytes_per_s"))
       with self._counting:
         self._moved[side] += size
       self._report()

@@ -13,13 +13,13 @@ hangs, not crashes.
   one it opens while the fault lasts (its process is moved into a cgroup of the fault's own,
   matched with ``socket cgroupv2``). Healing deletes the table and moves the process back.
 - ``latency``: this kernel family ships without ``sch_netem``, so delay is made by a relay inside
-  the namespace that holds every chunk, each way, for ``delay_s`` before passing it on to where
-  the connection was addressed, and with a rate cap carries at most so many bytes a second in
-  each direction (a slow link); nftables NAT rules redirect the task's new connections (its
-  cgroup) and new connections to its ports through it (the relay's own connections carry a mark
-  the rules skip). Connections open before the fault keep their direct path, so a whole-run
-  latency is installed as the task starts (``connections`` counts what went through it,
-  ``bytes_carried`` the bytes it carried each way).
+  the namespace (``benchmarks/relay.py``) that holds every chunk, each way, for ``delay_s``
+  before passing it on to where the connection was addressed, and with a rate cap carries at
+  most so many bytes a second in each direction (a slow link); nftables NAT rules redirect the
+  task's new connections (its cgroup) and new connections to its ports through it (the relay's
+  own connections carry a mark the rules skip). Connections open before the fault keep their
+  direct path, so a whole-run latency is installed as the task starts (``connections`` counts
+  what went through it, ``bytes_carried`` the bytes it carried each way).
 
 Needs root (nftables in the namespace, cgroups), the ``nft`` tool (Debian's ``nftables``) and a
 cgroup v2 hierarchy; ``unavailable()`` says what is missing.
@@ -37,109 +37,9 @@ import threading
 import time
 from typing import List, Optional, Sequence, Set
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RELAY_MARK = 0x7466  # packets of the relay's own connections: never redirected again
 _ids = itertools.count()
-
-# Runs inside the namespace: listens on two free loopback ports (printed first: OUT IN), one for
-# the task's own connections, one for connections to the task, and forwards each connection
-# redirected to it to the port it was addressed to (SO_ORIGINAL_DST), holding each chunk DELAY
-# seconds and, with RATE > 0, carrying at most RATE bytes a second in each direction of the link
-# ("out": the task sends, "in": it receives) over all its connections; prints "connection" per
-# accepted connection and "bytes OUT IN" (totals carried) at most every 0.2 s, as a connection
-# ends and as it is stopped (SIGTERM).
-_RELAY = r"""
-import collections, os, signal, socket, struct, sys, threading, time
-delay, mark, rate = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-SO_ORIGINAL_DST = 80
-links = {side: [threading.Lock(), 0.0] for side in ("out", "in")}
-carried = {"out": 0, "in": 0}
-printing = threading.Lock()
-last_print = [0.0]
-
-def report(force=False):
-  with printing:
-    now = time.monotonic()
-    if force or now - last_print[0] >= 0.2:
-      last_print[0] = now
-      print("bytes", carried["out"], carried["in"], flush=True)
-
-def carry(side, size):
-  if rate > 0:
-    lock, _ = link = links[side]
-    with lock:
-      start = max(time.monotonic(), link[1])
-      link[1] = start + size / rate
-      done = link[1]
-    time.sleep(max(0.0, done - time.monotonic()))
-
-def pipe(src, dst, side):
-  queue, ready = collections.deque(), threading.Condition()
-  def read():
-    while True:
-      try:
-        data = src.recv(1 << 16)
-      except OSError:
-        data = b""
-      with ready:
-        queue.append((time.monotonic() + delay, data))
-        ready.notify()
-      if not data:
-        return
-  def write():
-    while True:
-      with ready:
-        while not queue:
-          ready.wait()
-        due, data = queue.popleft()
-      time.sleep(max(0.0, due - time.monotonic()))
-      try:
-        if not data:
-          dst.shutdown(socket.SHUT_WR)
-          report(force=True)
-          return
-        carry(side, len(data))
-        dst.sendall(data)
-      except OSError:
-        report(force=True)
-        return
-      with printing:
-        carried[side] += len(data)
-      report()
-  for fn in (read, write):
-    threading.Thread(target=fn, daemon=True).start()
-
-def serve(server, outgoing):
-  while True:
-    client, _ = server.accept()
-    target = struct.unpack("!H", client.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)[2:4])[0]
-    upstream = socket.socket()
-    upstream.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
-    try:
-      upstream.connect(("127.0.0.1", target))
-    except OSError:
-      client.close()
-      continue
-    for s in (client, upstream):
-      s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    pipe(client, upstream, "out" if outgoing else "in")
-    pipe(upstream, client, "in" if outgoing else "out")
-    print("connection", flush=True)
-
-def stop(*_):
-  report(force=True)
-  os._exit(0)
-signal.signal(signal.SIGTERM, stop)
-servers = []
-for _ in range(2):
-  server = socket.socket()
-  server.bind(("127.0.0.1", 0))
-  server.listen(128)
-  servers.append(server)
-print(*(s.getsockname()[1] for s in servers), flush=True)
-threading.Thread(target=serve, args=(servers[1], False), daemon=True).start()
-serve(servers[0], True)
-"""
-
 
 CGROUP_ROOT = "/sys/fs/cgroup"  # where nft resolves ``socket cgroupv2`` paths
 
@@ -393,9 +293,9 @@ class NetworkFaults:
     direct path."""
     self._check_inside(pid)
     relay = subprocess.Popen(
-        self.enter([sys.executable, "-c", _RELAY, str(delay_s), str(RELAY_MARK),
+        self.enter([sys.executable, "-m", "benchmarks.relay", str(delay_s), str(RELAY_MARK),
                     str(bytes_per_s or 0)]),
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     timer = threading.Timer(timeout_s, relay.kill)
     timer.start()
     line = relay.stdout.readline().split()

@@ -13,6 +13,7 @@ matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
 from benchmarks import runner
+from benchmarks import suite_spec as spec
 
 _LOSS_NAMES = {"val_logloss": "log loss", "val_loss": "cross-entropy"}
 
@@ -72,7 +73,7 @@ def goal_rows(summary: dict) -> List[Tuple[str, str, str, str, str, str]]:
 def plot_curves(summary: dict, results_dir: str) -> List[str]:
   """Validation loss vs steps and vs wall time, one line per arm (mean over its runs)."""
   written = []
-  loss_key = summary.get("loss_key", runner.LOSS_KEY)
+  loss_key = summary.get("loss_key", spec.LOSS_KEY)
   for x_key, x_label, name in (("step", "steps (per group)", "val_loss_vs_steps.png"),
                                ("wall_time_s", "wall time (s)", "val_loss_vs_wall_time.png")):
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -197,7 +198,7 @@ def _protocol_lines(summary: dict) -> List[str]:
 
 def markdown(summary: dict, command: str, plots: Sequence[str]) -> str:
   """The report: description, command, goal figures, per-arm table, churn, plots."""
-  loss_name = _LOSS_NAMES.get(summary.get("loss_key", runner.LOSS_KEY), "loss")
+  loss_name = _LOSS_NAMES.get(summary.get("loss_key", spec.LOSS_KEY), "loss")
   softmax = summary.get("output") == "softmax"
   lines = _header_lines(summary, command, loss_name)
   rows = goal_rows(summary)

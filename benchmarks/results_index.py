@@ -15,7 +15,7 @@ from benchmarks import report
 REAL_DATA = {"fashion_mnist": "Fashion-MNIST", "adult": "Adult census", "kjv": "King James Bible",
              "debian_english": "English text from Debian (16M words)",
              "debian_kernel": "Linux kernel C source"}
-# The issue-level goals across data sets: (goal, how many real data sets must meet it).
+# The project's goals across data sets: (goal, how many real data sets must meet it).
 ACROSS_DATA_SETS = (("codistill_minus_best_sync_loss", 2), ("codistill_steps_ratio", 1),
                     ("churn_reduction", 2))
 SAME_DATA = "codistill_same_minus_best_sync_loss"  # both groups on all the data

@@ -132,10 +132,11 @@ def run_suite(name: str) -> None:
   """Trains (or, with --report_only, summarizes) a suite's arms."""
   from benchmarks import report  # pylint: disable=g-import-not-at-top
   from benchmarks import runner  # pylint: disable=g-import-not-at-top
+  from benchmarks import suite_spec as spec  # pylint: disable=g-import-not-at-top
   path = FLAGS.suite_file or os.path.join(registry.SUITES_DIR, f"{name}.gin")
   _parse_gin(f"suite {path}", [path])
   try:
-    suite = runner.Suite()
+    suite = spec.Suite()
     if not FLAGS.report_only:
       runner.check_tensorflow(suite)
     if FLAGS.arms is not None:
@@ -144,9 +145,9 @@ def run_suite(name: str) -> None:
       runner.check_arm_names(suite, FLAGS.arms)
   except (ValueError, TypeError) as e:
     raise app.UsageError(f"suite {path}: {e}") from None
-  paths = runner.RunPaths(work_dir=os.path.join(FLAGS.work_dir, suite.name),
-                          results_dir=os.path.join(FLAGS.results_dir, suite.name),
-                          data_dir=os.path.join(FLAGS.work_dir, "data"))
+  paths = spec.RunPaths(work_dir=os.path.join(FLAGS.work_dir, suite.name),
+                        results_dir=os.path.join(FLAGS.results_dir, suite.name),
+                        data_dir=os.path.join(FLAGS.work_dir, "data"))
   try:
     if FLAGS.report_only:
       summary = runner.summarize_recorded(suite, paths)

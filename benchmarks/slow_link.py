@@ -54,6 +54,7 @@ from benchmarks import protocol
 from benchmarks import registry
 from benchmarks import runner
 from benchmarks import standalone
+from benchmarks import suite_spec as spec
 from tf_codistill import layout
 
 _LINK = re.compile(r"^(\d+(?:\.\d+)?)(mbit|gbit)_(\d+(?:\.\d+)?)ms$")
@@ -90,7 +91,7 @@ class Link:
     return f"{rate}, {self.one_way_s * 1000:g} ms each way"
 
 
-def _command(model_dir: str, arm: runner.Arm, bindings: Sequence[str], flags: Sequence[str]
+def _command(model_dir: str, arm: spec.Arm, bindings: Sequence[str], flags: Sequence[str]
              ) -> List[str]:
   """The tf-codistill-launch command line of one side of a run."""
   return ([sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
@@ -121,7 +122,7 @@ def _two_cpus() -> Tuple[int, int]:
   return cpus[0], cpus[1]
 
 
-def _sync_over_link(arm: runner.Arm, link: Link, model_dir: str, bindings: Sequence[str],
+def _sync_over_link(arm: spec.Arm, link: Link, model_dir: str, bindings: Sequence[str],
                     timeout_s: float) -> dict:
   """Runs the sync arm as a MultiWorkerMirrored group of chief + 1 worker, the worker across the
   link; returns the group dirs and the link's byte counts."""
@@ -159,7 +160,7 @@ def _sync_over_link(arm: runner.Arm, link: Link, model_dir: str, bindings: Seque
           "relayed_connections": fault.connections if fault else 0}
 
 
-def _groups_over_link(arm: runner.Arm, link: Link, model_dir: str, bindings: Sequence[str],
+def _groups_over_link(arm: spec.Arm, link: Link, model_dir: str, bindings: Sequence[str],
                       timeout_s: float) -> dict:
   """Runs a 2-group arm as two launches (one per machine, ``--groups``), group 1 reaching the
   exchange directory on group 0's side across the link; returns the group dirs and the bytes
@@ -208,7 +209,7 @@ def seconds_per_step(progress: Sequence[dict]) -> Tuple[float, int]:
   return (last_s - first_s) / (last_step - first_step), last_step - first_step
 
 
-def run_method(arm: runner.Arm, suite: runner.Suite, link: Link, model_dir: str,
+def run_method(arm: spec.Arm, suite: spec.Suite, link: Link, model_dir: str,
                data: Sequence[str], steps: int, seed: int, timeout_s: float = TIMEOUT_S) -> dict:
   """Trains ``steps`` steps of ``arm`` across ``link``; its seconds per step and link bytes."""
   shutil.rmtree(model_dir, ignore_errors=True)
@@ -235,7 +236,7 @@ def run_method(arm: runner.Arm, suite: runner.Suite, link: Link, model_dir: str,
              if "relayed_connections" in ran else {})}
 
 
-def recorded_curves(suite: runner.Suite, paths: runner.RunPaths, names: Sequence[str]
+def recorded_curves(suite: spec.Suite, paths: spec.RunPaths, names: Sequence[str]
                     ) -> Dict[str, protocol.Curve]:
   """{arm: its recorded seed-mean validation curve} for those of ``names`` that are recorded."""
   arms = {a.name: a for a in suite.arms}
@@ -274,14 +275,14 @@ def projections(runs: Sequence[dict], curves: Dict[str, protocol.Curve],
 
 
 def _suite(name: str, results_root: str, work_root: str
-           ) -> Tuple[runner.Suite, runner.RunPaths, List[str]]:
+           ) -> Tuple[spec.Suite, spec.RunPaths, List[str]]:
   """Suite ``name`` as recorded (B* and learning rates resolved), its paths and data bindings."""
   from tf_codistill.launch import gin_config  # pylint: disable=g-import-not-at-top
   gin_config.parse_gin([os.path.join(registry.SUITES_DIR, f"{name}.gin")])
-  suite = runner.Suite()
-  paths = runner.RunPaths(work_dir=os.path.join(work_root, suite.name),
-                          results_dir=os.path.join(results_root, suite.name),
-                          data_dir=os.path.join(work_root, "data"))
+  suite = spec.Suite()
+  paths = spec.RunPaths(work_dir=os.path.join(work_root, suite.name),
+                        results_dir=os.path.join(results_root, suite.name),
+                        data_dir=os.path.join(work_root, "data"))
   data = runner.data_bindings(suite, paths.data_dir, paths.corpus_manifest)
   concrete, _ = runner.prepare(suite, paths, data)
   return concrete, paths, data

@@ -1,19 +1,16 @@
-"""Benchmark runner pieces that need no training: suite validation, steps to target, goals."""
+"""Benchmark runner pieces that need no training: suite validation, steps to target, reuse."""
 
+import dataclasses
 import json
 import os
+import re
 import threading
 
 import pytest
 
+from benchmarks import reuse
 from benchmarks import runner
-
-
-def _arm_summary(final_losses, steps_to_target, churn=None):
-  runs = [{"final_val_loss": loss, "steps_to_target": s}
-          for loss, s in zip(final_losses, steps_to_target)]
-  return {"runs": runs, "final_val_loss": runner._stat(final_losses),
-          "steps_to_target": runner._stat(steps_to_target), "churn": churn}
+from benchmarks import suite_spec as spec
 
 
 def test_first_reaching_gives_the_first_evaluation_at_or_below_the_target():
@@ -24,55 +21,23 @@ def test_first_reaching_gives_the_first_evaluation_at_or_below_the_target():
   assert runner.first_reaching(curve, 0.40) == (None, None)
 
 
-def test_goal_figures_from_arm_summaries():
-  arms = {"codistill": _arm_summary([0.45, 0.47], [300, 500],
-                                    churn={"mean_abs_diff": {"mean": 0.01},
-                                           "pairs": [{"mean_abs_diff": 0.01}]}),
-          "sync_4x": _arm_summary([0.46], [800]),
-          "sync_8x": _arm_summary([0.46], [None]),
-          "baseline": _arm_summary([0.46, 0.46], [1000, 1000],
-                                   churn={"mean_abs_diff": {"mean": 0.04},
-                                          "pairs": [{"mean_abs_diff": 0.04}]})}
-  value, per_run = runner.steps_ratio(arms, numerator="codistill",
-                                      denominators=["sync_4x", "sync_8x"])
-  assert value == pytest.approx(400 / 800) and per_run == pytest.approx([300 / 800, 500 / 800])
-  value, per_pair = runner.churn_reduction(arms, arm="codistill", baseline="baseline")
-  assert value == pytest.approx(0.75) and per_pair == pytest.approx([0.75])
-  value, per_run = runner.loss_minus_best(arms, arm="codistill", others=["sync_4x", "baseline"])
-  assert value == pytest.approx(0.0) and per_run == pytest.approx([-0.01, 0.01])
-  assert runner.steps_ratio(arms, numerator="sync_8x", denominators=["sync_4x"]) == (None, [])
-
-
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(arms=[runner.Arm("a"), runner.Arm("a")]), "arm names repeat"),
-    (dict(arms=[runner.Arm("e", kind="ensemble", source_arm="b"), runner.Arm("b")]),
+    (dict(arms=[spec.Arm("a"), spec.Arm("a")]), "arm names repeat"),
+    (dict(arms=[spec.Arm("e", kind="ensemble", source_arm="b"), spec.Arm("b")]),
      "needs source_arm 'b' among the arms before it"),
-    (dict(arms=[runner.Arm("a")], target_from_arm="x"), "target_from_arm='x' is not an arm"),
-    (dict(arms=[runner.Arm("a")], data="imagenet"), "data='imagenet' is not one of"),
+    (dict(arms=[spec.Arm("a")], target_from_arm="x"), "target_from_arm='x' is not an arm"),
+    (dict(arms=[spec.Arm("a")], data="imagenet"), "data='imagenet' is not one of"),
 ])
 def test_bad_suites_are_refused_with_a_message_naming_the_problem(kwargs, message):
   with pytest.raises(ValueError, match=message):
-    runner.Suite(name="s", **kwargs)
+    spec.Suite(name="s", **kwargs)
 
 
 def test_bad_arms_are_refused():
   with pytest.raises(ValueError, match="kind='ensemble' needs source_arm"):
-    runner.Arm("e", kind="ensemble")
+    spec.Arm("e", kind="ensemble")
   with pytest.raises(ValueError, match="kind='bagging' is not one of"):
-    runner.Arm("e", kind="bagging")
-
-
-def test_metric_ratio_divides_arm_means_and_skips_missing_figures():
-  arms = {"async": {"runs": [{"examples_per_sec": 300.0}, {"examples_per_sec": None}],
-                    "examples_per_sec": runner._stat([300.0])},
-          "sync": {"runs": [{"examples_per_sec": 100.0}, {"examples_per_sec": 200.0}],
-                   "examples_per_sec": runner._stat([100.0, 200.0])},
-          "never": {"runs": [{"examples_per_sec": None}], "examples_per_sec": None}}
-  value, per_run = runner.metric_ratio(arms, metric="examples_per_sec", numerator="async",
-                                       denominator="sync")
-  assert value == pytest.approx(2.0) and per_run == pytest.approx([2.0])
-  assert runner.metric_ratio(arms, metric="examples_per_sec", numerator="never",
-                             denominator="sync") == (None, [])
+    spec.Arm("e", kind="bagging")
 
 
 def test_bytes_per_step_counts_versions_and_averaging_changes_of_multi_group_runs():
@@ -87,29 +52,13 @@ def test_bytes_per_step_counts_versions_and_averaging_changes_of_multi_group_run
   assert runner.bytes_sent_per_step(dict(codistill, publish_bytes=None)) is None
 
 
-def test_allreduce_bytes_ratio_and_the_best_method_within_the_bytes_rule():
-  def arm(sent, steps_to):
-    curves = {str(s): [[100, 3.0], [200, 2.0 if steps_to == 200 else 2.5],
-                       [400, 2.0]] for s in range(2)}
-    return {"runs": [{"bytes_sent_per_step": sent, "trainable_parameter_bytes": 4000}] * 2,
-            "seed_curves": curves}
-  arms = {"sync": arm(None, 400), "cheap": arm(40, 200), "costly": arm(400, 200),
-          "slow": arm(4, 400)}
-  # A 2-worker ring all-reduce sends the parameter bytes a step: 4000 / 40 = 100x fewer.
-  assert runner.allreduce_bytes_ratio(arms, "cheap")[0] == pytest.approx(100)
-  assert runner.allreduce_bytes_ratio(arms, "sync") == (None, [])
-  value, per = runner.best_method_steps_ratio(arms, ["cheap", "costly", "slow"], ["sync"])
-  assert value == pytest.approx(0.5) and per == pytest.approx([0.5, 1.0])  # costly: 10x only
-  assert runner.best_method_steps_ratio(arms, ["costly"], ["sync"]) == (None, [])
-
-
 def _one_arm(tmp_path, seeds):
   """Result paths, an arm "a" of ``seeds`` seeds, its suite, data bindings and configuration."""
-  paths = runner.RunPaths(work_dir=str(tmp_path / "work"), results_dir=str(tmp_path / "results"))
-  arm = runner.Arm("a", seeds=seeds)
-  suite = runner.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 10"])
+  paths = spec.RunPaths(work_dir=str(tmp_path / "work"), results_dir=str(tmp_path / "results"))
+  arm = spec.Arm("a", seeds=seeds)
+  suite = spec.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 10"])
   data = ["trainer.train.train_files = ['x']"]
-  return paths, arm, suite, data, runner.arm_config(arm, suite, data)
+  return paths, arm, suite, data, reuse.arm_config(arm, suite, data)
 
 
 def test_recorded_runs_are_reused_only_while_the_arm_configuration_is_unchanged(tmp_path):
@@ -122,73 +71,101 @@ def test_recorded_runs_are_reused_only_while_the_arm_configuration_is_unchanged(
   with open(runner._config_path(arm, paths), "w") as f:
     json.dump(config, f)
   assert runner._arm_done(arm, paths, config)
-  relabelled = runner.Arm("a", seeds=1, label="new words")
-  assert runner._arm_done(relabelled, paths, runner.arm_config(relabelled, suite, data))
-  changed = runner.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 20"])
-  assert not runner._arm_done(arm, paths, runner.arm_config(arm, changed, data))
-  more_seeds = runner.Arm("a", seeds=2)
-  assert not runner._arm_done(more_seeds, paths, runner.arm_config(more_seeds, suite, data))
+  relabelled = spec.Arm("a", seeds=1, label="new words")
+  assert runner._arm_done(relabelled, paths, reuse.arm_config(relabelled, suite, data))
+  changed = spec.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 20"])
+  assert not runner._arm_done(arm, paths, reuse.arm_config(arm, changed, data))
+  more_seeds = spec.Arm("a", seeds=2)
+  assert not runner._arm_done(more_seeds, paths, reuse.arm_config(more_seeds, suite, data))
 
 
-def test_an_arm_setting_added_later_leaves_recorded_configurations_and_digests_as_they_were(
+def test_an_arm_setting_added_later_leaves_recorded_configurations_and_tuning_folders_as_they_were(
     tmp_path, monkeypatch):
   paths, arm, suite, data, config = _one_arm(tmp_path, seeds=1)
-  digest = runner._tuning_arms(arm, suite, data, rates=[0.001])[0.001].name
+  folder = runner._tuning_arms(arm, suite, data, rates=[0.001])[0.001].name
   # As if Arm had gained ensemble_size after these records: not recorded at its default ...
-  monkeypatch.setattr(runner, "RECORDED_ARM_FIELDS",
-                      tuple(f for f in runner.RECORDED_ARM_FIELDS if f != "ensemble_size"))
-  later = runner.arm_config(arm, suite, data)
+  monkeypatch.setattr(reuse, "RECORDED_ARM_FIELDS",
+                      tuple(f for f in reuse.RECORDED_ARM_FIELDS if f != "ensemble_size"))
+  later = reuse.arm_config(arm, suite, data)
   assert "ensemble_size" not in later["arm"] and later["arm"] == {
       k: v for k, v in config["arm"].items() if k != "ensemble_size"}
   # ... and recorded where an arm sets it.
-  bigger = runner.Arm("a", seeds=1, ensemble_size=3)
-  assert runner.arm_config(bigger, suite, data)["arm"]["ensemble_size"] == 3
+  bigger = spec.Arm("a", seeds=1, ensemble_size=3)
+  assert reuse.arm_config(bigger, suite, data)["arm"]["ensemble_size"] == 3
   monkeypatch.undo()
-  assert runner._tuning_arms(arm, suite, data, rates=[0.001])[0.001].name == digest
+  assert runner._tuning_arms(arm, suite, data, rates=[0.001])[0.001].name == folder
   # The first records predate tune_learning_rate, seed_offset and learning_rate_from: they match
   # an arm that leaves them at their defaults, and no other.
   first = {**config, "arm": {k: v for k, v in config["arm"].items()
                              if k not in ("tune_learning_rate", "seed_offset",
                                           "learning_rate_from")}}
-  assert runner.same_config(first, config) and not runner.same_config(None, config)
-  offset = runner.Arm("a", seeds=1, seed_offset=10)
-  assert not runner.same_config(first, runner.arm_config(offset, suite, data))
-  assert not runner.same_config({**first, "data": ["other"]}, config)
+  assert reuse.same_config(first, config) and not reuse.same_config(None, config)
+  offset = spec.Arm("a", seeds=1, seed_offset=10)
+  assert not reuse.same_config(first, reuse.arm_config(offset, suite, data))
+  assert not reuse.same_config({**first, "data": ["other"]}, config)
 
 
-def test_a_renamed_gin_setting_keeps_recorded_configurations_and_digests(tmp_path, monkeypatch):
+def test_tuning_runs_are_named_by_their_settings_and_told_apart_by_a_digest(tmp_path):
+  _, _, suite, data, _ = _one_arm(tmp_path, seeds=1)
+  at_128 = spec.Arm("a", seeds=1, gin_bindings=["trainer.train.batch_size = 128"])
+  name = runner._tuning_arms(at_128, suite, data, rates=[0.001])[0.001].name
+  assert re.fullmatch(r"tuning/batch_size_128-[0-9a-f]{12}/lr_0.001", name), name
+  # Another arm of the same configuration (a scaling batch and the arm at B*) shares them ...
+  same = spec.Arm("b", seeds=3, gin_bindings=["trainer.train.batch_size = 128"],
+                  tune_learning_rate=True, label="other words")
+  assert runner._tuning_arms(same, suite, data, rates=[0.001])[0.001].name == name
+  # ... one of other files, or other data, has runs of its own under the same readable name.
+  for other_arm, other_data in ((dataclasses.replace(at_128, gin_files=["adult/baseline.gin"]),
+                                 data), (at_128, ["trainer.train.train_files = ['y']"])):
+    other = runner._tuning_arms(other_arm, suite, other_data, rates=[0.001])[0.001].name
+    assert other.startswith("tuning/batch_size_128-") and other != name
+  # Groups and a strategy off their defaults are named; values are kept to safe characters and
+  # the readable part to its length.
+  config = {"arm": {"gin_bindings": ["trainer.train.exchange = @tfc.Exchange",
+                                     "tfc.Exchange.publish_format = 'int8'"],
+                    "num_groups": 2, "strategy": "one_device"}}
+  assert re.fullmatch(r"exchange_tfc.Exchange\+publish_format_int8\+num_groups_2-[0-9a-f]{12}",
+                      reuse.tuning_name(config)), reuse.tuning_name(config)
+  long = {"arm": {"gin_bindings": [f"trainer.train.setting_{i} = {i}" for i in range(30)]}}
+  readable, digest = reuse.tuning_name(long).rsplit("-", 1)
+  assert len(readable) <= 60 and len(digest) == 12
+  assert re.fullmatch(r"[0-9a-f]{12}", reuse.tuning_name({"arm": {}}))  # nothing to read
+
+
+def test_a_renamed_gin_setting_keeps_recorded_configurations_and_tuning_folders(tmp_path,
+                                                                                monkeypatch):
   paths, _, suite, data, _ = _one_arm(tmp_path, seeds=1)
   before = ["trainer.train.codistill = True", "trainer.train.publish_every_steps = 50"]
   with monkeypatch.context() as before_the_rename:  # configurations recorded under the old names
-    before_the_rename.setattr(runner, "RECORDED_BINDING_NAMES", {})
-    before_the_rename.setattr(runner, "RECORDED_BINDINGS", {})
-    old = runner.Arm("a", seeds=1, gin_bindings=before)
-    config = runner.arm_config(old, suite, data)
-    digest = runner._tuning_arms(old, suite, data, rates=[0.001])[0.001].name
+    before_the_rename.setattr(reuse, "RECORDED_BINDING_NAMES", {})
+    before_the_rename.setattr(reuse, "RECORDED_BINDINGS", {})
+    old = spec.Arm("a", seeds=1, gin_bindings=before)
+    config = reuse.arm_config(old, suite, data)
+    folder = runner._tuning_arms(old, suite, data, rates=[0.001])[0.001].name
   now = ["trainer.train.exchange = @tfc.Exchange", "tfc.Exchange.publish_every_steps = 50"]
-  renamed = runner.Arm("a", seeds=1, gin_bindings=now)
-  assert runner.same_config(config, runner.arm_config(renamed, suite, data))
-  assert runner.arm_config(renamed, suite, data)["arm"]["gin_bindings"] == now  # recorded so
-  assert runner._tuning_arms(renamed, suite, data, rates=[0.001])[0.001].name == digest
-  other = runner.Arm("a", seeds=1, gin_bindings=[now[0], "tfc.Exchange.publish_every_steps = 40"])
-  assert not runner.same_config(config, runner.arm_config(other, suite, data))
-  assert runner._as_recorded(["no binding here"]) == ["no binding here"]
+  renamed = spec.Arm("a", seeds=1, gin_bindings=now)
+  assert reuse.same_config(config, reuse.arm_config(renamed, suite, data))
+  assert reuse.arm_config(renamed, suite, data)["arm"]["gin_bindings"] == now  # recorded so
+  assert runner._tuning_arms(renamed, suite, data, rates=[0.001])[0.001].name == folder
+  other = spec.Arm("a", seeds=1, gin_bindings=[now[0], "tfc.Exchange.publish_every_steps = 40"])
+  assert not reuse.same_config(config, reuse.arm_config(other, suite, data))
+  assert reuse.as_recorded(["no binding here"]) == ["no binding here"]
   # An averaging binding recorded without codistillation averaged only: today, three bindings.
   averaged = ["trainer.train.averaging = @tfc.ParameterAveraging()",
               "tfc.ParameterAveraging.every_steps = 50"]
   today = ["trainer.train.exchange = @tfc.Exchange", "tfc.Exchange.distill = False",
            "tfc.Exchange.averaging = @tfc.ParameterAveraging()",
            "tfc.ParameterAveraging.every_steps = 50"]
-  assert runner._as_current(averaged) == today and runner._as_current(today) == today
-  assert runner._as_recorded(today) == averaged
+  assert reuse.as_current(averaged) == today and reuse.as_current(today) == today
+  assert reuse.as_recorded(today) == averaged
   both = ["trainer.train.codistill = True", *averaged]  # codistillation and averaging
-  assert runner._as_current(both) == [now[0], *today[2:]]
-  assert runner._as_recorded(runner._as_current(both)) == both
+  assert reuse.as_current(both) == [now[0], *today[2:]]
+  assert reuse.as_recorded(reuse.as_current(both)) == both
   # A recorded arm launched again (an ensemble's or offline teacher's source) uses today's name.
   os.makedirs(os.path.dirname(runner._config_path(old, paths)))
   with open(runner._config_path(old, paths), "w") as f:
     json.dump(config, f)
-  source = runner._recorded_arm(runner.Arm("e", kind="ensemble", source_arm="a"), paths)
+  source = runner._recorded_arm(spec.Arm("e", kind="ensemble", source_arm="a"), paths)
   assert list(source.gin_bindings) == now
 
 
@@ -227,8 +204,8 @@ def test_a_stopped_arm_resumes_seed_by_seed_and_a_changed_one_starts_over(tmp_pa
   for seed in range(3):
     os.remove(paths.predictions("a", seed, 0))
   assert runner._seeds_to_run(arm, paths, config) == []
-  changed = runner.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 20"])
-  assert runner._seeds_to_run(arm, paths, runner.arm_config(arm, changed, data)) == [0, 1, 2]
+  changed = spec.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 20"])
+  assert runner._seeds_to_run(arm, paths, reuse.arm_config(arm, changed, data)) == [0, 1, 2]
   assert not os.path.exists(paths.result("a", 0, 0))
 
 
@@ -236,9 +213,9 @@ def test_softmax_suites_compare_class_probabilities_for_churn(tmp_path):
 
   import numpy as np
 
-  suite = runner.Suite(name="s", arms=[runner.Arm("baseline", seeds=2)], loss_key="val_loss",
-                       output="softmax")
-  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
+  suite = spec.Suite(name="s", arms=[spec.Arm("baseline", seeds=2)], loss_key="val_loss",
+                     output="softmax")
+  paths = spec.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
   members = [np.array([[0.7, 0.2, 0.1], [0.2, 0.2, 0.6]]),
              np.array([[0.5, 0.4, 0.1], [0.6, 0.2, 0.2]])]
   for seed, probs in enumerate(members):
@@ -247,7 +224,7 @@ def test_softmax_suites_compare_class_probabilities_for_churn(tmp_path):
   assert churn["disagreement"]["mean"] == 0.5
   assert churn["mean_abs_diff"]["mean"] == pytest.approx(np.mean(np.abs(members[0] - members[1])))
   with pytest.raises(ValueError, match="output='logits' is not one of"):
-    runner.Suite(name="s", arms=[runner.Arm("a")], output="logits")
+    spec.Suite(name="s", arms=[spec.Arm("a")], output="logits")
 
 
 def _record_predictions(paths, arm, seed, probs):
@@ -263,9 +240,9 @@ def _record_predictions(paths, arm, seed, probs):
 def test_churn_is_recorded_pair_by_pair_across_sessions_without_a_work_dir(tmp_path):
   import numpy as np
 
-  arm = runner.Arm("a", seeds=4)
-  suite = runner.Suite(name="s", arms=[arm], output="sigmoid")
-  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
+  arm = spec.Arm("a", seeds=4)
+  suite = spec.Suite(name="s", arms=[arm], output="sigmoid")
+  paths = spec.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
   probs = {0: [0.2, 0.9], 1: [0.4, 0.9], 2: [0.1, 0.3], 3: [0.1, 0.8]}
   for seed in (0, 1):
     _record_predictions(paths, "a", seed, np.array(probs[seed]))
@@ -285,83 +262,6 @@ def test_churn_is_recorded_pair_by_pair_across_sessions_without_a_work_dir(tmp_p
   assert churn["mean_abs_diff"]["mean"] == pytest.approx((0.1 + 0.25) / 2)
 
 
-def test_ensemble_gain_is_the_members_loss_minus_the_ensembles_on_the_same_examples():
-  arms = {"ensemble": {"runs": [{"ensemble_gain": 0.10}, {"ensemble_gain": 0.14}]},
-          "older": {"runs": [{"ensemble_gain": None}]}}
-  value, per, interval = runner.ensemble_gain(arms, arm="ensemble")
-  assert value == pytest.approx(0.12) and per == [0.10, 0.14]
-  assert interval[0] == pytest.approx(0.10) and interval[1] == pytest.approx(0.14)
-  assert runner.ensemble_gain(arms, arm="older") == (None, [], None)
-
-
-def test_teacher_minus_student_loss_reads_the_peer_curve_at_the_teachers_step():
-  # Seed 0: group 0 distills from group 1's version 100 steps old, and the other way round.
-  arms = {"codistill": {
-      "group_curves": {"0_0": [[100, 0.9], [200, 0.5], [300, 0.4]],
-                       "0_1": [[100, 0.8], [200, 0.6], [300, 0.45]]},
-      "group_staleness": {"0_0": [[200, 100], [300, 50]], "0_1": [[300, 100]]}}}
-  value, per = runner.teacher_minus_student_loss(arms, arm="codistill")
-  # Group 0: teacher at step 100 (0.8) vs 0.5; at step 250 (0.525) vs 0.4. Group 1: 0.5 vs 0.45.
-  assert per == [pytest.approx(((0.8 - 0.5) + (0.525 - 0.4)) / 2), pytest.approx(0.05)]
-  assert value == pytest.approx(sum(per) / 2)
-
-
-def test_alpha0_check_compares_group_0_with_the_baseline_of_the_same_seed():
-  arms = {"alpha0": {"group_curves": {"0_0": [[100, 0.5], [200, 0.4]],
-                                      "0_1": [[100, 0.9], [200, 0.9]]}},
-          "sync_b": {"group_curves": {"0_0": [[100, 0.5], [200, 0.41]],
-                                      "1_0": [[100, 0.1], [200, 0.1]]}}}
-  value, per = runner.group_curve_difference(arms, arm="alpha0", baseline="sync_b")
-  assert value == pytest.approx(0.01) and per == [pytest.approx(0.01)]
-
-
-def _churn_curves(*pairs):
-  """An arm summary whose independent pairs have these churn values at evaluations 1, 2, ..."""
-  return {"churn": {"curves": [[{"step": 50 * (i + 1), "loss": 0.5 - 0.01 * i,
-                                 "mean_abs_diff": c, "disagreement": c}
-                                for i, c in enumerate(churns)] for churns in pairs]}}
-
-
-def test_late_churn_averages_each_pairs_last_evaluations_and_swing_measures_their_moves():
-  arms = {"codistill": _churn_curves([0.9, 0.02, 0.04], [0.9, 0.03, 0.03]),
-          "baseline": _churn_curves([0.9, 0.06, 0.02], [0.9, 0.04, 0.04])}
-  value, per_pair, interval = runner.churn_reduction_late(arms, "codistill", "baseline",
-                                                          evaluations=2)
-  # Last two evaluations: codistill pairs 0.03 and 0.03, baseline 0.04 and 0.04.
-  assert value == pytest.approx(1 - 0.03 / 0.04) and per_pair == pytest.approx([0.25, 0.25])
-  assert interval == pytest.approx([0.25, 0.25])
-  swing, per_pair, _ = runner.churn_swing(arms, "baseline", evaluations=2)
-  assert per_pair == pytest.approx([0.04 / 0.04, 0.0]) and swing == pytest.approx(0.5)
-  assert runner.churn_reduction_late({"codistill": {}, "baseline": {}}, "codistill",
-                                     "baseline") == (None, [], None)
-
-
-def _best_curves(*seeds):
-  """An arm summary whose seeds' curves reach these best validation losses."""
-  return {"seed_curves": {str(i): [[100, best + 0.5], [200, best]] for i, best in enumerate(seeds)}}
-
-
-def test_ensemble_gain_captured_is_the_share_of_the_ensembles_gain():
-  arms = {"single": _best_curves(2.0, 2.0), "ensemble": _best_curves(1.9, 1.9),
-          "codistill": _best_curves(1.95, 1.97)}
-  value, per, interval = runner.ensemble_gain_captured(arms, arm="codistill", single="single",
-                                                       ensemble="ensemble")
-  assert value == pytest.approx(0.4) and per == [pytest.approx(0.4)]
-  assert interval == [pytest.approx(0.3), pytest.approx(0.5)]
-  arms["ensemble"] = _best_curves(2.01, 2.0)  # no gain: nothing to capture
-  assert runner.ensemble_gain_captured(arms, arm="codistill", single="single",
-                                       ensemble="ensemble")[0] is None
-
-
-def test_repeated_tokens_adds_every_trained_arm_and_is_missing_while_unrecorded():
-  arms = {"sync_b": {"config": {"kind": "train"}, "repeated_tokens": 0},
-          "codistill": {"config": {"kind": "train"}, "repeated_tokens": 64},
-          "ensemble": {"config": {"kind": "ensemble"}, "repeated_tokens": None}}
-  assert runner.repeated_tokens(arms) == (64, [0, 64])
-  arms["sync_b"]["repeated_tokens"] = None
-  assert runner.repeated_tokens(arms) == (None, [])
-
-
 def test_a_corpus_groups_tokens_are_held_against_its_share(tmp_path):
   corpus_dir = tmp_path / "data" / "debian_english"
   corpus_dir.mkdir(parents=True)
@@ -369,9 +269,9 @@ def test_a_corpus_groups_tokens_are_held_against_its_share(tmp_path):
            for i, t in enumerate([100, 200, 300, 400])]
   manifest = {"settings": {}, "packages": [], "splits": {"train": {"files": files}}}
   (corpus_dir / "manifest.json").write_text(json.dumps(manifest))
-  suite = runner.Suite(name="s", arms=[runner.Arm("a")], data="debian_english")
-  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"),
-                          data_dir=str(tmp_path / "data"))
+  suite = spec.Suite(name="s", arms=[spec.Arm("a")], data="debian_english")
+  paths = spec.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"),
+                        data_dir=str(tmp_path / "data"))
   group1 = {"group": 1, "num_groups": 2, "data_split": "disjoint", "train_targets": 700}
   from data_pipelines import corpus  # pylint: disable=g-import-not-at-top
   built = corpus.fingerprint(manifest)
@@ -380,23 +280,23 @@ def test_a_corpus_groups_tokens_are_held_against_its_share(tmp_path):
   same = {"group": 1, "num_groups": 2, "data_split": "same", "train_targets": 700}
   assert runner._data_use(suite, paths, same) == {"share_tokens": 1000, "repeated_tokens": 0,
                                                   "corpus_fingerprint": built}
-  other = runner.Suite(name="s", arms=[runner.Arm("a")])
+  other = spec.Suite(name="s", arms=[spec.Arm("a")])
   assert runner._data_use(other, paths, group1) == {}
 
 
 def test_a_given_b_star_replaces_the_batch_placeholders(tmp_path):
-  arm = runner.Arm("codistill", gin_bindings=["trainer.train.batch_size = {B*}",
-                                              "x.y = {2B*}"])
-  paths = runner.RunPaths(str(tmp_path), str(tmp_path))
-  suite = runner.Suite(name="s", arms=[arm], b_star=64)
+  arm = spec.Arm("codistill", gin_bindings=["trainer.train.batch_size = {B*}",
+                                            "x.y = {2B*}"])
+  paths = spec.RunPaths(str(tmp_path), str(tmp_path))
+  suite = spec.Suite(name="s", arms=[arm], b_star=64)
   concrete, record = runner.prepare(suite, paths, data=[])
   assert list(concrete.arms[0].gin_bindings) == ["trainer.train.batch_size = 64", "x.y = 128"]
   assert record["scaling"] == {"b_star": 64, "given": True}
   with pytest.raises(ValueError, match=r"binds \{B\*\} but the suite has no scaling phase"):
-    runner.prepare(runner.Suite(name="s", arms=[arm]), paths, data=[])
+    runner.prepare(spec.Suite(name="s", arms=[arm]), paths, data=[])
   with pytest.raises(ValueError, match="b_star is given and found"):
-    runner.Suite(name="s", arms=[arm], b_star=64, scaling_arm=runner.Arm("sync"),
-                 scaling_batches=[1, 2], learning_rates=[0.1])
+    spec.Suite(name="s", arms=[arm], b_star=64, scaling_arm=spec.Arm("sync"),
+               scaling_batches=[1, 2], learning_rates=[0.1])
 
 
 def test_runs_on_another_build_of_the_corpus_are_refused(tmp_path):
@@ -407,9 +307,9 @@ def test_runs_on_another_build_of_the_corpus_are_refused(tmp_path):
               "packages": [{"package": "fortunes", "version": "1:1.99.1-7.3", "sha256": "ab"}],
               "splits": {"train": {"files": []}}}
   (corpus_dir / "manifest.json").write_text(json.dumps(manifest))
-  suite = runner.Suite(name="s", arms=[runner.Arm("a")], data="debian_english")
-  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"),
-                          data_dir=str(tmp_path / "data"))
+  suite = spec.Suite(name="s", arms=[spec.Arm("a")], data="debian_english")
+  paths = spec.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"),
+                        data_dir=str(tmp_path / "data"))
   run = tmp_path / "results" / "runs" / "a" / "seed_0_group_0.json"
   run.parent.mkdir(parents=True)
   run.write_text(json.dumps({"corpus_fingerprint": corpus.fingerprint(manifest)}))
@@ -438,36 +338,36 @@ def _fake_tuning(paths, best_by_rate, ran):
 
 
 def test_a_grid_whose_largest_rate_wins_grows_by_doubling_it(tmp_path):
-  paths = runner.RunPaths(str(tmp_path), str(tmp_path))
-  arm = runner.Arm("sync_b", tune_learning_rate=True)
-  suite = runner.Suite(name="s", arms=[arm], learning_rates=[0.001, 0.002], extend_grid=2,
-                       loss_key="val_loss")
+  paths = spec.RunPaths(str(tmp_path), str(tmp_path))
+  arm = spec.Arm("sync_b", tune_learning_rate=True)
+  suite = spec.Suite(name="s", arms=[arm], learning_rates=[0.001, 0.002], extend_grid=2,
+                     loss_key="val_loss")
   ran = []
   # The loss falls up to a rate of 0.004, then rises: 0.004 is chosen after one extension.
   tuned, choice = runner.tune(arm, suite, paths, data=[],
                               run=_fake_tuning(paths, lambda lr: abs(lr - 0.004), ran))
   assert choice["learning_rate"] == 0.004 and set(choice["grid"]) == {"0.001", "0.002", "0.004",
-                                                                        "0.008"}
+                                                                      "0.008"}
   assert tuned.gin_bindings[-1] == "trainer.train.learning_rate = 0.004"
   # Report from the recorded runs (no run function): the same choice, nothing trained.
   assert runner.tune(arm, suite, paths, data=[])[1]["learning_rate"] == 0.004
   # At most extend_grid times: a loss that keeps falling stops at 0.008.
-  suite = runner.Suite(name="s2", arms=[arm], learning_rates=[0.001, 0.002], extend_grid=2,
-                       loss_key="val_loss", common_bindings=["x = 1"])
+  suite = spec.Suite(name="s2", arms=[arm], learning_rates=[0.001, 0.002], extend_grid=2,
+                     loss_key="val_loss", common_bindings=["x = 1"])
   _, choice = runner.tune(arm, suite, paths, data=[], run=_fake_tuning(paths, lambda lr: -lr, []))
   assert choice["learning_rate"] == 0.008 and len(choice["grid"]) == 4
   # Without extend_grid the grid stays as declared.
-  suite = runner.Suite(name="s3", arms=[arm], learning_rates=[0.001, 0.002], loss_key="val_loss",
-                       common_bindings=["x = 2"])
+  suite = spec.Suite(name="s3", arms=[arm], learning_rates=[0.001, 0.002], loss_key="val_loss",
+                     common_bindings=["x = 2"])
   _, choice = runner.tune(arm, suite, paths, data=[], run=_fake_tuning(paths, lambda lr: -lr, []))
   assert choice["learning_rate"] == 0.002 and len(choice["grid"]) == 2
 
 
 def test_pinned_scaling_grows_each_batch_grid_without_waiting_for_the_others(tmp_path):
-  paths = runner.RunPaths(str(tmp_path), str(tmp_path))
-  suite = runner.Suite(name="s", arms=[runner.Arm("a")], scaling_arm=runner.Arm("sync"),
-                       scaling_batches=[1, 2], learning_rates=[0.001, 0.002], extend_grid=1,
-                       loss_key="val_loss", pin_runs=True)
+  paths = spec.RunPaths(str(tmp_path), str(tmp_path))
+  suite = spec.Suite(name="s", arms=[spec.Arm("a")], scaling_arm=spec.Arm("sync"),
+                     scaling_batches=[1, 2], learning_rates=[0.001, 0.002], extend_grid=1,
+                     loss_key="val_loss", pin_runs=True)
   grown = threading.Event()
   ran = []
   record = _fake_tuning(paths, lambda lr: -lr, ran)  # the largest rate always wins
@@ -487,13 +387,13 @@ def test_pinned_scaling_grows_each_batch_grid_without_waiting_for_the_others(tmp
 
 
 def test_tuning_ahead_runs_the_next_rate_beside_each_round_and_chooses_the_same(tmp_path):
-  paths = runner.RunPaths(str(tmp_path), str(tmp_path))
-  arm = runner.Arm("sync_b", tune_learning_rate=True)
+  paths = spec.RunPaths(str(tmp_path), str(tmp_path))
+  arm = spec.Arm("sync_b", tune_learning_rate=True)
   calls = []
 
   def suite(name, ahead):
-    return runner.Suite(name=name, arms=[arm], learning_rates=[0.001, 0.002], extend_grid=2,
-                        loss_key="val_loss", tune_ahead=ahead, common_bindings=[f"x = '{name}'"])
+    return spec.Suite(name=name, arms=[arm], learning_rates=[0.001, 0.002], extend_grid=2,
+                      loss_key="val_loss", tune_ahead=ahead, common_bindings=[f"x = '{name}'"])
 
   def tuned(name, ahead, best):
     ran = []
@@ -515,10 +415,10 @@ def test_tuning_ahead_runs_the_next_rate_beside_each_round_and_chooses_the_same(
 
 def test_a_suite_pinned_to_a_tensorflow_version_refuses_another(tmp_path):
   have = runner.machine.tensorflow_version()
-  runner.check_tensorflow(runner.Suite(name="s", arms=[runner.Arm("a")], tensorflow=have))
-  runner.check_tensorflow(runner.Suite(name="s", arms=[runner.Arm("a")]))  # not pinned
-  pinned = runner.Suite(name="s", arms=[runner.Arm("a")], tensorflow="2.0.0")
-  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
+  runner.check_tensorflow(spec.Suite(name="s", arms=[spec.Arm("a")], tensorflow=have))
+  runner.check_tensorflow(spec.Suite(name="s", arms=[spec.Arm("a")]))  # not pinned
+  pinned = spec.Suite(name="s", arms=[spec.Arm("a")], tensorflow="2.0.0")
+  paths = spec.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
   with pytest.raises(ValueError, match=rf"suite 's' runs on TensorFlow 2.0.0 .* has {have}: .*"
                                        r"tensorflow==2.0.0"):
     runner.run_suite(pinned, paths)
@@ -528,9 +428,9 @@ def test_a_suite_pinned_to_a_tensorflow_version_refuses_another(tmp_path):
 def test_an_ensembles_churn_needs_no_prediction_history(tmp_path):
   import numpy as np
 
-  arm = runner.Arm("ens", seeds=2, kind="ensemble", source_arm="b")
-  suite = runner.Suite(name="s", arms=[runner.Arm("b", seeds=4), arm], prediction_history=True)
-  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
+  arm = spec.Arm("ens", seeds=2, kind="ensemble", source_arm="b")
+  suite = spec.Suite(name="s", arms=[spec.Arm("b", seeds=4), arm], prediction_history=True)
+  paths = spec.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
   for seed in (0, 1):
     _record_predictions(paths, "ens", seed, np.array([0.2 + 0.1 * seed, 0.7]))
   churn = runner._churn(arm, paths, suite)
@@ -538,7 +438,7 @@ def test_an_ensembles_churn_needs_no_prediction_history(tmp_path):
   assert runner._pair_recorded(arm, paths, 0) and runner._pair_recorded(arm, paths, 1)
   # A recorded ensemble is kept without its predictions (its members would have to be trained
   # again for a pair's churn): its churn is what the seeds recorded together gave.
-  config = runner.arm_config(arm, suite, [])
+  config = reuse.arm_config(arm, suite, [])
   with open(runner._config_path(arm, paths), "w") as f:
     json.dump(config, f)
   os.remove(runner._churn_path(arm, paths))
@@ -551,9 +451,9 @@ def test_an_ensembles_churn_needs_no_prediction_history(tmp_path):
 def test_a_member_run_is_compared_with_its_recorded_curve(tmp_path):
   from tf_codistill import layout
 
-  arm = runner.Arm("b", seeds=2)
-  suite = runner.Suite(name="s", arms=[arm], loss_key="val_loss")
-  paths = runner.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
+  arm = spec.Arm("b", seeds=2)
+  suite = spec.Suite(name="s", arms=[arm], loss_key="val_loss")
+  paths = spec.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
   os.makedirs(os.path.dirname(paths.curve("b", 0, 0)))
   with open(paths.curve("b", 0, 0), "w") as f:
     f.write('{"step": 10, "val_loss": 2.0}\n{"step": 20, "val_loss": 1.5}\n')
@@ -568,11 +468,11 @@ def test_a_member_run_is_compared_with_its_recorded_curve(tmp_path):
 
 
 def test_only_the_named_arms_run_and_the_others_must_be_recorded(tmp_path):
-  paths = runner.RunPaths(str(tmp_path), str(tmp_path))
-  tuned = runner.Arm("sync_b", tune_learning_rate=True)
-  codistill = runner.Arm("codistill", learning_rate_from="sync_b")
-  suite = runner.Suite(name="s", arms=[tuned, codistill], learning_rates=[0.001, 0.002],
-                       loss_key="val_loss")
+  paths = spec.RunPaths(str(tmp_path), str(tmp_path))
+  tuned = spec.Arm("sync_b", tune_learning_rate=True)
+  codistill = spec.Arm("codistill", learning_rate_from="sync_b")
+  suite = spec.Suite(name="s", arms=[tuned, codistill], learning_rates=[0.001, 0.002],
+                     loss_key="val_loss")
   tuning, trained = [], []
   record = _fake_tuning(paths, lambda lr: lr, tuning)  # the smallest rate wins
 

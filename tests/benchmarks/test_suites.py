@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks import registry
 from benchmarks import runner
+from benchmarks import suite_spec as spec
 from tf_codistill.launch import gin_config as config
 
 SUITES = registry.suites()
@@ -22,7 +23,7 @@ def test_suite_parses_and_its_goals_evaluate_on_its_arms(name):
   gin.clear_config()
   try:
     config.parse_gin([os.path.join(registry.SUITES_DIR, f"{name}.gin")])
-    suite = runner.Suite()
+    suite = spec.Suite()
     # Goals are gin-bound partials: evaluate each on made-up arm summaries (while the suite's
     # bindings are in force, as in a run), so a goal naming an arm the suite does not have fails
     # here rather than after hours of training.

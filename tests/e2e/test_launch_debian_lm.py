@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from benchmarks import runner
+from benchmarks import suite_spec as spec
 from data_pipelines import corpus
 from data_pipelines import debian_text
 from tf_codistill import layout
@@ -66,8 +67,8 @@ def test_codistillation_on_a_built_corpus_reads_each_token_once(tmp_path, toy_co
   corpus_dir, manifest = toy_corpus
   proc = _launch(str(tmp_path / "job"), corpus_dir)
   assert proc.returncode == 0, proc.stderr[-4000:]
-  suite = runner.Suite(name="s", arms=[runner.Arm("a")], data="debian_english")
-  paths = runner.RunPaths(str(tmp_path), str(tmp_path), data_dir=os.path.dirname(corpus_dir))
+  suite = spec.Suite(name="s", arms=[spec.Arm("a")], data="debian_english")
+  paths = spec.RunPaths(str(tmp_path), str(tmp_path), data_dir=os.path.dirname(corpus_dir))
   for group in range(2):
     with open(layout.group_run(str(tmp_path / "job"), group).results) as f:
       result = json.load(f)

@@ -1,0 +1,245 @@
+"""What a benchmark suite is: its arms (``bench.Arm``), its settings and goals
+(``bench.Suite``), and where its runs go (``RunPaths``).
+
+A suite is a gin file (``benchmarks/suites/<name>.gin``) binding ``bench.Suite``; runner.py runs
+it, reuse.py says which recorded runs still count, goal_figures.py computes its goals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+
+import gin
+
+# Imported for its gin configurables: the goal figures a Suite binds.
+from benchmarks import goal_figures  # noqa: F401  # pylint: disable=unused-import
+from tf_codistill import layout
+from tf_codistill import metrics
+
+ARM_KINDS = ("train", "ensemble", "offline_distill")
+DATA_KINDS = ("criteo_like", "adult", "kjv", "fashion_mnist", "debian_english", "debian_kernel")
+# The Debian corpora (data_pipelines.debian_text): how each is built. GCIDE holds 3 lines of
+# cp1252 among 1.2M (their pages are skipped and counted); a quarter of the kernel's C files
+# (by a hash of their paths) is more text than any arm reads.
+CORPUS_MANIFEST = "corpus_manifest.json"  # in a corpus suite's results: the corpus its runs read
+CORPORA = {"debian_english": ("english", {"bad_lines": "skip"}),
+           "debian_kernel": ("kernel", {"bad_lines": "skip", "sample_fraction": 0.25})}
+LOSS_KEY = "val_logloss"  # the default Suite.loss_key (CTR)
+TARGET_RULES = ("final", "best_sync")
+OPS = {"<=": lambda a, b: a <= b, "<": lambda a, b: a < b, ">=": lambda a, b: a >= b,
+       ">": lambda a, b: a > b}  # the comparisons of goal thresholds
+TUNING_DIR = "tuning"  # results_dir/runs/tuning/<tuning_name>/lr_<value>/: tuning runs
+
+
+@gin.configurable(module="bench")
+@dataclasses.dataclass(frozen=True)
+class Arm:
+  """One configuration of a suite.
+
+  Attributes:
+    name: identifier (directory and table name).
+    gin_files: trainer gin files, relative to the repo's ``gin/`` directory or absolute.
+    gin_bindings: extra bindings, after the suite's ``common_bindings``.
+    num_groups: codistillation groups in one run (1: no peers).
+    seeds: independent runs (``trainer.train.seed`` = 0..seeds-1).
+    strategy, workers_per_group, ps_per_group: each group's cluster (launcher.GroupShape).
+    kind: ``train``, ``ensemble`` or ``offline_distill``.
+    source_arm: the trained arm an ``ensemble``/``offline_distill`` arm is built from.
+    ensemble_size: models per ensemble (disjoint seeds of ``source_arm``).
+    label: one line for the report.
+    tune_learning_rate: pick ``trainer.train.learning_rate`` from the suite's
+      ``learning_rates`` first (one run per value at ``Suite.tuning_seed``; the lowest best
+      validation loss wins), then run ``seeds`` seeds at it.
+    seed_offset: the first seed (tuning runs use the suite's ``tuning_seed``).
+    learning_rate_from: run at the learning rate tuning chose for that (earlier) arm, untuned
+      (a diagnostic arm that must match its baseline, e.g. codistillation with alpha = 0).
+  """
+  name: str
+  gin_files: Sequence[str] = ("criteo/baseline.gin",)
+  gin_bindings: Sequence[str] = ()
+  num_groups: int = 1
+  seeds: int = 1
+  strategy: str = "one_device"
+  workers_per_group: int = 0
+  ps_per_group: int = 0
+  kind: str = "train"
+  source_arm: Optional[str] = None
+  ensemble_size: int = 2
+  label: str = ""
+  tune_learning_rate: bool = False
+  seed_offset: int = 0
+  learning_rate_from: Optional[str] = None
+
+  @property
+  def seed_list(self) -> range:
+    return range(self.seed_offset, self.seed_offset + self.seeds)
+
+  def __post_init__(self):
+    if self.kind not in ARM_KINDS:
+      raise ValueError(f"arm {self.name!r}: kind={self.kind!r} is not one of {ARM_KINDS}")
+    if self.kind != "train" and not self.source_arm:
+      raise ValueError(f"arm {self.name!r}: kind={self.kind!r} needs source_arm")
+    if self.seeds < 1:
+      raise ValueError(f"arm {self.name!r}: seeds={self.seeds} must be >= 1")
+
+
+@gin.configurable(module="bench")
+@dataclasses.dataclass(frozen=True)
+class Suite:
+  """A benchmark suite: arms, shared bindings, data, target loss and goal figures.
+
+  Attributes:
+    name: the suite's name (results go to ``results_dir/<name>``).
+    arms: the arms, run in order (a source arm must come before the arms built from it).
+    description: what claim the suite reproduces, for the report.
+    common_bindings: bindings every trained arm gets (sizes, steps, eval cadence).
+    data: ``criteo_like`` (generated Criteo-format TSV), ``adult`` (the UCI Adult census data),
+      ``kjv`` (the King James Bible for language modeling, ``vocab_size`` tokens) or
+      ``fashion_mnist`` (Fashion-MNIST as ImageNet-style TFRecords), ``debian_english`` or
+      ``debian_kernel`` (the Debian corpora of data_pipelines.debian_text, ``vocab_size``
+      subword tokens; built under the data directory, see ``CORPORA``).
+    loss_key: the results/curve key that is "validation loss" (targets, plots, goals), e.g.
+      ``val_logloss`` (CTR) or ``val_loss`` (cross-entropy per example or token).
+    output: ``sigmoid`` or ``softmax``: how ensembles average and churn compares predictions.
+    train_rows, eval_rows: sizes of the generated data.
+    target_loss: validation log loss that "steps to target" counts to; or
+    target_from_arm: the target is that arm's final validation loss (mean over seeds and groups)
+      plus ``target_margin``.
+    goals: name -> goal function (``steps_ratio``, ``churn_reduction``, ``loss_minus_best``).
+    goal_thresholds: name -> (op, number) or (op, number, bound), op one of <=, <, >=, >: what
+      the report calls met (with a bound, the goal's 90% interval must lie beyond it too).
+    threads_per_group: intra-op threads of each group's process (each group gets its share of
+      the machine's cores, as it would get its own machines).
+    simulated: a note when an arm simulates a cluster (e.g. a larger batch on one process).
+    learning_rates: the learning-rate grid every ``tune_learning_rate`` arm is tuned over (the
+      same grid for baselines and codistillation).
+    tuning_seed: the seed of tuning runs (apart from the reported seeds 0..seeds-1).
+    extend_grid: how many times a tuned arm's grid grows by the double of its largest rate when
+      that rate wins (the optimum at the grid's edge; the same rule for every tuned arm).
+    tune_ahead: each round of a tuned arm's grid also runs the rate the grid would grow by
+      (while ``extend_grid`` allows), at once on a CPU that is free, so that a grown grid does
+      not wait for the round before it. The choice is the same (a rate the grid never grew to
+      is recorded but not in the grid); it costs a run when the largest rate loses.
+    scaling_arm, scaling_batches: a synchronous arm run (tuned) at each global batch; the batch
+      where doubling stops cutting steps to a common target by ``scaling_min_cut`` is B*, and
+      every arm's bindings get ``{B*}`` and ``{2B*}`` replaced by it and its double.
+    target_rule: ``final`` (``target_loss``/``target_from_arm``) or ``best_sync``: the lowest
+      minimum of the seed-mean validation curves of ``sync_arms`` (protocol.target).
+    prediction_history: runs keep eval predictions at every evaluation, so churn can be
+      compared at matched validation loss (churn.json ``curves``).
+    b_star: B* given rather than found (a suite without a scaling phase that takes another
+      suite's): ``{B*}`` and ``{2B*}`` in the arms' bindings become it and its double.
+    debs_dir: a folder holding a Debian corpus's ``.deb`` files (default: ``apt-get download``
+      them while the corpus is built). Where the suite's results hold ``corpus_manifest.json``
+      (runs are recorded), the corpus is built from exactly the package versions it records.
+    eval_pattern: a Debian corpus's validation shards (a glob in its ``tokens/``), e.g. one of
+      them, so that evaluation costs a fixed, small share of the step budget.
+    pin_runs: every group gets a CPU of its own (machine.CpuPool), and runs that need fewer
+      CPUs than the machine has (tuning runs, seeds of a single-group arm) go on at once, each
+      on its own CPUs. Only for suites whose figures count steps, not seconds.
+    tensorflow: the TensorFlow version every run must use (a suite whose recorded runs were taken
+      on one version keeps it when the default install moves on); run_suite refuses another.
+  """
+  name: str
+  arms: Sequence[Arm]
+  description: str = ""
+  common_bindings: Sequence[str] = ()
+  data: str = "criteo_like"
+  train_rows: int = 1_000_000
+  eval_rows: int = 20_000
+  vocab_size: int = 8000
+  loss_key: str = LOSS_KEY
+  output: str = "sigmoid"
+  target_loss: Optional[float] = None
+  target_from_arm: Optional[str] = None
+  target_margin: float = 0.0
+  goals: Mapping[str, Callable[..., Tuple[Optional[float], List[float]]]] = \
+      dataclasses.field(default_factory=dict)
+  goal_thresholds: Mapping[str, Sequence] = dataclasses.field(default_factory=dict)
+  threads_per_group: int = 1
+  simulated: str = ""
+  learning_rates: Sequence[float] = ()
+  tuning_seed: int = 100
+  scaling_arm: Optional[Arm] = None
+  scaling_batches: Sequence[int] = ()
+  scaling_min_cut: float = 0.15
+  target_rule: str = "final"
+  sync_arms: Sequence[str] = ()
+  prediction_history: bool = False
+  pin_runs: bool = False
+  eval_pattern: str = "eval-*"
+  b_star: Optional[int] = None
+  extend_grid: int = 0
+  tune_ahead: bool = False
+  debs_dir: Optional[str] = None
+  tensorflow: Optional[str] = None
+
+  def __post_init__(self):
+    if self.data not in DATA_KINDS:
+      raise ValueError(f"suite {self.name!r}: data={self.data!r} is not one of {DATA_KINDS}")
+    if self.output not in metrics.losses.OUTPUTS:
+      raise ValueError(f"suite {self.name!r}: output={self.output!r} is not one of "
+                       f"{metrics.losses.OUTPUTS}")
+    names = [arm.name for arm in self.arms]
+    if len(set(names)) != len(names):
+      raise ValueError(f"suite {self.name!r}: arm names repeat: {names}")
+    for i, arm in enumerate(self.arms):
+      if arm.source_arm and arm.source_arm not in names[:i]:
+        raise ValueError(f"suite {self.name!r}: arm {arm.name!r} needs source_arm "
+                         f"{arm.source_arm!r} among the arms before it")
+    if self.target_from_arm and self.target_from_arm not in names:
+      raise ValueError(f"suite {self.name!r}: target_from_arm={self.target_from_arm!r} is not "
+                       f"an arm")
+    for goal, threshold in self.goal_thresholds.items():
+      if goal not in self.goals:
+        raise ValueError(f"suite {self.name!r}: goal_thresholds names unknown goal {goal!r}")
+      if threshold[0] not in OPS or len(threshold) not in (2, 3):
+        raise ValueError(f"suite {self.name!r}: goal_thresholds[{goal!r}]={threshold!r} is not "
+                         f"(op, value) or (op, value, interval bound) with op in {list(OPS)}")
+    if TUNING_DIR in names:
+      raise ValueError(f"suite {self.name!r}: {TUNING_DIR!r} is reserved for tuning runs")
+    tuned = [a.name for a in self.arms if a.tune_learning_rate]
+    if (tuned or self.scaling_arm) and not self.learning_rates:
+      raise ValueError(f"suite {self.name!r}: arms {tuned or ['scaling_arm']} tune the learning "
+                       f"rate but learning_rates is empty")
+    if self.b_star is not None and self.scaling_arm:
+      raise ValueError(f"suite {self.name!r}: b_star is given and found (scaling_arm): bind one")
+    if bool(self.scaling_arm) != bool(self.scaling_batches):
+      raise ValueError(f"suite {self.name!r}: scaling_arm and scaling_batches go together")
+    if self.target_rule not in TARGET_RULES:
+      raise ValueError(f"suite {self.name!r}: target_rule={self.target_rule!r} is not one of "
+                       f"{TARGET_RULES}")
+    if self.target_rule == "best_sync" and not set(self.sync_arms) <= set(names) | {""}:
+      raise ValueError(f"suite {self.name!r}: sync_arms {list(self.sync_arms)} are not all arms")
+    if self.target_rule == "best_sync" and not self.sync_arms:
+      raise ValueError(f"suite {self.name!r}: target_rule='best_sync' needs sync_arms")
+
+
+@dataclasses.dataclass
+class RunPaths:
+  """Where a suite's work (models, data) and results (committed files) go."""
+  work_dir: str
+  results_dir: str
+  data_dir: str = ""  # shared by suites (generated data is reused); default work_dir/data
+
+  def __post_init__(self):
+    self.data_dir = self.data_dir or os.path.join(self.work_dir, "data")
+
+  def run_dir(self, arm: str, seed: int) -> str:
+    return os.path.join(self.work_dir, "runs", arm, f"seed_{seed}")
+
+  def curve(self, arm: str, seed: int, group: int) -> str:
+    return os.path.join(self.results_dir, "runs", arm, f"seed_{seed}_group_{group}.jsonl")
+
+  def result(self, arm: str, seed: int, group: int) -> str:
+    return os.path.join(self.results_dir, "runs", arm, f"seed_{seed}_group_{group}.json")
+
+  def predictions(self, arm: str, seed: int, group: int) -> str:
+    return layout.group_run(self.run_dir(arm, seed), group).eval_predictions
+
+  @property
+  def corpus_manifest(self) -> str:
+    """The manifest of the corpus the recorded runs read (a Debian-corpus suite's)."""
+    return os.path.join(self.results_dir, CORPUS_MANIFEST)

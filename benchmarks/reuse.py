@@ -117,13 +117,14 @@ def tuning_name(config: Mapping[str, Any], readable_chars: int = 60) -> str:
   """The folder of the tuning runs of an arm configuration (``arm_config``, under the binding
   names first recorded): the arm's own settings, readable (``batch_size_128``; groups and
   strategy where not the default; at most ``readable_chars``), then a digest of the whole
-  configuration, which alone tells configurations apart (files and data included)."""
+  configuration, which alone tells configurations apart (files and data included); the digest
+  alone for an arm with no settings of its own."""
   digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
   arm = config["arm"]
   settings = [(name.strip().rsplit(".", 1)[-1], value)
               for name, _, value in (b.partition("=") for b in arm.get("gin_bindings", ()))]
   settings += [(k, arm[k]) for k in ("num_groups", "strategy")
                if arm.get(k, arm_default(k)) != arm_default(k)]
-  readable = "+".join(f"{name}_{re.sub(r'[^A-Za-z0-9.-]+', '_', str(value)).strip('_')}"
+  readable = "+".join(re.sub(r"[^A-Za-z0-9.-]+", "_", f"{name}_{value}").strip("_")
                       for name, value in settings)[:readable_chars].rstrip("+_")
   return f"{readable}-{digest}" if readable else digest

@@ -130,6 +130,9 @@ def test_tuning_runs_are_named_by_their_settings_and_told_apart_by_a_digest(tmp_
   readable, digest = reuse.tuning_name(long).rsplit("-", 1)
   assert len(readable) <= 60 and len(digest) == 12
   assert re.fullmatch(r"[0-9a-f]{12}", reuse.tuning_name({"arm": {}}))  # nothing to read
+  odd = {"arm": {"gin_bindings": ["include 'dir/../other file.gin'", "x = ['a b', \"c/d\"]"]}}
+  assert re.fullmatch(r"[A-Za-z0-9._+-]*\+x_a_b_c_d-[0-9a-f]{12}",  # one safe folder name
+                      reuse.tuning_name(odd)), reuse.tuning_name(odd)
 
 
 def test_a_renamed_gin_setting_keeps_recorded_configurations_and_tuning_folders(tmp_path,

@@ -359,8 +359,8 @@ TABLE_HEADER = ("method", "link", "s/step (slower group)", "link bytes/step",
                 "projected h to common", "load before / at end")
 
 
-def _cell(value: Optional[float], spec: str = "") -> str:
-  return "never" if value is None else format(value, spec)
+def _cell(value: Optional[float], fmt: str = "") -> str:
+  return "never" if value is None else format(value, fmt)
 
 
 def _tables(summary: dict) -> List[str]:

@@ -134,9 +134,8 @@ def run_suite(name: str) -> None:
   from benchmarks import runner  # pylint: disable=g-import-not-at-top
   from benchmarks import suite_spec as spec  # pylint: disable=g-import-not-at-top
   path = FLAGS.suite_file or os.path.join(registry.SUITES_DIR, f"{name}.gin")
-  _parse_gin(f"suite {path}", [path])
   try:
-    suite = spec.Suite()
+    suite = spec.load_suite([path], FLAGS.gin_bindings)
     if not FLAGS.report_only:
       runner.check_tensorflow(suite)
     if FLAGS.arms is not None:

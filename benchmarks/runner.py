@@ -367,7 +367,8 @@ def resolve(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequen
     arm = dataclasses.replace(arm, gin_bindings=[
         b.replace("{2B*}", str(2 * b_star)).replace("{B*}", str(b_star)) for b in arm.gin_bindings])
   elif any("B*}" in b for b in arm.gin_bindings):
-    raise ValueError(f"arm {arm.name!r} binds {{B*}} but the suite has no scaling phase")
+    raise ValueError(f"arm {arm.name!r} binds %B_STAR (its batch, {{B*}}) but the suite has no "
+                     f"scaling phase and no b_star")
   if not arm.tune_learning_rate or arm.kind == "ensemble":
     return arm, None
   tuned, choice = tune(arm, suite, paths, data, run)
@@ -762,7 +763,7 @@ def summarize(suite: spec.Suite, paths: spec.RunPaths,
         churn = json.load(f)
     arms[arm.name] = {
         "config": {k: v if not isinstance(v, tuple) else list(v)
-                   for k, v in dataclasses.asdict(arm).items()},
+                   for k, v in dataclasses.asdict(arm).items() if k != "scope"},
         "seeds": arm.seeds,
         "runs": runs,
         "final_val_loss": _stat([r["final_val_loss"] for r in runs]),

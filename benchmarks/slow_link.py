@@ -277,9 +277,7 @@ def projections(runs: Sequence[dict], curves: Dict[str, protocol.Curve],
 def _suite(name: str, results_root: str, work_root: str
            ) -> Tuple[spec.Suite, spec.RunPaths, List[str]]:
   """Suite ``name`` as recorded (B* and learning rates resolved), its paths and data bindings."""
-  from tf_codistill.launch import gin_config  # pylint: disable=g-import-not-at-top
-  gin_config.parse_gin([os.path.join(registry.SUITES_DIR, f"{name}.gin")])
-  suite = spec.Suite()
+  suite = spec.load_suite([os.path.join(registry.SUITES_DIR, f"{name}.gin")])
   paths = spec.RunPaths(work_dir=os.path.join(work_root, suite.name),
                         results_dir=os.path.join(results_root, suite.name),
                         data_dir=os.path.join(work_root, "data"))

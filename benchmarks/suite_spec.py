@@ -1,22 +1,29 @@
 """What a benchmark suite is: its arms (``bench.Arm``), its settings and goals
 (``bench.Suite``), and where its runs go (``RunPaths``).
 
-A suite is a gin file (``benchmarks/suites/<name>.gin``) binding ``bench.Suite``; runner.py runs
-it, reuse.py says which recorded runs still count, goal_figures.py computes its goals.
+A suite is a gin file (``benchmarks/suites/<name>.gin``, read by ``load_suite``). It binds
+``bench.*`` for itself, and the library's own settings for its runs: unscoped for every arm's
+runs (``trainer.train.train_steps = 1500``), in an arm's gin scope for that arm's alone (the arm
+``@codistill/bench.Arm()`` runs with ``codistill/trainer.train.alpha = 1.0``). ``%B_STAR`` and
+``%TWO_B_STAR`` stand for the batch the scaling phase finds and its double. runner.py runs a
+suite, reuse.py says which recorded runs still count, goal_figures.py computes its goals.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
-from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import gin
+from gin import config_parser
 
 # Imported for its gin configurables: the goal figures a Suite binds.
 from benchmarks import goal_figures  # noqa: F401  # pylint: disable=unused-import
 from tf_codistill import layout
 from tf_codistill import metrics
+from tf_codistill.launch import gin_config
 
 ARM_KINDS = ("train", "ensemble", "offline_distill")
 DATA_KINDS = ("criteo_like", "adult", "kjv", "fashion_mnist", "debian_english", "debian_kernel")
@@ -31,6 +38,8 @@ TARGET_RULES = ("final", "best_sync")
 OPS = {"<=": lambda a, b: a <= b, "<": lambda a, b: a < b, ">=": lambda a, b: a >= b,
        ">": lambda a, b: a > b}  # the comparisons of goal thresholds
 TUNING_DIR = "tuning"  # results_dir/runs/tuning/<tuning_name>/lr_<value>/: tuning runs
+# What %B_STAR and %TWO_B_STAR become in an arm's bindings: the runner puts B* and 2B* there.
+PLACEHOLDERS = {"B_STAR": "{B*}", "TWO_B_STAR": "{2B*}"}
 
 
 @gin.configurable(module="bench")
@@ -41,7 +50,7 @@ class Arm:
   Attributes:
     name: identifier (directory and table name).
     gin_files: trainer gin files, relative to the repo's ``gin/`` directory or absolute.
-    gin_bindings: extra bindings, after the suite's ``common_bindings``.
+    gin_bindings: the arm's own bindings, after the suite's ``common_bindings``.
     num_groups: codistillation groups in one run (1: no peers).
     seeds: independent runs (``trainer.train.seed`` = 0..seeds-1).
     strategy, workers_per_group, ps_per_group: each group's cluster (launcher.GroupShape).
@@ -55,6 +64,8 @@ class Arm:
     seed_offset: the first seed (tuning runs use the suite's ``tuning_seed``).
     learning_rate_from: run at the learning rate tuning chose for that (earlier) arm, untuned
       (a diagnostic arm that must match its baseline, e.g. codistillation with alpha = 0).
+    scope: the gin scope the arm is built in (set from gin); the suite file's bindings in that
+      scope are the arm's ``gin_bindings`` (``load_suite``).
   """
   name: str
   gin_files: Sequence[str] = ("criteo/baseline.gin",)
@@ -71,12 +82,15 @@ class Arm:
   tune_learning_rate: bool = False
   seed_offset: int = 0
   learning_rate_from: Optional[str] = None
+  scope: str = ""
 
   @property
   def seed_list(self) -> range:
     return range(self.seed_offset, self.seed_offset + self.seeds)
 
   def __post_init__(self):
+    if not self.scope:
+      object.__setattr__(self, "scope", gin.current_scope_str())
     if self.kind not in ARM_KINDS:
       raise ValueError(f"arm {self.name!r}: kind={self.kind!r} is not one of {ARM_KINDS}")
     if self.kind != "train" and not self.source_arm:
@@ -94,7 +108,8 @@ class Suite:
     name: the suite's name (results go to ``results_dir/<name>``).
     arms: the arms, run in order (a source arm must come before the arms built from it).
     description: what claim the suite reproduces, for the report.
-    common_bindings: bindings every trained arm gets (sizes, steps, eval cadence).
+    common_bindings: bindings every trained arm gets (sizes, steps, eval cadence): the suite
+      file's unscoped bindings of the library's settings (``load_suite``).
     data: ``criteo_like`` (generated Criteo-format TSV), ``adult`` (the UCI Adult census data),
       ``kjv`` (the King James Bible for language modeling, ``vocab_size`` tokens) or
       ``fashion_mnist`` (Fashion-MNIST as ImageNet-style TFRecords), ``debian_english`` or
@@ -215,6 +230,95 @@ class Suite:
       raise ValueError(f"suite {self.name!r}: sync_arms {list(self.sync_arms)} are not all arms")
     if self.target_rule == "best_sync" and not self.sync_arms:
       raise ValueError(f"suite {self.name!r}: target_rule='best_sync' needs sync_arms")
+
+
+def load_suite(files: Sequence[str], bindings: Sequence[str] = ()) -> Suite:
+  """The suite that gin ``files`` and ``bindings`` describe, each arm holding its own settings.
+
+  Raises:
+    gin_config.ConfigError: a file or binding gin refuses (an unknown setting, a wrong type).
+    ValueError: an invalid suite, or library settings bound in a scope no arm is built in.
+  """
+  gin_config.parse_gin(files, bindings)
+  suite = Suite()
+  settings = run_settings(files, bindings)
+  common = settings.pop("", [])
+
+  def own(arm: Optional[Arm]) -> Optional[Arm]:
+    if arm is None or not arm.scope:
+      return arm
+    return dataclasses.replace(arm, gin_bindings=[*arm.gin_bindings, *settings.get(arm.scope, [])])
+  arms = [own(arm) for arm in suite.arms]
+  scaling_arm = own(suite.scaling_arm)
+  # An arm the suite does not run (an included suite's) may keep its settings; a scope that
+  # configures no arm at all is a typo.
+  arm_scopes = {s.scope for s in _binding_statements(files, bindings) if s.selector == "bench.Arm"}
+  orphans = sorted(set(settings) - arm_scopes - {a.scope for a in [*arms, scaling_arm] if a})
+  if orphans:
+    scope = orphans[0]
+    raise ValueError(f"{settings[scope][0].split(' =')[0]} is bound in scope {scope!r}, but no "
+                     f"arm is built in that scope (arms: "
+                     f"{', '.join(f'@{a.scope}/bench.Arm()' for a in arms if a.scope)})")
+  return dataclasses.replace(suite, arms=arms, scaling_arm=scaling_arm,
+                             common_bindings=[*suite.common_bindings, *common])
+
+
+def run_settings(files: Sequence[str], bindings: Sequence[str] = ()) -> Dict[str, List[str]]:
+  """The library settings gin ``files`` and ``bindings`` give a suite's runs, as bindings:
+  {scope: ["selector.name = value", ...]} ('' for every arm), in the order first written; a
+  later binding of a setting replaces its value in place (gin's rule: the last one counts)."""
+  settings: Dict[str, Dict[str, str]] = {}
+  for statement in _binding_statements(files, bindings):
+    if statement.selector.startswith("bench."):
+      continue
+    key = ".".join(filter(None, (statement.selector, statement.arg_name)))
+    settings.setdefault(statement.scope, {})[key] = f"{key} = {statement.value!r}"
+  return {scope: list(values.values()) for scope, values in settings.items()}
+
+
+class _AsWritten:
+  """A gin reference kept as text (``@fn``, ``@fn()``, ``%MACRO``), so a value's repr is gin."""
+
+  def __init__(self, text: str):
+    self.text = text
+
+  def __repr__(self) -> str:
+    return self.text
+
+
+class _KeepReferences(config_parser.ParserDelegate):
+
+  def configurable_reference(self, scoped_configurable_name, evaluate):
+    return _AsWritten(f"@{scoped_configurable_name}{'()' if evaluate else ''}")
+
+  def macro(self, macro_name):
+    return _AsWritten(PLACEHOLDERS.get(macro_name, f"%{macro_name}"))
+
+
+def _binding_statements(files: Sequence[str], bindings: Sequence[str]
+                        ) -> Iterator[config_parser.BindingStatement]:
+  """The binding statements of ``files`` (their includes where they stand) then ``bindings``."""
+  def read(text: str, name: Optional[str]) -> Iterator[config_parser.BindingStatement]:
+    source = io.StringIO(text)
+    source.name = name  # type: ignore[misc]  # named in gin's syntax errors
+    for statement in config_parser.ConfigParser(source, _KeepReferences()):
+      if isinstance(statement, config_parser.IncludeStatement):
+        here = os.path.dirname(name) if name else ""
+        candidates = [os.path.join(here, statement.filename),
+                      os.path.join(gin_config.REPO_GIN_DIR, statement.filename)]
+        path = next((p for p in candidates if os.path.exists(p)), candidates[0])
+        yield from read(_text(path), path)
+      elif isinstance(statement, config_parser.BindingStatement):
+        yield statement
+  for path in files:
+    yield from read(_text(path), path)
+  for binding in bindings:
+    yield from read(binding, None)
+
+
+def _text(path: str) -> str:
+  with open(path) as f:
+    return f.read()
 
 
 @dataclasses.dataclass

@@ -22,8 +22,7 @@ def test_the_issue_suites_are_all_there():
 def test_suite_parses_and_its_goals_evaluate_on_its_arms(name):
   gin.clear_config()
   try:
-    config.parse_gin([os.path.join(registry.SUITES_DIR, f"{name}.gin")])
-    suite = spec.Suite()
+    suite = spec.load_suite([os.path.join(registry.SUITES_DIR, f"{name}.gin")])
     # Goals are gin-bound partials: evaluate each on made-up arm summaries (while the suite's
     # bindings are in force, as in a run), so a goal naming an arm the suite does not have fails
     # here rather than after hours of training.

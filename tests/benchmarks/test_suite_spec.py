@@ -1,0 +1,116 @@
+"""Suite files: the library settings they bind (unscoped, or in an arm's scope) become the runs'
+bindings, checked by gin when the suite is read."""
+
+import dataclasses
+import json
+import os
+import re
+
+import gin
+import pytest
+
+from benchmarks import registry
+from benchmarks import reuse
+from benchmarks import suite_spec as spec
+from tf_codistill.launch import gin_config
+
+SUITE = """
+include 'shared.gin'
+bench.Suite.name = 's'
+bench.Suite.arms = [@base/bench.Arm(), @codistill/bench.Arm()]
+trainer.train.train_steps = 100
+base/bench.Arm.name = 'base'
+base/trainer.train.batch_size = %B_STAR
+codistill/bench.Arm.name = 'codistill'
+codistill/bench.Arm.num_groups = 2
+codistill/trainer.train.batch_size = %TWO_B_STAR
+codistill/trainer.train.exchange = @tfc.Exchange
+codistill/tfc.Exchange.publish_every_steps = 50
+codistill/trainer.train.data_split = 'disjoint'
+"""
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def _suite_file(tmp_path, text=SUITE):
+  (tmp_path / "shared.gin").write_text("NUM_BUCKETS = 500\nmodels.ctr_model.hidden_units = (8,)\n")
+  path = tmp_path / "s.gin"
+  path.write_text(text)
+  return str(path)
+
+
+def test_unscoped_settings_go_to_every_arm_and_scoped_ones_to_their_arm(tmp_path):
+  suite = spec.load_suite([_suite_file(tmp_path)])
+  assert suite.common_bindings == ["NUM_BUCKETS = 500", "models.ctr_model.hidden_units = (8,)",
+                                   "trainer.train.train_steps = 100"]
+  base, codistill = suite.arms
+  assert (base.scope, base.gin_bindings) == ("base", ["trainer.train.batch_size = {B*}"])
+  assert codistill.gin_bindings == ["trainer.train.batch_size = {2B*}",
+                                    "trainer.train.exchange = @tfc.Exchange",
+                                    "tfc.Exchange.publish_every_steps = 50",
+                                    "trainer.train.data_split = 'disjoint'"]
+  # The arm's scope is how it was built, not part of the configuration its runs record.
+  assert "scope" not in reuse.arm_config(codistill, suite, [])["arm"]
+
+
+def test_a_later_binding_replaces_a_setting_where_it_was_first_written(tmp_path):
+  suite = spec.load_suite([_suite_file(tmp_path)],
+                          ["codistill/tfc.Exchange.publish_every_steps = 10",
+                           "trainer.train.train_steps = 7"])
+  assert suite.arms[1].gin_bindings[2] == "tfc.Exchange.publish_every_steps = 10"
+  assert suite.common_bindings[2] == "trainer.train.train_steps = 7"
+  assert len(suite.arms[1].gin_bindings) == 4
+
+
+def test_settings_in_a_scope_that_builds_no_arm_are_refused_naming_them(tmp_path):
+  text = SUITE + "codistil/trainer.train.alpha = 0.5\n"
+  with pytest.raises(ValueError, match=r"trainer\.train\.alpha is bound in scope 'codistil', but "
+                                       r"no arm is built in that scope \(arms: @base/bench"):
+    spec.load_suite([_suite_file(tmp_path, text)])
+
+
+def test_an_arm_the_suite_does_not_run_may_keep_its_settings(tmp_path):
+  text = SUITE + "spare/bench.Arm.name = 'spare'\nspare/trainer.train.alpha = 0.5\n"
+  suite = spec.load_suite([_suite_file(tmp_path, text)])
+  assert [arm.name for arm in suite.arms] == ["base", "codistill"]
+
+
+@pytest.mark.parametrize("binding,message", [
+    ("codistill/trainer.train.alpah = 1.0", "doesn't have a parameter named 'alpah'"),
+    ("codistill/trainer.train.alpha = 'high'", r"codistill/trainer\.train\.alpha = 'high': "
+                                               r"expected a number"),
+])
+def test_a_wrong_arm_setting_fails_when_the_suite_is_read(tmp_path, binding, message):
+  with pytest.raises(gin_config.ConfigError, match=message):
+    spec.load_suite([_suite_file(tmp_path, SUITE + binding + "\n")])
+
+
+def _as_recorded_there(arm: spec.Arm, recorded: dict) -> spec.Arm:
+  """``arm`` with B* and the learning rate its recorded runs were resolved to."""
+  values = dict(b.split(" = ", 1) for b in reuse.as_current(recorded["arm"]["gin_bindings"]))
+  bindings = [re.sub(r"\{2?B\*\}", values.get(b.split(" = ")[0], "?"), b) for b in arm.gin_bindings]
+  rate = "trainer.train.learning_rate"
+  if rate in values and not any(b.startswith(rate) for b in bindings):
+    bindings.append(f"{rate} = {values[rate]}")
+  return dataclasses.replace(arm, gin_bindings=bindings)
+
+
+def test_english_lm_as_written_today_is_the_configuration_its_recorded_runs_used():
+  suite = spec.load_suite([os.path.join(registry.SUITES_DIR, "english_lm.gin")])
+  runs = os.path.join(registry.RESULTS_DIR, "english_lm", "runs")
+  checked = []
+  for arm in suite.arms:
+    path = os.path.join(runs, arm.name, "config.json")
+    if not os.path.exists(path):
+      continue
+    with open(path) as f:
+      recorded = json.load(f)
+    today = reuse.arm_config(_as_recorded_there(arm, recorded), suite, recorded["data"])
+    assert reuse.same_config(recorded, today), (arm.name, recorded, today)
+    checked.append(arm.name)
+  assert {"sync_b", "sync_2b", "codistill", "codistill_long"} <= set(checked)

@@ -33,7 +33,9 @@ which is how the kill point and the recovery are seen:
       --gin_bindings="bench.fault_trials.kinds = ['ps', 'group']"
 
 writes benchmarks/results/fault_trials/summary.json (every trial and a summary per kind) and
-report.md, whose table (``markdown_table``) ``python -m benchmarks.reliability_doc`` puts into
+report.md; each trial is recorded as it ends (``trials/<kind>_<seed>.json``) and kept by a later
+run with the same settings, so a stopped run resumes trial by trial. report.md's table
+(``markdown_table``) is what ``python -m benchmarks.reliability_doc`` puts into
 docs/reliability.md.
 """
 
@@ -45,7 +47,6 @@ import os
 import random
 import shutil
 import signal
-import statistics
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -53,6 +54,7 @@ import gin
 
 from benchmarks import registry
 from benchmarks import standalone
+from benchmarks import trials as trials_lib
 from tf_codistill import layout
 
 KINDS = ("worker", "ps", "chief", "group", "sync_chief", "sync_worker")
@@ -269,21 +271,13 @@ def summarize(trials: Sequence[dict]) -> Dict[str, dict]:
         "finished": sum(bool(t.get("finished")) for t in rows),
         "resumed_correctly": sum(bool(t.get("resumed_correctly")) for t in rows),
         "ok": sum(bool(t.get("ok")) for t in rows),
-        "steps_lost": spread(lost),
-        "recovery_s": spread(recovery),
+        "steps_lost": trials_lib.spread(lost),
+        "recovery_s": trials_lib.spread(recovery),
         "kill_steps": [t.get("step_at_kill") for t in rows],
         # One kill should cost one restart (None: a trial recorded before restarts were counted).
         "restarts_used": [t.get("restarts_used") for t in rows],
     }
   return summary
-
-
-def spread(values: Sequence[float]) -> Optional[dict]:
-  """Median, min and max of ``values`` (None when there are none)."""
-  if not values:
-    return None
-  return {"median": round(statistics.median(values), 2), "min": min(values),
-          "max": max(values)}
 
 
 CASES = {
@@ -332,20 +326,13 @@ def measure_trials(ctx: registry.Context, trials: int = 10, kinds: Sequence[str]
   kinds = tuple(kinds)
   if set(kinds) - set(KINDS):
     raise ValueError(f"bench.fault_trials.kinds={list(kinds)!r}: each one of {KINDS}")
-  work = ctx.work_dir
-  data = ensure_data(os.path.join(work, "data"))  # made once, reused by later runs
-  records = []
-  start = time.time()
-  for seed in range(trials):  # kinds interleaved: machine load drifts over the run
-    for kind in kinds:
-      record = run_trial(kind, seed, work, data, train_steps, steps_per_epoch)
-      records.append(record)
-      ctx.progress(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}))
-      shutil.rmtree(os.path.join(work, f"{kind}_{seed}"), ignore_errors=True)
-  result = {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
-            "wall_s": round(time.time() - start, 1),
-            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
-            "summary": summarize(records), "trials": records}
+  data = ensure_data(os.path.join(ctx.work_dir, "data"))  # made once, reused by later runs
+  settings = {"train_steps": train_steps, "steps_per_epoch": steps_per_epoch}
+  result = trials_lib.run_interleaved(
+      ctx, kinds, trials, settings,
+      lambda kind, seed: run_trial(kind, seed, ctx.work_dir, data, train_steps, steps_per_epoch),
+      lambda kind, seed: [os.path.join(ctx.work_dir, f"{kind}_{seed}")])
+  result["summary"] = summarize(result["trials"])
   for line in markdown_table(result).splitlines():
     ctx.progress(line)
   return result
@@ -353,7 +340,7 @@ def measure_trials(ctx: registry.Context, trials: int = 10, kinds: Sequence[str]
 
 def _failure(summary: dict) -> Optional[str]:
   """How many trials did not recover, if any did not (the run then exits 1)."""
-  failed = [t for t in summary["trials"] if not t.get("ok")]
+  failed = trials_lib.failed(summary)
   return f"{len(failed)} trial(s) did not recover" if failed else None
 
 
@@ -366,14 +353,8 @@ def _details(summary: dict) -> List[str]:
   if restarts:
     lines += ["", "Restarts the launcher used per trial (one kill should cost one): " + "; ".join(
         f"{kind} {used}" for kind, used in restarts.items()) + "."]
-  failed = [t for t in summary.get("trials", []) if not t.get("ok")]
-  if failed:
-    lines += ["", f"**{len(failed)} trial(s) did not recover:**", ""]
-    lines += [f"- {t['kind']} seed {t['seed']}: "
-              + (t.get("error") or ", ".join(f"{part}={t.get(part)}" for part in (
-                  "finished", "resumed_correctly", "launcher_restarted", "exit_code")))
-              for t in failed]
-  return lines
+  return lines + trials_lib.failed_lines(summary, "did not recover", "kind", (
+      "finished", "resumed_correctly", "launcher_restarted", "exit_code"))
 
 
 def _tables(summary: dict) -> List[str]:

@@ -42,7 +42,6 @@ trials (hours in all, the 5-minute cuts most) go on across sessions.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import shutil
@@ -54,10 +53,10 @@ import gin
 
 from benchmarks import fault_trials
 from benchmarks import faultfs
-from benchmarks import machine
 from benchmarks import netfaults
 from benchmarks import registry
 from benchmarks import standalone
+from benchmarks import trials as trials_lib
 from tf_codistill import layout
 from tf_codistill.launch import launcher
 
@@ -329,7 +328,7 @@ def summarize(trials: Sequence[dict]) -> Dict[str, dict]:
                                for t in rows),
         "restarts_used": [t.get("restarts_used") for t in rows],
         "steps_during_fault": [t.get("steps_during_fault") for t in rows],
-        "recovery_s": fault_trials.spread(recovery),
+        "recovery_s": trials_lib.spread(recovery),
         "hangs": sum(bool(t.get("hung")) for t in rows),
         **({key: [t.get(key) for t in rows] for key in ("publish_failures", "teacher_loads")}
            if CASES[name].groups == 2 else {}),
@@ -377,67 +376,28 @@ def measure_trials(ctx: registry.Context, trials: int = 5, cases: Sequence[str] 
   data = fault_trials.ensure_data(os.path.join(ctx.work_dir, "data"))
   settings = {"train_steps": train_steps, "steps_per_epoch": steps_per_epoch,
               "stall_timeout_s": stall_timeout_s}
-  records, start = [], time.time()
-  for seed in range(trials):  # cases interleaved: machine load drifts over the run
-    for name in cases:
-      record = _recorded_trial(ctx.results_dir, name, seed, settings)
-      if record is None:
-        load = os.getloadavg()[0]
-        record = {**run_trial(name, seed, ctx.work_dir, data, train_steps, steps_per_epoch,
-                              stall_timeout_s),
-                  "settings": settings, "load_1m_before": load,
-                  "load_1m_at_end": os.getloadavg()[0],
-                  "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        _record_trial(ctx.results_dir, record)
-        for suffix in ("", ".exchange", ".exchange_backing"):
-          shutil.rmtree(os.path.join(ctx.work_dir, f"{name}_{seed}{suffix}"), ignore_errors=True)
-      records.append(record)
-      ctx.progress(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}))
-  result = {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
-            "wall_s": round(sum(t["wall_s"] for t in records), 1),
-            "stall_timeout_s": stall_timeout_s,
-            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
-            "summary": summarize(records), "trials": records}
+  result = trials_lib.run_interleaved(
+      ctx, list(cases), trials, settings,
+      lambda name, seed: run_trial(name, seed, ctx.work_dir, data, train_steps, steps_per_epoch,
+                                   stall_timeout_s),
+      lambda name, seed: [os.path.join(ctx.work_dir, f"{name}_{seed}{suffix}")
+                          for suffix in ("", ".exchange", ".exchange_backing")])
+  result.update(stall_timeout_s=stall_timeout_s, summary=summarize(result["trials"]))
   for line in markdown_table(result).splitlines():
     ctx.progress(line)
   return result
 
 
-def _trial_path(results_dir: str, name: str, seed: int) -> str:
-  return os.path.join(results_dir, "trials", f"{name}_{seed}.json")
-
-
-def _recorded_trial(results_dir: str, name: str, seed: int, settings: dict) -> Optional[dict]:
-  """A trial recorded by an earlier run with the same settings (the benchmark resumes trial by
-  trial across sessions), or None."""
-  try:
-    with open(_trial_path(results_dir, name, seed)) as f:
-      record = json.load(f)
-  except (OSError, ValueError):
-    return None
-  return record if record.get("settings") == settings else None
-
-
-def _record_trial(results_dir: str, record: dict) -> None:
-  machine.write_json(_trial_path(results_dir, record["case"], record["seed"]), record, indent=1)
-
-
 def _failure(summary: dict) -> Optional[str]:
   """How many trials hung or did not finish, if any (the run then exits 1)."""
-  failed = [t for t in summary["trials"] if not t.get("ok")]
+  failed = trials_lib.failed(summary)
   return f"{len(failed)} trial(s) hung or did not finish" if failed else None
 
 
 def _tables(summary: dict) -> List[str]:
   """report.md's body: the table, and each trial that hung or did not finish."""
-  lines = markdown_table(summary).splitlines()
-  failed = [t for t in summary.get("trials", []) if not t.get("ok")]
-  if failed:
-    lines += ["", f"**{len(failed)} trial(s) hung or did not finish:**", ""]
-    lines += [f"- {t['case']} seed {t['seed']}: " + (t.get("error") or ", ".join(
-        f"{part}={t.get(part)}" for part in ("finished", "hung", "exit_code", "restarts_used")))
-        for t in failed]
-  return lines
+  return markdown_table(summary).splitlines() + trials_lib.failed_lines(
+      summary, "hung or did not finish", "case", ("finished", "hung", "exit_code", "restarts_used"))
 
 
 BENCHMARK = registry.Benchmark(

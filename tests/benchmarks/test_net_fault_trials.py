@@ -90,21 +90,6 @@ def test_unknown_cases_are_refused_before_anything_runs(tmp_path):
 
 @pytest.mark.skipif(net_fault_trials.netfaults.unavailable() is not None,
                     reason=str(net_fault_trials.netfaults.unavailable()))
-def test_recorded_trials_are_kept_by_a_later_run_with_the_same_settings(tmp_path):
-  ctx = registry.Context(name="net_fault_trials", results_dir=str(tmp_path / "r"),
-                         work_dir=str(tmp_path / "w"), command="test", progress=lambda _: None)
-  settings = {"train_steps": 240, "steps_per_epoch": 40, "stall_timeout_s": 120.0}
-  recorded = {**_record("cut_worker_5s", 0), "wall_s": 50.0, "settings": settings}
-  net_fault_trials._record_trial(ctx.results_dir, recorded)
-  summary = net_fault_trials.measure_trials(ctx, trials=1, cases=["cut_worker_5s"])
-  assert summary["trials"] == [recorded]  # nothing ran again
-  assert summary["summary"]["cut_worker_5s"]["finished"] == 1 and summary["wall_s"] == 50.0
-  assert net_fault_trials._recorded_trial(ctx.results_dir, "cut_worker_5s", 0,
-                                          {**settings, "stall_timeout_s": 60.0}) is None
-
-
-@pytest.mark.skipif(net_fault_trials.netfaults.unavailable() is not None,
-                    reason=str(net_fault_trials.netfaults.unavailable()))
 def test_a_cut_whose_launch_ended_meanwhile_ends_without_its_packet_count():
   """A restart can beat a long cut: the launch (and its namespace) is gone when the cut ends;
   the trial records no packet count instead of failing on the namespace."""

@@ -1,0 +1,79 @@
+"""Seeded fault trials that go on across sessions (fault_trials, net_fault_trials): cases
+interleaved seed by seed, since the machine's load drifts over a run; each trial recorded as it
+ends (``<results_dir>/trials/<case>_<seed>.json``) and kept by a later run with the same
+settings, so a run stopped by a session's end resumes trial by trial."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import time
+from typing import Callable, List, Optional, Sequence
+
+from benchmarks import machine
+from benchmarks import registry
+
+
+def run_interleaved(ctx: registry.Context, cases: Sequence[str], trials: int, settings: dict,
+                    run_one: Callable[[str, int], dict],
+                    scratch: Callable[[str, int], Sequence[str]]) -> dict:
+  """Every (case, seed) trial, recorded or run now (``run_one(case, seed)``, its ``scratch``
+  folders removed after); the run's record, its trials under ``trials``."""
+  records, start = [], time.time()
+  for seed in range(trials):
+    for case in cases:
+      record = _recorded(ctx.results_dir, case, seed, settings)
+      if record is None:
+        load = os.getloadavg()[0]
+        record = {**run_one(case, seed), "settings": settings, "load_1m_before": load,
+                  "load_1m_at_end": os.getloadavg()[0],
+                  "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        machine.write_json(_path(ctx.results_dir, case, seed), record, indent=1)
+        for folder in scratch(case, seed):
+          shutil.rmtree(folder, ignore_errors=True)
+      records.append(record)
+      ctx.progress(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}))
+  return {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
+          "wall_s": round(sum(t["wall_s"] for t in records), 1),
+          "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
+          "trials": records}
+
+
+def _path(results_dir: str, case: str, seed: int) -> str:
+  return os.path.join(results_dir, "trials", f"{case}_{seed}.json")
+
+
+def _recorded(results_dir: str, case: str, seed: int, settings: dict) -> Optional[dict]:
+  """The trial an earlier run recorded with the same settings, or None."""
+  try:
+    with open(_path(results_dir, case, seed)) as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return record if record.get("settings") == settings else None
+
+
+def spread(values: Sequence[float]) -> Optional[dict]:
+  """Median, min and max of ``values`` (None when there are none)."""
+  if not values:
+    return None
+  return {"median": round(statistics.median(values), 2), "min": min(values),
+          "max": max(values)}
+
+
+def failed(summary: dict) -> List[dict]:
+  """The trials of a run's record that did not end as they should."""
+  return [t for t in summary.get("trials", []) if not t.get("ok")]
+
+
+def failed_lines(summary: dict, what: str, case_key: str, parts: Sequence[str]) -> List[str]:
+  """report.md's list of the trials that ``what`` (e.g. "did not recover"), each with its error
+  or the record's ``parts``; no lines when every trial ended well."""
+  trials = failed(summary)
+  if not trials:
+    return []
+  return ["", f"**{len(trials)} trial(s) {what}:**", ""] + [
+      f"- {t[case_key]} seed {t['seed']}: "
+      + (t.get("error") or ", ".join(f"{part}={t.get(part)}" for part in parts)) for t in trials]

@@ -1,0 +1,61 @@
+"""Fault trials go on across sessions: recorded trials are kept, the rest run, cases interleaved."""
+
+import json
+import os
+
+from benchmarks import registry
+from benchmarks import trials
+
+SETTINGS = {"train_steps": 240, "steps_per_epoch": 40}
+
+
+def _ctx(tmp_path):
+  return registry.Context(name="t", results_dir=str(tmp_path / "r"), work_dir=str(tmp_path / "w"),
+                          command="test", progress=lambda _: None)
+
+
+def _run(ctx, settings=SETTINGS, fail=()):
+  ran = []
+
+  def run_one(case, seed):
+    ran.append((case, seed))
+    os.makedirs(os.path.join(ctx.work_dir, f"{case}_{seed}"), exist_ok=True)
+    return {"case": case, "seed": seed, "wall_s": 10.0, "ok": (case, seed) not in fail}
+  result = trials.run_interleaved(ctx, ["a", "b"], 2, settings, run_one,
+                                  lambda case, seed: [os.path.join(ctx.work_dir, f"{case}_{seed}")])
+  return ran, result
+
+
+def test_trials_run_cases_interleaved_seed_by_seed_and_are_recorded_as_they_end(tmp_path):
+  ctx = _ctx(tmp_path)
+  ran, result = _run(ctx)
+  assert ran == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+  assert [(t["case"], t["seed"]) for t in result["trials"]] == ran
+  assert result["wall_s"] == 40.0 and result["cpus"] == os.cpu_count()
+  with open(tmp_path / "r" / "trials" / "b_1.json") as f:
+    recorded = json.load(f)
+  assert recorded["settings"] == SETTINGS and "load_1m_before" in recorded
+  assert os.listdir(ctx.work_dir) == []  # each trial's folders removed after it
+
+
+def test_a_later_run_keeps_recorded_trials_and_runs_the_rest_or_all_with_new_settings(tmp_path):
+  ctx = _ctx(tmp_path)
+  _, first = _run(ctx)
+  os.remove(tmp_path / "r" / "trials" / "a_1.json")  # as if the session ended before it
+  ran, again = _run(ctx)
+  assert ran == [("a", 1)]
+  assert again["trials"][:2] == first["trials"][:2] and again["trials"][3] == first["trials"][3]
+  ran, _ = _run(ctx, settings={**SETTINGS, "train_steps": 300})
+  assert len(ran) == 4
+
+
+def test_failed_trials_are_listed_with_their_error_or_their_record():
+  summary = {"trials": [{"case": "a", "seed": 0, "ok": True},
+                        {"case": "a", "seed": 1, "ok": False, "error": "launch failed"},
+                        {"case": "b", "seed": 0, "ok": False, "hung": True}]}
+  assert [t["seed"] for t in trials.failed(summary)] == [1, 0]
+  assert trials.failed_lines(summary, "hung", "case", ("hung",)) == [
+      "", "**2 trial(s) hung:**", "", "- a seed 1: launch failed", "- b seed 0: hung=True"]
+  assert trials.failed_lines({"trials": summary["trials"][:1]}, "hung", "case", ()) == []
+  assert trials.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+  assert trials.spread([]) is None

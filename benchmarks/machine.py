@@ -266,3 +266,14 @@ def write_json(path: str, value: object, indent: int = 2) -> None:
   finally:
     if os.path.exists(temp):  # a value JSON cannot hold: nothing half-written is left
       os.remove(temp)
+
+
+def recorded(path: str, settings: dict) -> Optional[dict]:
+  """The record at ``path`` if an earlier run wrote it under the same ``settings`` (its
+  ``settings`` key), else None: measurements that resume record by record keep only those."""
+  try:
+    with open(path) as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return record if record.get("settings") == settings else None

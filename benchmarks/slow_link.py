@@ -316,7 +316,7 @@ def measure_links(ctx: registry.Context, suite: str = "english_lm",
   runs, start = [], time.time()
   for method in methods:
     for link in parsed:
-      record = _recorded_run(ctx.results_dir, method, link.name, settings)
+      record = machine.recorded(_run_path(ctx.results_dir, method, link.name), settings)
       if record is None:
         load = machine.load_1m()
         record = {**run_method(arms[method], concrete, link,
@@ -340,16 +340,6 @@ def measure_links(ctx: registry.Context, suite: str = "english_lm",
 
 def _run_path(results_dir: str, method: str, link: str) -> str:
   return os.path.join(results_dir, "runs", f"{method}_{link}.json")
-
-
-def _recorded_run(results_dir: str, method: str, link: str, settings: dict) -> Optional[dict]:
-  """A run recorded by an earlier invocation with the same settings, or None."""
-  try:
-    with open(_run_path(results_dir, method, link)) as f:
-      record = json.load(f)
-  except (OSError, ValueError):
-    return None
-  return record if record.get("settings") == settings else None
 
 
 TABLE_HEADER = ("method", "link", "s/step (slower group)", "link bytes/step",

@@ -24,7 +24,7 @@ def run_interleaved(ctx: registry.Context, cases: Sequence[str], trials: int, se
   records, start = [], time.time()
   for seed in range(trials):
     for case in cases:
-      record = _recorded(ctx.results_dir, case, seed, settings)
+      record = machine.recorded(_path(ctx.results_dir, case, seed), settings)
       if record is None:
         load = os.getloadavg()[0]
         record = {**run_one(case, seed), "settings": settings, "load_1m_before": load,
@@ -43,16 +43,6 @@ def run_interleaved(ctx: registry.Context, cases: Sequence[str], trials: int, se
 
 def _path(results_dir: str, case: str, seed: int) -> str:
   return os.path.join(results_dir, "trials", f"{case}_{seed}.json")
-
-
-def _recorded(results_dir: str, case: str, seed: int, settings: dict) -> Optional[dict]:
-  """The trial an earlier run recorded with the same settings, or None."""
-  try:
-    with open(_path(results_dir, case, seed)) as f:
-      record = json.load(f)
-  except (OSError, ValueError):
-    return None
-  return record if record.get("settings") == settings else None
 
 
 def spread(values: Sequence[float]) -> Optional[dict]:

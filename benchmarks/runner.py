@@ -367,8 +367,8 @@ def resolve(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequen
     arm = dataclasses.replace(arm, gin_bindings=[
         b.replace("{2B*}", str(2 * b_star)).replace("{B*}", str(b_star)) for b in arm.gin_bindings])
   elif any("B*}" in b for b in arm.gin_bindings):
-    raise ValueError(f"arm {arm.name!r} binds %B_STAR (its batch, {{B*}}) but the suite has no "
-                     f"scaling phase and no b_star")
+    raise ValueError(f"arm {arm.name!r} binds %B_STAR or %TWO_B_STAR (its batch, {{B*}}) but "
+                     f"the suite has no scaling phase and no b_star")
   if not arm.tune_learning_rate or arm.kind == "ensemble":
     return arm, None
   tuned, choice = tune(arm, suite, paths, data, run)

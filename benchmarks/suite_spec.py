@@ -5,8 +5,12 @@ A suite is a gin file (``benchmarks/suites/<name>.gin``, read by ``load_suite``)
 ``bench.*`` for itself, and the library's own settings for its runs: unscoped for every arm's
 runs (``trainer.train.train_steps = 1500``), in an arm's gin scope for that arm's alone (the arm
 ``@codistill/bench.Arm()`` runs with ``codistill/trainer.train.alpha = 1.0``). ``%B_STAR`` and
-``%TWO_B_STAR`` stand for the batch the scaling phase finds and its double. runner.py runs a
-suite, reuse.py says which recorded runs still count, goal_figures.py computes its goals.
+``%TWO_B_STAR`` stand for the batch the scaling phase finds and its double. A suite that
+includes another changes the included arms' settings binding by binding (gin's rule: the last
+binding of a setting counts); it cannot remove one. Every binding outside ``bench.*`` reaches the
+runs, macros included, so a macro for the suite's own use belongs in ``bench.*`` settings
+instead. runner.py runs a suite, reuse.py says which recorded runs still count,
+goal_figures.py computes its goals.
 """
 
 from __future__ import annotations
@@ -243,6 +247,10 @@ def load_suite(files: Sequence[str], bindings: Sequence[str] = ()) -> Suite:
   suite = Suite()
   settings = run_settings(files, bindings)
   common = settings.pop("", [])
+  for binding in common:
+    if any(placeholder in binding for placeholder in PLACEHOLDERS.values()):
+      raise ValueError(f"{binding.split(' =')[0]} is bound to %B_STAR or %TWO_B_STAR outside an "
+                       "arm's scope: B* is an arm's batch, bind it as <arm scope>/...")
 
   def own(arm: Optional[Arm]) -> Optional[Arm]:
     if arm is None or not arm.scope:
@@ -297,16 +305,20 @@ class _KeepReferences(config_parser.ParserDelegate):
 
 def _binding_statements(files: Sequence[str], bindings: Sequence[str]
                         ) -> Iterator[config_parser.BindingStatement]:
-  """The binding statements of ``files`` (their includes where they stand) then ``bindings``."""
+  """The binding statements of ``files`` (their includes where they stand, found where gin
+  finds them) then ``bindings``."""
+  prefixes = gin_config.search_path(files)
+
   def read(text: str, name: Optional[str]) -> Iterator[config_parser.BindingStatement]:
     source = io.StringIO(text)
     source.name = name  # type: ignore[misc]  # named in gin's syntax errors
     for statement in config_parser.ConfigParser(source, _KeepReferences()):
       if isinstance(statement, config_parser.IncludeStatement):
-        here = os.path.dirname(name) if name else ""
-        candidates = [os.path.join(here, statement.filename),
-                      os.path.join(gin_config.REPO_GIN_DIR, statement.filename)]
-        path = next((p for p in candidates if os.path.exists(p)), candidates[0])
+        path = next((os.path.join(prefix, statement.filename) for prefix in prefixes
+                     if os.path.exists(os.path.join(prefix, statement.filename))), None)
+        if path is None:  # gin's own parse, which looks in the same places, refused it first
+          raise gin_config.ConfigError(f"{name}: include {statement.filename!r} is in none of "
+                                       f"{prefixes}")
         yield from read(_text(path), path)
       elif isinstance(statement, config_parser.BindingStatement):
         yield statement

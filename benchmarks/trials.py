@@ -1,7 +1,9 @@
 """Seeded fault trials that go on across sessions (fault_trials, net_fault_trials): cases
 interleaved seed by seed, since the machine's load drifts over a run; each trial recorded as it
 ends (``<results_dir>/trials/<case>_<seed>.json``) and kept by a later run with the same
-settings, so a run stopped by a session's end resumes trial by trial."""
+settings, so a run stopped by a session's end resumes trial by trial. A record names the library
+sources it ran (``library_sources``, a digest of ``tf_codistill/``) but is kept under other ones
+too: after a change to the launcher or the recovery code, remove ``trials/`` to measure again."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Callable, List, Optional, Sequence
 
 from benchmarks import machine
 from benchmarks import registry
+from benchmarks import standalone
 
 
 def run_interleaved(ctx: registry.Context, cases: Sequence[str], trials: int, settings: dict,
@@ -22,13 +25,14 @@ def run_interleaved(ctx: registry.Context, cases: Sequence[str], trials: int, se
   """Every (case, seed) trial, recorded or run now (``run_one(case, seed)``, its ``scratch``
   folders removed after); the run's record, its trials under ``trials``."""
   records, start = [], time.time()
+  sources = standalone.source_digest(("tf_codistill",))
   for seed in range(trials):
     for case in cases:
       record = machine.recorded(_path(ctx.results_dir, case, seed), settings)
       if record is None:
         load = os.getloadavg()[0]
-        record = {**run_one(case, seed), "settings": settings, "load_1m_before": load,
-                  "load_1m_at_end": os.getloadavg()[0],
+        record = {**run_one(case, seed), "settings": settings, "library_sources": sources,
+                  "load_1m_before": load, "load_1m_at_end": os.getloadavg()[0],
                   "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         machine.write_json(_path(ctx.results_dir, case, seed), record, indent=1)
         for folder in scratch(case, seed):

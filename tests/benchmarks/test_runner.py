@@ -295,8 +295,8 @@ def test_a_given_b_star_replaces_the_batch_placeholders(tmp_path):
   concrete, record = runner.prepare(suite, paths, data=[])
   assert list(concrete.arms[0].gin_bindings) == ["trainer.train.batch_size = 64", "x.y = 128"]
   assert record["scaling"] == {"b_star": 64, "given": True}
-  with pytest.raises(ValueError, match=r"binds %B_STAR \(its batch, \{B\*\}\) but the suite "
-                                       r"has no scaling phase"):
+  with pytest.raises(ValueError, match=r"binds %B_STAR or %TWO_B_STAR \(its batch, \{B\*\}\) "
+                                       r"but the suite has no scaling phase"):
     runner.prepare(spec.Suite(name="s", arms=[arm]), paths, data=[])
   with pytest.raises(ValueError, match="b_star is given and found"):
     spec.Suite(name="s", arms=[arm], b_star=64, scaling_arm=spec.Arm("sync"),

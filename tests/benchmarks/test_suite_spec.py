@@ -4,7 +4,7 @@ bindings, checked by gin when the suite is read."""
 import dataclasses
 import json
 import os
-import re
+from typing import Optional
 
 import gin
 import pytest
@@ -80,6 +80,20 @@ def test_an_arm_the_suite_does_not_run_may_keep_its_settings(tmp_path):
   assert [arm.name for arm in suite.arms] == ["base", "codistill"]
 
 
+def test_b_star_outside_an_arm_scope_is_refused(tmp_path):
+  with pytest.raises(ValueError, match=r"trainer\.train\.batch_size is bound to %B_STAR or "
+                                       r"%TWO_B_STAR outside an arm's scope"):
+    spec.load_suite([_suite_file(tmp_path, SUITE + "trainer.train.batch_size = %B_STAR\n")])
+
+
+def test_an_include_is_found_where_gin_finds_it_under_gin(tmp_path):
+  text = SUITE.replace("include 'shared.gin'", "include 'criteo/common.gin'")
+  suite = spec.load_suite([_suite_file(tmp_path, text)])
+  with open(os.path.join(gin_config.REPO_GIN_DIR, "criteo", "common.gin")) as f:
+    assert "NUM_BUCKETS" in f.read()
+  assert any(b.startswith("NUM_BUCKETS = ") for b in suite.common_bindings)
+
+
 @pytest.mark.parametrize("binding,message", [
     ("codistill/trainer.train.alpah = 1.0", "doesn't have a parameter named 'alpah'"),
     ("codistill/trainer.train.alpha = 'high'", r"codistill/trainer\.train\.alpha = 'high': "
@@ -90,10 +104,22 @@ def test_a_wrong_arm_setting_fails_when_the_suite_is_read(tmp_path, binding, mes
     spec.load_suite([_suite_file(tmp_path, SUITE + binding + "\n")])
 
 
-def _as_recorded_there(arm: spec.Arm, recorded: dict) -> spec.Arm:
-  """``arm`` with B* and the learning rate its recorded runs were resolved to."""
+def _b_star(suite: spec.Suite, recorded: dict) -> Optional[int]:
+  """The suite's B*: given, or the batch its first B* arm's recorded runs used."""
+  if suite.b_star is not None:
+    return suite.b_star
+  for arm in suite.arms:
+    if "trainer.train.batch_size = {B*}" in arm.gin_bindings and arm.name in recorded:
+      values = dict(b.split(" = ", 1) for b in recorded[arm.name]["arm"]["gin_bindings"])
+      return int(values["trainer.train.batch_size"])
+  return None
+
+
+def _as_recorded_there(arm: spec.Arm, recorded: dict, b_star: Optional[int]) -> spec.Arm:
+  """``arm`` with B* (and 2B*) and the learning rate its recorded runs were resolved to."""
+  bindings = [b.replace("{2B*}", str(2 * b_star)).replace("{B*}", str(b_star))
+              if b_star is not None else b for b in arm.gin_bindings]
   values = dict(b.split(" = ", 1) for b in reuse.as_current(recorded["arm"]["gin_bindings"]))
-  bindings = [re.sub(r"\{2?B\*\}", values.get(b.split(" = ")[0], "?"), b) for b in arm.gin_bindings]
   rate = "trainer.train.learning_rate"
   if rate in values and not any(b.startswith(rate) for b in bindings):
     bindings.append(f"{rate} = {values[rate]}")
@@ -105,15 +131,17 @@ def test_each_suite_as_written_today_is_the_configuration_its_recorded_runs_used
   """A recorded arm whose configuration no longer matches would be run again, hours of it."""
   suite = spec.load_suite([os.path.join(registry.SUITES_DIR, f"{name}.gin")])
   runs = os.path.join(registry.RESULTS_DIR, suite.name, "runs")
-  checked = []
+  recorded = {}
   for arm in suite.arms:
     path = os.path.join(runs, arm.name, "config.json")
-    if not os.path.exists(path):
-      continue
-    with open(path) as f:
-      recorded = json.load(f)
-    today = reuse.arm_config(_as_recorded_there(arm, recorded), suite, recorded["data"])
-    assert reuse.same_config(recorded, today), (arm.name, recorded, today)
-    checked.append(arm.name)
+    if os.path.exists(path):
+      with open(path) as f:
+        recorded[arm.name] = json.load(f)
+  b_star = _b_star(suite, recorded)
+  for arm in suite.arms:
+    if arm.name in recorded:
+      today = reuse.arm_config(_as_recorded_there(arm, recorded[arm.name], b_star), suite,
+                               recorded[arm.name]["data"])
+      assert reuse.same_config(recorded[arm.name], today), (arm.name, recorded[arm.name], today)
   if name == "english_lm":
-    assert {"sync_b", "sync_2b", "codistill", "codistill_long"} <= set(checked)
+    assert b_star == 64 and {"sync_b", "sync_2b", "codistill", "codistill_long"} <= set(recorded)

@@ -3,6 +3,11 @@
 import json
 import os
 
+import pytest
+
+from benchmarks import fault_trials
+from benchmarks import machine
+from benchmarks import net_fault_trials
 from benchmarks import registry
 from benchmarks import trials
 
@@ -35,6 +40,7 @@ def test_trials_run_cases_interleaved_seed_by_seed_and_are_recorded_as_they_end(
   with open(tmp_path / "r" / "trials" / "b_1.json") as f:
     recorded = json.load(f)
   assert recorded["settings"] == SETTINGS and "load_1m_before" in recorded
+  assert len(recorded["library_sources"]) == 16  # the library code the trial ran
   assert os.listdir(ctx.work_dir) == []  # each trial's folders removed after it
 
 
@@ -59,3 +65,29 @@ def test_failed_trials_are_listed_with_their_error_or_their_record():
   assert trials.failed_lines({"trials": summary["trials"][:1]}, "hung", "case", ()) == []
   assert trials.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
   assert trials.spread([]) is None
+
+
+def test_fault_trials_keep_a_trial_recorded_under_their_settings(tmp_path):
+  ctx = _ctx(tmp_path)
+  recorded = {"kind": "worker", "seed": 0, "wall_s": 30.0, "ok": True, "finished": True,
+              "resumed_correctly": True, "steps_lost": 0, "recovery_s": 5.0,
+              "settings": {"train_steps": 240, "steps_per_epoch": 40}}
+  machine.write_json(str(tmp_path / "r" / "trials" / "worker_0.json"), recorded)
+  summary = fault_trials.measure_trials(ctx, trials=1, kinds=["worker"])
+  assert summary["trials"] == [recorded]  # nothing ran again
+  assert summary["summary"]["worker"]["finished"] == 1 and summary["wall_s"] == 30.0
+
+
+@pytest.mark.skipif(net_fault_trials.netfaults.unavailable() is not None,
+                    reason=str(net_fault_trials.netfaults.unavailable()))
+def test_net_fault_trials_keep_a_trial_recorded_under_their_settings_stall_timeout_included(
+    tmp_path):
+  ctx = _ctx(tmp_path)
+  settings = {"train_steps": 240, "steps_per_epoch": 40, "stall_timeout_s": 120.0}
+  recorded = {"case": "cut_worker_5s", "seed": 0, "wall_s": 50.0, "ok": True, "finished": True,
+              "restarts_used": 0, "hung": False, "recovery_s": 2.0, "steps_during_fault": 10,
+              "settings": settings}
+  machine.write_json(str(tmp_path / "r" / "trials" / "cut_worker_5s_0.json"), recorded)
+  summary = net_fault_trials.measure_trials(ctx, trials=1, cases=["cut_worker_5s"])
+  assert summary["trials"] == [recorded] and summary["stall_timeout_s"] == 120.0
+  assert summary["summary"]["cut_worker_5s"]["finished"] == 1

@@ -9,7 +9,7 @@ import logging
 import os
 import re
 import typing
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, List, Optional, Sequence
 
 import gin
 
@@ -59,15 +59,21 @@ def _quiet_include_probes() -> Iterator[None]:
     root.removeFilter(log_filter)
 
 
+def search_path(gin_files: Sequence[str]) -> List[str]:
+  """Where an `include` in these files is looked for, in order: next to each of them, under
+  gin/, the repository, the working directory ('')."""
+  own = [os.path.dirname(os.path.abspath(p)) for p in gin_files]
+  return list(dict.fromkeys(own + [REPO_GIN_DIR, os.path.dirname(REPO_GIN_DIR)])) + [""]
+
+
 @contextlib.contextmanager
 def _search_path(gin_files: Sequence[str]) -> Iterator[None]:
-  """Lets `include`s resolve next to these files, then under gin/, then from the working
-  directory, and nowhere else: gin keeps its search path for the process, so a directory from
-  an earlier parse could otherwise shadow a file of the same name."""
+  """Lets `include`s resolve along ``search_path`` and nowhere else: gin keeps its search path
+  for the process, so a directory from an earlier parse could otherwise shadow a file of the
+  same name."""
   prefixes = gin.config._LOCATION_PREFIXES  # gin 0.5.0 (pinned): no API removes a prefix
   saved = list(prefixes)
-  own = [os.path.dirname(os.path.abspath(p)) for p in gin_files]
-  prefixes[:] = list(dict.fromkeys(own + [REPO_GIN_DIR, os.path.dirname(REPO_GIN_DIR)])) + [""]
+  prefixes[:] = search_path(gin_files)
   try:
     yield
   finally:

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-io lint bazel-test bazel-check venv data corpus clean
+.PHONY: demo test test-fast test-io lint bazel-test bazel-check bazel-targets venv data corpus clean
 
 venv: $(STAMP)
 
@@ -92,19 +92,19 @@ lint: $(STAMP)
 
 # Bazel (README "Bazel"): Debian's bazel-bootstrap 4.2.3, offline; runs the unit test targets.
 BAZEL ?= bazel
-bazel-test: $(STAMP)
+bazel-test: bazel-targets
+	$(BAZEL) test //...
+
+# Bazel itself (Debian's bazel-bootstrap, installed if missing) and a target for every test file.
+bazel-targets: $(STAMP)
 	@command -v $(firstword $(BAZEL)) >/dev/null || { echo "bazel not found; installing Debian's bazel-bootstrap"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bazel-bootstrap; }
 	$(PY) tests/check_bazel_targets.py
-	$(BAZEL) test //...
 
 # What CI runs of Bazel (a few minutes; `make test` runs the same tests outside it): the BUILD
 # graph checked (every test file has a target, every target builds), and one py_test run under
 # Bazel's runfiles and toolchain.
-bazel-check: $(STAMP)
-	@command -v $(firstword $(BAZEL)) >/dev/null || { echo "bazel not found; installing Debian's bazel-bootstrap"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bazel-bootstrap; }
-	$(PY) tests/check_bazel_targets.py
+bazel-check: bazel-targets
 	$(BAZEL) build //...
 	$(BAZEL) test //tests:tf_codistill/test_losses
 

@@ -245,7 +245,8 @@ def load_suite(files: Sequence[str], bindings: Sequence[str] = ()) -> Suite:
   """
   gin_config.parse_gin(files, bindings)
   suite = Suite()
-  settings = run_settings(files, bindings)
+  statements = list(_binding_statements(files, bindings))
+  settings = _run_settings(statements)
   common = settings.pop("", [])
   for binding in common:
     if any(placeholder in binding for placeholder in PLACEHOLDERS.values()):
@@ -260,7 +261,7 @@ def load_suite(files: Sequence[str], bindings: Sequence[str] = ()) -> Suite:
   scaling_arm = own(suite.scaling_arm)
   # An arm the suite does not run (an included suite's) may keep its settings; a scope that
   # configures no arm at all is a typo.
-  arm_scopes = {s.scope for s in _binding_statements(files, bindings) if s.selector == "bench.Arm"}
+  arm_scopes = {s.scope for s in statements if s.selector == "bench.Arm"}
   orphans = sorted(set(settings) - arm_scopes - {a.scope for a in [*arms, scaling_arm] if a})
   if orphans:
     scope = orphans[0]
@@ -271,12 +272,12 @@ def load_suite(files: Sequence[str], bindings: Sequence[str] = ()) -> Suite:
                              common_bindings=[*suite.common_bindings, *common])
 
 
-def run_settings(files: Sequence[str], bindings: Sequence[str] = ()) -> Dict[str, List[str]]:
-  """The library settings gin ``files`` and ``bindings`` give a suite's runs, as bindings:
+def _run_settings(statements: Sequence[config_parser.BindingStatement]) -> Dict[str, List[str]]:
+  """The library settings a suite's binding ``statements`` give its runs, as bindings:
   {scope: ["selector.name = value", ...]} ('' for every arm), in the order first written; a
   later binding of a setting replaces its value in place (gin's rule: the last one counts)."""
   settings: Dict[str, Dict[str, str]] = {}
-  for statement in _binding_statements(files, bindings):
+  for statement in statements:
     if statement.selector.startswith("bench."):
       continue
     key = ".".join(filter(None, (statement.selector, statement.arg_name)))

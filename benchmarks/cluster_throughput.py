@@ -53,7 +53,7 @@ def throughput(work: str, common: List[str], batch_size: int, steps: int,
                                       ("async_2workers", "parameter_server", 2, 1)):
     replicas = workers + 1 if strategy == "multi_worker_mirrored" else 1
     run = _launch(name, work, strategy, workers, ps, 1, "baseline.gin",
-                  common + [f"trainer.train.batch_size = {batch_size * replicas}"])
+                  common + [f"tfc.Data.batch_size = {batch_size * replicas}"])
     wall = run.finish()
     results = run.results()
     out[name] = {"examples_per_sec": results["examples_per_sec"], "wall_s": wall,
@@ -71,7 +71,7 @@ def refresh_step_times(work: str, common: List[str], batch_size: int,
   for name, strategy, workers, ps in (("one_device", "one_device", 0, 0),
                                       ("sync_2workers", "multi_worker_mirrored", 1, 0)):
     run = _launch(f"refresh_{name}", work, strategy, workers, ps, 2, "codistill_2way.gin",
-                  common + [f"trainer.train.batch_size = {batch_size * (workers + 1)}",
+                  common + [f"tfc.Data.batch_size = {batch_size * (workers + 1)}",
                             "trainer.train.burn_in_steps = 50",
                             "tfc.Exchange.publish_every_steps = 25",
                             "tfc.Exchange.poll_interval_s = 0.2"])
@@ -98,7 +98,7 @@ def worker_kill(work: str, common: List[str], wall_without_kill: float, batch_si
   """An async worker killed once its group has trained a third of its steps: restart and
   recovery times, and the wall time against the same arm without the kill."""
   run = _launch("async_2workers_killed", work, "parameter_server", 2, 1, 1, "baseline.gin",
-                common + [f"trainer.train.batch_size = {batch_size}"], ["--max_restarts=2"])
+                common + [f"tfc.Data.batch_size = {batch_size}"], ["--max_restarts=2"])
   standalone.wait_for(lambda: _progress(run.model_dir) >= 1, 600, "the first epoch")
   killed_at = time.monotonic()
   os.kill(run.pids[(0, "worker", 0)], 9)

@@ -93,7 +93,7 @@ def _launch(model_dir: str, data: str, variant: str, train_steps: int,
   bindings = standalone.ctr_data_bindings(data) + [
       f"trainer.train.train_steps = {train_steps}",
       f"trainer.train.steps_per_epoch = {train_steps}",
-      f"trainer.train.batch_size = {2 * batch_per_worker}",
+      f"tfc.Data.batch_size = {2 * batch_per_worker}",
       "trainer.train.summary_every_steps = 20", "trainer.train.eval_steps = 5",
       "trainer.train.verbose = 0", f"trainer.train.checkpoint_every_steps = {10 ** 6}",
       f"trainer.train.allreduce_dtype = '{dtype}'",

@@ -35,13 +35,17 @@ def arm_default(name: str) -> Any:
 
 # Gin settings renamed after runs were recorded under their old names: new name -> old name.
 # A recorded configuration is read under today's names, so a rename keeps every recorded run;
-# tuning runs keep their folders, named under the old names. The exchange and teacher settings moved
-# from trainer.train into tfc.Exchange and tfc.TeacherSpec after the first runs.
+# tuning runs keep their folders, named under the old names. The exchange, teacher and data settings
+# moved from trainer.train into tfc.Exchange, tfc.TeacherSpec and tfc.Data after the first runs.
 RECORDED_BINDING_NAMES: Dict[str, str] = {
     **{f"tfc.Exchange.{name}": f"trainer.train.{name}"
        for name in ("publish_every_steps", "keep_last", "poll_interval_s", "publish_format",
                     "wait_for_first_teachers_s", "teacher_graph", "averaging")},
     "tfc.TeacherSpec.precision": "trainer.train.teacher_precision",
+    **{f"tfc.Data.{name}": f"trainer.train.{name}"
+       for name in ("train_files", "eval_files", "dataset_fn", "raw_parser", "batch_size",
+                    "shuffle_buffer")},
+    "tfc.Data.split": "trainer.train.data_split",
 }
 # Whole bindings whose value changed with their name: new binding -> recorded binding.
 RECORDED_BINDINGS: Dict[str, str] = {

@@ -108,8 +108,8 @@ def data_bindings(suite: spec.Suite, data_root: str, pinned_to: Optional[str] = 
   if suite.data in spec.CORPORA:
     corpus_manifest(suite, data_root, pinned_to=pinned_to)
     tokens = os.path.join(data_root, suite.data, "tokens")
-    return [f"trainer.train.train_files = ['{tokens}/train-*']",
-            f"trainer.train.eval_files = ['{tokens}/{suite.eval_pattern}']"]
+    return [f"tfc.Data.train_files = ['{tokens}/train-*']",
+            f"tfc.Data.eval_files = ['{tokens}/{suite.eval_pattern}']"]
   if suite.data in ("kjv", "fashion_mnist"):
     from data_pipelines import images  # pylint: disable=g-import-not-at-top
     from data_pipelines import text_lm  # pylint: disable=g-import-not-at-top
@@ -118,17 +118,17 @@ def data_bindings(suite: spec.Suite, data_root: str, pinned_to: Optional[str] = 
       text_lm.prepare(data_dir, vocab_size=suite.vocab_size)
     else:
       images.convert_fashion_mnist(data_dir)
-    return [f"trainer.train.train_files = ['{data_dir}/train-*']",
-            f"trainer.train.eval_files = ['{data_dir}/eval-*']"]
+    return [f"tfc.Data.train_files = ['{data_dir}/train-*']",
+            f"tfc.Data.eval_files = ['{data_dir}/eval-*']"]
   if suite.data == "adult":
     from data_pipelines import adult  # pylint: disable=g-import-not-at-top
     data_dir = os.path.join(data_root, "adult")
     adult.prepare(data_dir)
-    return [f"trainer.train.train_files = ['{data_dir}/train-*']",
-            f"trainer.train.eval_files = ['{data_dir}/eval-*']"]
+    return [f"tfc.Data.train_files = ['{data_dir}/train-*']",
+            f"tfc.Data.eval_files = ['{data_dir}/eval-*']"]
   data_dir = os.path.join(data_root, f"criteo_like_{suite.train_rows}_{suite.eval_rows}")
   train, evaluation = demo.sample_data(data_dir, suite.train_rows, suite.eval_rows)
-  return [f"trainer.train.train_files = {train!r}", f"trainer.train.eval_files = {evaluation!r}"]
+  return [f"tfc.Data.train_files = {train!r}", f"tfc.Data.eval_files = {evaluation!r}"]
 
 
 def _config_path(arm: spec.Arm, paths: spec.RunPaths) -> str:
@@ -346,7 +346,7 @@ def scaling(suite: spec.Suite, paths: spec.RunPaths, data: Sequence[str],
   if not suite.scaling_arm:
     return None
   batches, curves = {}, {}
-  arms = {batch: _with(suite.scaling_arm, [f"trainer.train.batch_size = {batch}"],
+  arms = {batch: _with(suite.scaling_arm, [f"tfc.Data.batch_size = {batch}"],
                        name=f"{suite.scaling_arm.name}_b{batch}")
           for batch in suite.scaling_batches}
   if run is not None:  # pinned, each batch's grid grows on its own, its runs taking free CPUs

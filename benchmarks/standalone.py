@@ -34,8 +34,8 @@ def ensure_ctr_data(data_dir: str, train_rows: int, eval_rows: int = 10_000,
 
 def ctr_data_bindings(data_dir: str) -> List[str]:
   """The gin bindings that point the trainer at ``ensure_ctr_data``'s files."""
-  return [f"trainer.train.train_files = ['{data_dir}/train-*']",
-          f"trainer.train.eval_files = ['{data_dir}/eval-*']"]
+  return [f"tfc.Data.train_files = ['{data_dir}/train-*']",
+          f"tfc.Data.eval_files = ['{data_dir}/eval-*']"]
 
 
 def launch_args(model_dir: str, gin_file: str, launch_flags: Sequence[str] = (),

@@ -21,13 +21,13 @@ SMALL_BINDINGS = (
     "NUM_BUCKETS = 1000",
     "models.ctr_model.embedding_dim = 4",
     "models.ctr_model.hidden_units = (32,)",
-    "trainer.train.batch_size = 120",
+    "tfc.Data.batch_size = 120",
     "trainer.train.train_steps = 240",
     "trainer.train.steps_per_epoch = 80",
     "tfc.Exchange.publish_every_steps = 40",
     "trainer.train.burn_in_steps = 40",
     "tfc.Exchange.poll_interval_s = 0.2",
-    "trainer.train.shuffle_buffer = 1000",
+    "tfc.Data.shuffle_buffer = 1000",
     "trainer.train.verbose = 0",
     "trainer.train.intra_op_threads = 1",
     "trainer.train.inter_op_threads = 1",
@@ -40,8 +40,8 @@ def launch_args(model_dir, data_dir, *extra_flags, gin="codistill_2way.gin", bin
   args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
           f"--gin_file={REPO}/gin/criteo/{gin}", *extra_flags]
   all_bindings = list(SMALL_BINDINGS) + [
-      f"trainer.train.train_files = ['{data_dir}/{train}']",
-      f"trainer.train.eval_files = ['{data_dir}/eval-*']"] + list(bindings)
+      f"tfc.Data.train_files = ['{data_dir}/{train}']",
+      f"tfc.Data.eval_files = ['{data_dir}/eval-*']"] + list(bindings)
   return args + [f"--gin_bindings={b}" for b in all_bindings]
 
 
@@ -51,8 +51,8 @@ def train_args(model_dir, data_dir, *extra_flags, gin="baseline.gin", bindings=(
   args = [sys.executable, "-m", "tf_codistill.bin.train", f"--model_dir={model_dir}",
           f"--gin_file={REPO}/gin/criteo/{gin}", *extra_flags]
   all_bindings = list(SMALL_BINDINGS) + [
-      f"trainer.train.train_files = ['{data_dir}/{train}']",
-      f"trainer.train.eval_files = ['{data_dir}/eval-*']"] + list(bindings)
+      f"tfc.Data.train_files = ['{data_dir}/{train}']",
+      f"tfc.Data.eval_files = ['{data_dir}/eval-*']"] + list(bindings)
   return args + [f"--gin_bindings={b}" for b in all_bindings]
 
 

@@ -19,7 +19,8 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
   read, and with ``raw_parser`` (e.g. ``criteo.raw_parser``) a ``serving_raw`` signature that
   parses raw lines inside the model; ``tfc.raw_lines``: batches of raw lines to predict on.
 * ``tfc.TrainConfig``, ``tfc.train``, ``tfc.GroupTrainer``: one group's training as the
-  binaries run it (gin-configurable: ``trainer.train.*``).
+  binaries run it (gin-configurable: ``trainer.train.*``); ``tfc.Data``: what it reads (files,
+  parser, global batch, split between groups; ``tfc.Data.*``).
 * ``tfc.launch_job``: n groups on this machine, each a local TF cluster in a private network
   namespace, their configuration checked once, supervised and restarted after faults (what
   ``tf-codistill-launch`` runs); ``tfc.launch``: the same without the checks, for a group shape
@@ -54,6 +55,7 @@ _PUBLIC = {
     "run_demo": "tf_codistill.launch.demo",
     "export": "tf_codistill.training.model",
     "TrainConfig": "tf_codistill.training.train_config",
+    "Data": "tf_codistill.training.inputs",
     "train": "tf_codistill.training.trainer",
     "GroupTrainer": "tf_codistill.training.trainer",
     "launch": "tf_codistill.launch.launcher",

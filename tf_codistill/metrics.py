@@ -197,7 +197,7 @@ def _signature(saved_model_path: str, key: str):
   """The SavedModel's signature ``key``; ValueError naming the model if it has none."""
   signatures = tf.saved_model.load(saved_model_path).signatures
   if key not in signatures:
-    hint = (" (export it with trainer.train.raw_parser bound, or tfc.export(raw_parser=...))"
+    hint = (" (export it with tfc.Data.raw_parser bound, or tfc.export(raw_parser=...))"
             if key == serving.RAW_SIGNATURE_KEY else "")
     raise ValueError(f"{saved_model_path} has no {key!r} signature{hint}; it has "
                      f"{sorted(signatures)}")

@@ -77,7 +77,7 @@ def check_raw_parser(parser: RawParser, dataset_fn: Callable[..., tf.data.Datase
   problem = _difference(raw, features)
   if problem:
     raise ConfigurationError(
-        f"trainer.train.raw_parser differs from trainer.train.dataset_fn on the first "
+        f"tfc.Data.raw_parser differs from tfc.Data.dataset_fn on the first "
         f"{lines.shape[0]} lines of {path}: {problem}; bind both to the same settings (e.g. "
         "NUM_BUCKETS), or a served model would see other features than it was trained on")
   return True
@@ -98,7 +98,7 @@ def _parsed_lines(parser: RawParser, lines: tf.Tensor, path: str) -> Tuple[tf.Te
     except tf.errors.InvalidArgumentError:
       pass
   if not accepted:
-    raise ConfigurationError(f"trainer.train.raw_parser cannot parse the first lines of {path}: "
+    raise ConfigurationError(f"tfc.Data.raw_parser cannot parse the first lines of {path}: "
                              f"{first.message.strip().splitlines()[0]}")
   kept = tf.stack(accepted)
   return kept, parser(kept)

@@ -57,7 +57,7 @@ def _one_arm(tmp_path, seeds):
   paths = spec.RunPaths(work_dir=str(tmp_path / "work"), results_dir=str(tmp_path / "results"))
   arm = spec.Arm("a", seeds=seeds)
   suite = spec.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 10"])
-  data = ["trainer.train.train_files = ['x']"]
+  data = ["tfc.Data.train_files = ['x']"]
   return paths, arm, suite, data, reuse.arm_config(arm, suite, data)
 
 
@@ -107,16 +107,16 @@ def test_an_arm_setting_added_later_leaves_recorded_configurations_and_tuning_fo
 
 def test_tuning_runs_are_named_by_their_settings_and_told_apart_by_a_digest(tmp_path):
   _, _, suite, data, _ = _one_arm(tmp_path, seeds=1)
-  at_128 = spec.Arm("a", seeds=1, gin_bindings=["trainer.train.batch_size = 128"])
+  at_128 = spec.Arm("a", seeds=1, gin_bindings=["tfc.Data.batch_size = 128"])
   name = runner._tuning_arms(at_128, suite, data, rates=[0.001])[0.001].name
   assert re.fullmatch(r"tuning/batch_size_128-[0-9a-f]{12}/lr_0.001", name), name
   # Another arm of the same configuration (a scaling batch and the arm at B*) shares them ...
-  same = spec.Arm("b", seeds=3, gin_bindings=["trainer.train.batch_size = 128"],
+  same = spec.Arm("b", seeds=3, gin_bindings=["tfc.Data.batch_size = 128"],
                   tune_learning_rate=True, label="other words")
   assert runner._tuning_arms(same, suite, data, rates=[0.001])[0.001].name == name
   # ... one of other files, or other data, has runs of its own under the same readable name.
   for other_arm, other_data in ((dataclasses.replace(at_128, gin_files=["adult/baseline.gin"]),
-                                 data), (at_128, ["trainer.train.train_files = ['y']"])):
+                                 data), (at_128, ["tfc.Data.train_files = ['y']"])):
     other = runner._tuning_arms(other_arm, suite, other_data, rates=[0.001])[0.001].name
     assert other.startswith("tuning/batch_size_128-") and other != name
   # Groups and a strategy off their defaults are named; values are kept to safe characters and
@@ -139,12 +139,14 @@ def test_a_renamed_gin_setting_keeps_recorded_configurations_and_tuning_folders(
                                                                                 monkeypatch):
   paths, _, suite, data, _ = _one_arm(tmp_path, seeds=1)
   before = ["trainer.train.codistill = True", "trainer.train.publish_every_steps = 50"]
+  old_data = reuse.as_recorded(data)  # trainer.train.train_files, ...
+  assert old_data != data and reuse.as_current(old_data) == data
   with monkeypatch.context() as before_the_rename:  # configurations recorded under the old names
     before_the_rename.setattr(reuse, "RECORDED_BINDING_NAMES", {})
     before_the_rename.setattr(reuse, "RECORDED_BINDINGS", {})
     old = spec.Arm("a", seeds=1, gin_bindings=before)
-    config = reuse.arm_config(old, suite, data)
-    folder = runner._tuning_arms(old, suite, data, rates=[0.001])[0.001].name
+    config = reuse.arm_config(old, suite, old_data)
+    folder = runner._tuning_arms(old, suite, old_data, rates=[0.001])[0.001].name
   now = ["trainer.train.exchange = @tfc.Exchange", "tfc.Exchange.publish_every_steps = 50"]
   renamed = spec.Arm("a", seeds=1, gin_bindings=now)
   assert reuse.same_config(config, reuse.arm_config(renamed, suite, data))
@@ -288,12 +290,12 @@ def test_a_corpus_groups_tokens_are_held_against_its_share(tmp_path):
 
 
 def test_a_given_b_star_replaces_the_batch_placeholders(tmp_path):
-  arm = spec.Arm("codistill", gin_bindings=["trainer.train.batch_size = {B*}",
+  arm = spec.Arm("codistill", gin_bindings=["tfc.Data.batch_size = {B*}",
                                             "x.y = {2B*}"])
   paths = spec.RunPaths(str(tmp_path), str(tmp_path))
   suite = spec.Suite(name="s", arms=[arm], b_star=64)
   concrete, record = runner.prepare(suite, paths, data=[])
-  assert list(concrete.arms[0].gin_bindings) == ["trainer.train.batch_size = 64", "x.y = 128"]
+  assert list(concrete.arms[0].gin_bindings) == ["tfc.Data.batch_size = 64", "x.y = 128"]
   assert record["scaling"] == {"b_star": 64, "given": True}
   with pytest.raises(ValueError, match=r"binds %B_STAR or %TWO_B_STAR \(its batch, \{B\*\}\) "
                                        r"but the suite has no scaling phase"):
@@ -380,7 +382,7 @@ def test_pinned_scaling_grows_each_batch_grid_without_waiting_for_the_others(tmp
     for arm in arms:
       if "lr_0.004" in arm.name:
         grown.set()
-      elif "trainer.train.batch_size = 2" in arm.gin_bindings:
+      elif "tfc.Data.batch_size = 2" in arm.gin_bindings:
         # Batch 2's base grid waits until batch 1's grid has grown: it must not wait for batch 2.
         assert grown.wait(timeout=30), "one batch's grid waited for the other batch's runs"
       record([arm])

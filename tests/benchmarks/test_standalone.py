@@ -36,8 +36,8 @@ def test_generated_ctr_data_is_made_once_and_reused(tmp_path):
   standalone.ensure_ctr_data(data, 200, eval_rows=50, vocab_size=100)
   assert os.path.getmtime(os.path.join(data, files[0])) == stamp
   assert standalone.ctr_data_bindings(data) == [
-      f"trainer.train.train_files = ['{data}/train-*']",
-      f"trainer.train.eval_files = ['{data}/eval-*']"]
+      f"tfc.Data.train_files = ['{data}/train-*']",
+      f"tfc.Data.eval_files = ['{data}/eval-*']"]
 
 
 def test_source_digest_follows_the_python_sources_only(tmp_path, monkeypatch):

@@ -20,13 +20,13 @@ bench.Suite.name = 's'
 bench.Suite.arms = [@base/bench.Arm(), @codistill/bench.Arm()]
 trainer.train.train_steps = 100
 base/bench.Arm.name = 'base'
-base/trainer.train.batch_size = %B_STAR
+base/tfc.Data.batch_size = %B_STAR
 codistill/bench.Arm.name = 'codistill'
 codistill/bench.Arm.num_groups = 2
-codistill/trainer.train.batch_size = %TWO_B_STAR
+codistill/tfc.Data.batch_size = %TWO_B_STAR
 codistill/trainer.train.exchange = @tfc.Exchange
 codistill/tfc.Exchange.publish_every_steps = 50
-codistill/trainer.train.data_split = 'disjoint'
+codistill/tfc.Data.split = 'disjoint'
 """
 
 
@@ -49,11 +49,11 @@ def test_unscoped_settings_go_to_every_arm_and_scoped_ones_to_their_arm(tmp_path
   assert suite.common_bindings == ["NUM_BUCKETS = 500", "models.ctr_model.hidden_units = (8,)",
                                    "trainer.train.train_steps = 100"]
   base, codistill = suite.arms
-  assert (base.scope, base.gin_bindings) == ("base", ["trainer.train.batch_size = {B*}"])
-  assert codistill.gin_bindings == ["trainer.train.batch_size = {2B*}",
+  assert (base.scope, base.gin_bindings) == ("base", ["tfc.Data.batch_size = {B*}"])
+  assert codistill.gin_bindings == ["tfc.Data.batch_size = {2B*}",
                                     "trainer.train.exchange = @tfc.Exchange",
                                     "tfc.Exchange.publish_every_steps = 50",
-                                    "trainer.train.data_split = 'disjoint'"]
+                                    "tfc.Data.split = 'disjoint'"]
   # The arm's scope is how it was built, not part of the configuration its runs record.
   assert "scope" not in reuse.arm_config(codistill, suite, [])["arm"]
 
@@ -81,9 +81,9 @@ def test_an_arm_the_suite_does_not_run_may_keep_its_settings(tmp_path):
 
 
 def test_b_star_outside_an_arm_scope_is_refused(tmp_path):
-  with pytest.raises(ValueError, match=r"trainer\.train\.batch_size is bound to %B_STAR or "
+  with pytest.raises(ValueError, match=r"tfc\.Data\.batch_size is bound to %B_STAR or "
                                        r"%TWO_B_STAR outside an arm's scope"):
-    spec.load_suite([_suite_file(tmp_path, SUITE + "trainer.train.batch_size = %B_STAR\n")])
+    spec.load_suite([_suite_file(tmp_path, SUITE + "tfc.Data.batch_size = %B_STAR\n")])
 
 
 def test_an_include_is_found_where_gin_finds_it_under_gin(tmp_path):
@@ -109,9 +109,10 @@ def _b_star(suite: spec.Suite, recorded: dict) -> Optional[int]:
   if suite.b_star is not None:
     return suite.b_star
   for arm in suite.arms:
-    if "trainer.train.batch_size = {B*}" in arm.gin_bindings and arm.name in recorded:
-      values = dict(b.split(" = ", 1) for b in recorded[arm.name]["arm"]["gin_bindings"])
-      return int(values["trainer.train.batch_size"])
+    if "tfc.Data.batch_size = {B*}" in arm.gin_bindings and arm.name in recorded:
+      values = dict(b.split(" = ", 1)
+                    for b in reuse.as_current(recorded[arm.name]["arm"]["gin_bindings"]))
+      return int(values["tfc.Data.batch_size"])
   return None
 
 

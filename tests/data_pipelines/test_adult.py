@@ -163,7 +163,7 @@ def test_schema_mismatch_names_file_and_column(prepared, tmp_path, change, messa
 def test_gin_configs_plug_the_pipeline_into_the_trainer():
   try:
     config.parse_gin([os.path.join(REPO, "gin", "adult", "codistill_2way.gin")])
-    assert gin.query_parameter("trainer.train.dataset_fn").selector == "adult.make_dataset"
+    assert gin.query_parameter("tfc.Data.dataset_fn").selector == "adult.make_dataset"
     assert gin.query_parameter("models.ctr_model.num_dense") == adult.NUM_DENSE
     assert gin.query_parameter("models.ctr_model.num_categorical") == adult.NUM_CAT
     assert gin.query_parameter("adult.make_dataset.num_buckets") == \
@@ -180,8 +180,8 @@ def test_two_groups_codistill_on_adult(prepared, tmp_path):
       "trainer.train.train_steps = 60", "trainer.train.steps_per_epoch = 30",
       "tfc.Exchange.publish_every_steps = 20", "trainer.train.burn_in_steps = 20",
       "trainer.train.eval_steps = 8",
-      f"trainer.train.train_files = ['{directory}/train-*']",
-      f"trainer.train.eval_files = ['{directory}/eval-*']"]
+      f"tfc.Data.train_files = ['{directory}/train-*']",
+      f"tfc.Data.eval_files = ['{directory}/eval-*']"]
   args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
           "--num_groups=2", f"--gin_file={REPO}/gin/adult/codistill_2way.gin"]
   proc = subprocess.run(args + [f"--gin_bindings={b}" for b in bindings], cwd=REPO,

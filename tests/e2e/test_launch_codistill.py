@@ -91,7 +91,7 @@ def test_a_failing_group_fails_the_launcher_with_its_log(tmp_path, criteo_dir):
   # A configuration error (exit status 2) is not retried; the group's own one-line error is shown.
   assert re.search(r"group \d chief:0 stopped on a configuration error \(exit status 2\), not "
                    r"restarted; log .*group_\d/chief_0.log", proc.stderr)
-  assert "trainer.train.train_files: no Criteo files match" in proc.stderr
+  assert "tfc.Data.train_files: no Criteo files match" in proc.stderr
   assert "no-such-file-*" in proc.stderr
 
 

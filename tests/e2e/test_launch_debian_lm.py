@@ -25,10 +25,10 @@ BINDINGS = (
     "token_lm.make_dataset.sequence_length = 8",
     "models.lstm_lm.embedding_dim = 16",
     "models.lstm_lm.lstm_units = (32,)",
-    "trainer.train.batch_size = 4",
+    "tfc.Data.batch_size = 4",
     "trainer.train.train_steps = 60",
     "trainer.train.steps_per_epoch = 20",
-    "trainer.train.shuffle_buffer = 100",
+    "tfc.Data.shuffle_buffer = 100",
     "trainer.train.exchange = @tfc.Exchange",
     "tfc.Exchange.publish_every_steps = 20",
     "trainer.train.burn_in_steps = 20",
@@ -55,8 +55,8 @@ def toy_corpus(tmp_path_factory):
 def _launch(model_dir, corpus_dir, extra=()):
   tokens = os.path.join(corpus_dir, "tokens")
   bindings = list(BINDINGS) + list(extra) + [
-      f"trainer.train.train_files = ['{tokens}/train-*']",
-      f"trainer.train.eval_files = ['{tokens}/eval-*']"]
+      f"tfc.Data.train_files = ['{tokens}/train-*']",
+      f"tfc.Data.eval_files = ['{tokens}/eval-*']"]
   args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
           "--num_groups=2", f"--gin_file={REPO}/gin/lm/debian.gin"]
   return subprocess.run(args + [f"--gin_bindings={b}" for b in bindings], cwd=REPO,
@@ -101,9 +101,9 @@ def test_sync_sgd_on_a_multi_worker_mirrored_cluster_splits_the_shards(tmp_path,
   corpus_dir, manifest = toy_corpus
   tokens = os.path.join(corpus_dir, "tokens")
   bindings = list(BINDINGS) + [
-      "trainer.train.exchange = None", "trainer.train.batch_size = 8",
-      f"trainer.train.train_files = ['{tokens}/train-*']",
-      f"trainer.train.eval_files = ['{tokens}/eval-*']"]
+      "trainer.train.exchange = None", "tfc.Data.batch_size = 8",
+      f"tfc.Data.train_files = ['{tokens}/train-*']",
+      f"tfc.Data.eval_files = ['{tokens}/eval-*']"]
   args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path / 'job'}",
           "--num_groups=1", "--strategy=multi_worker_mirrored", "--workers_per_group=1",
           f"--gin_file={REPO}/gin/lm/debian.gin"]

@@ -39,15 +39,15 @@ LM = (
     "text_lm.make_dataset.sequence_length = 16",
     "models.lstm_lm.embedding_dim = 16",
     "models.lstm_lm.lstm_units = (32,)",
-    "trainer.train.batch_size = 16",
+    "tfc.Data.batch_size = 16",
     "trainer.train.eval_steps = 10",
     "trainer.train.prediction_batches = 2",
-    "trainer.train.shuffle_buffer = 200",
+    "tfc.Data.shuffle_buffer = 200",
 )
 IMAGE = (
     "models.resnet.widths = (8, 16)",
-    "trainer.train.batch_size = 32",
-    "trainer.train.shuffle_buffer = 500",
+    "tfc.Data.batch_size = 32",
+    "tfc.Data.shuffle_buffer = 500",
 )
 
 
@@ -55,8 +55,8 @@ def _launch(model_dir, gin_file, data_dir, bindings):
   args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={model_dir}",
           "--num_groups=2", f"--gin_file={REPO}/gin/{gin_file}"]
   bindings = list(COMMON) + list(bindings) + [
-      f"trainer.train.train_files = ['{data_dir}/train-*']",
-      f"trainer.train.eval_files = ['{data_dir}/eval-*']"]
+      f"tfc.Data.train_files = ['{data_dir}/train-*']",
+      f"tfc.Data.eval_files = ['{data_dir}/eval-*']"]
   proc = subprocess.run(args + [f"--gin_bindings={b}" for b in bindings], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-4000:]

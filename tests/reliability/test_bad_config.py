@@ -122,8 +122,8 @@ def outcomes(tmp_path_factory, criteo_dir):
               f"--gin_file={REPO}/gin/criteo/{gin_file}"]
       args += [flag.format(locked=locked, root=root) for flag in flags]
       all_bindings = list(SMALL_BINDINGS) + [
-          f"trainer.train.train_files = ['{criteo_dir}/train-*']",
-          f"trainer.train.eval_files = ['{criteo_dir}/eval-*']", *bindings]
+          f"tfc.Data.train_files = ['{criteo_dir}/train-*']",
+          f"tfc.Data.eval_files = ['{criteo_dir}/eval-*']", *bindings]
       args += [f"--gin_bindings={b}" for b in all_bindings]
       environment = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
       procs[case] = (subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE,
@@ -158,7 +158,7 @@ def test_bad_configuration_is_a_one_line_error_before_training(outcomes, case):
 
 @pytest.mark.parametrize("binding,message", [
     ("tfc.Exchange.distill = 1", "expected a bool (True/False), got int"),
-    ("trainer.train.train_files = 'data/train-*'", "expected a list (str items)"),
+    ("tfc.Data.train_files = 'data/train-*'", "expected a list (str items)"),
     ("models.ctr_model.hidden_units = (32, 'x')", "expected a list (int items)"),
     ("NUM_BUCKETS = 'many'", "criteo.make_dataset.num_buckets = 'many' (through %NUM_BUCKETS)"),
     ("trainer.train.eval_steps = 1.5", "expected an int or None, got float"),

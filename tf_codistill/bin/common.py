@@ -47,10 +47,10 @@ def parse_gin_or_exit(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> 
 
 
 def bound(name: str) -> Any:
-  """The value bound to ``trainer.train.<name>`` in the parsed gin config (for ``@f`` or
-  ``@C()``, the function or class), or None when unbound."""
+  """The value bound to gin parameter ``name`` (e.g. ``tfc.Data.eval_files``) in the parsed
+  config (for ``@f`` or ``@C()``, the function or class), or None when unbound."""
   try:
-    value = gin.query_parameter(f"trainer.train.{name}")
+    value = gin.query_parameter(name)
   except ValueError:
     return None
   return value.configurable.wrapper if isinstance(value, gin.config.ConfigurableReference) \

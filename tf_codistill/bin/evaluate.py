@@ -1,9 +1,9 @@
 """tf-codistill-evaluate: scores SavedModels and their ensemble on the same evaluation data.
 
 The data pipeline, task and batch come from the gin config a run trained with (its
-``trainer.train.dataset_fn``, ``task``, ``eval_files`` and ``batch_size``), so each model's score
-is the one its training run reported and the ensemble (the mean of the models' probabilities)
-is scored on exactly the same examples:
+``tfc.Data.dataset_fn``, ``eval_files`` and ``batch_size``, and ``trainer.train.task``), so each
+model's score is the one its training run reported and the ensemble (the mean of the models'
+probabilities) is scored on exactly the same examples:
 
   tf-codistill-evaluate --gin_file=gin/lm/debian.gin --saved_model=a/export \
       --saved_model=b/export --json_out=ensemble.json
@@ -26,8 +26,8 @@ from tf_codistill.training import results
 common.define_gin_flags()
 flags.DEFINE_multi_string("saved_model", [], "SavedModel dirs (exports or exchange versions).")
 flags.DEFINE_string("data", None, "File pattern of the evaluation data (default: the bound "
-                    "trainer.train.eval_files).")
-flags.DEFINE_integer("batch_size", None, "Batch size (default: the bound trainer.train."
+                    "tfc.Data.eval_files).")
+flags.DEFINE_integer("batch_size", None, "Batch size (default: the bound tfc.Data."
                      "batch_size, else 4096); scores do not depend on it.")
 flags.DEFINE_string("json_out", None, "Optional path for the scores as JSON.")
 flags.DEFINE_string("predictions_out", None, "Optional .npz for the ensemble's probabilities "
@@ -43,16 +43,16 @@ def main(argv):
   if not FLAGS.saved_model:
     raise app.UsageError("give at least one --saved_model path")
   common.parse_gin_or_exit(FLAGS.gin_file, FLAGS.gin_bindings)
-  files = [FLAGS.data] if FLAGS.data else list(common.bound("eval_files") or [])
+  files = [FLAGS.data] if FLAGS.data else list(common.bound("tfc.Data.eval_files") or [])
   if not files:
-    raise app.UsageError("give --data, or bind trainer.train.eval_files")
-  batch = FLAGS.batch_size or common.bound("batch_size") or 4096
-  task = common.bound("task")
+    raise app.UsageError("give --data, or bind tfc.Data.eval_files")
+  batch = FLAGS.batch_size or common.bound("tfc.Data.batch_size") or 4096
+  task = common.bound("trainer.train.task")
   output = task.output if task is not None else "sigmoid"
-  dataset_fn = common.bound("dataset_fn") or criteo.make_dataset
+  dataset_fn = common.bound("tfc.Data.dataset_fn") or criteo.make_dataset
   try:
-    keep = (FLAGS.prediction_batches or common.bound("prediction_batches") or sys.maxsize) \
-        if FLAGS.predictions_out else 0
+    keep = (FLAGS.prediction_batches or common.bound("trainer.train.prediction_batches")
+            or sys.maxsize) if FLAGS.predictions_out else 0
     scores = tfc.ensemble_scores(FLAGS.saved_model, dataset_fn(files, batch), output,
                                  keep_batches=keep)
   except (ValueError, FileNotFoundError, OSError) as e:

@@ -25,8 +25,8 @@ _DEMO_BINDINGS = (
     "trainer.train.train_steps = {steps}",
     "trainer.train.steps_per_epoch = {steps_per_epoch}",
     "trainer.train.eval_steps = None",
-    "trainer.train.train_files = ['{data}/train-*']",
-    "trainer.train.eval_files = ['{data}/eval-*']",
+    "tfc.Data.train_files = ['{data}/train-*']",
+    "tfc.Data.eval_files = ['{data}/eval-*']",
     "trainer.train.verbose = 0",
     # Small enough to run in minutes on 2 cores, large enough that no group repeats its shard.
     "NUM_BUCKETS = 5000",

@@ -78,13 +78,13 @@ def prepare_job(model_dir: str, num_groups: int, *, gin_files: Sequence[str] = (
   configuration, binds the flags that override it, and writes it to ``model_dir/config.gin``
   (atomically, and only once every check passed), the one file its tasks parse."""
   config.parse_gin(gin_files, gin_bindings)
-  strategy = strategy or _bound("strategy", "one_device")
+  strategy = strategy or _bound("trainer.train.strategy", "one_device")
   shape = launcher.group_shape(strategy, **{
       name: value for name, value in (("workers_per_group", workers_per_group),
                                       ("ps_per_group", ps_per_group)) if value is not None})
   files, sample_dir = _data_files(model_dir)
   overrides: Dict[str, Any] = {"trainer.train.strategy": strategy,
-                               **{f"trainer.train.{name}": value for name, value in files.items()},
+                               **{f"tfc.Data.{name}": value for name, value in files.items()},
                                **({"tfc.Exchange.teacher_graph": teacher_graph}
                                   if teacher_graph else {})}
   for name, value in overrides.items():
@@ -103,7 +103,7 @@ def prepare_job(model_dir: str, num_groups: int, *, gin_files: Sequence[str] = (
   config_file = os.path.abspath(layout.job_config(model_dir))
   exchange.write_atomically(config_file, config.config_text())
   if sample_dir:
-    logging.warning("trainer.train.train_files/eval_files are not bound: training on generated "
+    logging.warning("tfc.Data.train_files/eval_files are not bound: training on generated "
                     "Criteo-format sample data in %s (bind them to train on your data)",
                     sample_dir)
     demo.sample_data(sample_dir)
@@ -128,9 +128,9 @@ def _check_waits(exchange: Optional[exchange_config.Exchange], stall_timeout_s: 
 
 
 def _bound(name: str, default: Optional[str]) -> Optional[str]:
-  """The gin binding ``trainer.train.<name>``, or ``default`` when it is not bound."""
+  """The gin binding ``name``, or ``default`` when it is not bound."""
   try:
-    return gin.query_parameter(f"trainer.train.{name}")
+    return gin.query_parameter(name)
   except ValueError:
     return default
 
@@ -138,13 +138,14 @@ def _bound(name: str, default: Optional[str]) -> Optional[str]:
 def _data_files(model_dir: str) -> Tuple[Dict[str, List[str]], Optional[str]]:
   """The files to bind when no data is bound (generated sample data, and where to generate
   it); nothing when both are bound; a ConfigurationError when only one is."""
-  bound = [name for name in ("train_files", "eval_files") if _bound(name, None) is not None]
+  bound = [name for name in ("train_files", "eval_files")
+           if _bound(f"tfc.Data.{name}", None) is not None]
   if len(bound) == 2:
     return {}, None
   if bound:
     missing = ({"train_files", "eval_files"} - set(bound)).pop()
-    raise ConfigurationError(f"trainer.train.{bound[0]} is bound but trainer.train.{missing} is "
-                             f"not: pass e.g. --gin_bindings=\"trainer.train.{missing} = "
+    raise ConfigurationError(f"tfc.Data.{bound[0]} is bound but tfc.Data.{missing} is "
+                             f"not: pass e.g. --gin_bindings=\"tfc.Data.{missing} = "
                              f"['data/{missing.split('_')[0]}-*']\"")
   data_dir = os.path.abspath(os.path.join(model_dir, "data"))
   train, evaluation = demo.sample_data_files(data_dir)

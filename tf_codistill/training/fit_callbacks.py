@@ -85,7 +85,7 @@ def _chief_callbacks(config: TrainConfig, where: GroupTask, local: publishing.Lo
   run, info = where.run_dir, where.info
   callbacks.summary_writer = tf.summary.create_file_writer(run.step_summaries)
   callbacks.step_summaries = monitoring.StepSummaries(
-      callbacks.summary_writer, config.batch_size, config.summary_every_steps,
+      callbacks.summary_writer, config.data.batch_size, config.summary_every_steps,
       counters={results_lib.SKIPPED_LINES_TAG: lambda: data.bad_lines.count})
   hooks: List[step_hooks.StepHook] = [
       monitoring.Heartbeat(run.heartbeat, config.heartbeat_every_s,

@@ -1,25 +1,62 @@
-"""A group's input: its training and evaluation pipelines, checked before training, and
-malformed records reported by file and first bad line."""
+"""A group's input (``tfc.Data``): its training and evaluation pipelines, checked before
+training, and malformed records reported by file and first bad line."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import re
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
+import gin
 import tensorflow as tf
 
 from data_pipelines import criteo
 from tf_codistill import errors
 from tf_codistill import serving
 from tf_codistill.training import codistill_hooks
-from tf_codistill.training.train_config import TrainConfig
 
 DataError = criteo.DataError
+ConfigurationError = errors.ConfigurationError
+SPLITS = ("disjoint", "same")
 _MALFORMED_RE = re.compile(r"(malformed [^\[\]\n]*? (line|row|record) [^\]\n]*)")
 _MALFORMED_AT_RE = re.compile(r" (?:line|row|record) (.+?):\d+: ")  # the file of a message
 _RESCAN_BATCH = 1024
+
+
+@gin.configurable(module="tfc")
+@dataclasses.dataclass(frozen=True)
+class Data:
+  """What a group reads (``tfc.Data.<field>``): ``train_files`` and ``eval_files`` (globs),
+  parsed by ``dataset_fn`` (a data_pipelines ``make_dataset``) into batches of ``batch_size``,
+  the global batch of one step. ``split='disjoint'`` gives each group (and each of its input
+  pipelines) its own shard of the training files; ``'same'``: every group reads all of them.
+  ``raw_parser`` (e.g. ``@criteo.raw_parser()``) adds the export's ``serving_raw`` signature on
+  raw lines, checked before training against ``dataset_fn`` on the first eval lines."""
+  train_files: Sequence[str] = ()
+  eval_files: Sequence[str] = ()
+  dataset_fn: Callable[..., tf.data.Dataset] = criteo.make_dataset
+  raw_parser: Optional[Callable[[tf.Tensor], Any]] = None
+  batch_size: int = 512
+  shuffle_buffer: int = 10_000
+  split: str = "disjoint"
+
+  def check(self) -> None:
+    """Raises ConfigurationError naming the first field that cannot work."""
+    if self.split not in SPLITS:
+      raise ConfigurationError(f"tfc.Data.split={self.split!r} is not one of {SPLITS}")
+    if self.batch_size < 1:
+      raise ConfigurationError(f"tfc.Data.batch_size={self.batch_size} must be >= 1")
+    for name in ("train_files", "eval_files"):
+      if not getattr(self, name):
+        raise ConfigurationError(
+            f"tfc.Data.{name} is empty: bind it, e.g. "
+            f"--gin_bindings=\"tfc.Data.{name} = ['data/{name.split('_')[0]}-*']\"")
+
+  def shard(self, group: int, num_groups: int) -> Tuple[int, int]:
+    """(shard index, number of shards) of group ``group``'s training data, before the split
+    between its input pipelines."""
+    return (group, num_groups) if self.split == "disjoint" else (0, 1)
 
 
 @dataclasses.dataclass
@@ -42,34 +79,34 @@ class GroupData:
     return self.evaluation if batches is None else self.evaluation.take(batches)
 
 
-def build(config: TrainConfig, group: int, num_groups: int) -> GroupData:
+def build(data: Data, group: int, num_groups: int, seed: int = 0) -> GroupData:
   """The group's pipelines, checked: files exist, the evaluation set and this group's shard
-  of the training data hold valid examples."""
+  of the training data hold valid examples. ``seed`` (with the group and pipeline) seeds the
+  shuffle."""
   bad_lines = criteo.BadLineCounter()
+  index, groups = data.shard(group, num_groups)
 
   def train_dataset(context: Optional[tf.distribute.InputContext] = None,
                     repeat: bool = True) -> tf.data.Dataset:
     pipelines, pipeline = ((context.num_input_pipelines, context.input_pipeline_id)
                            if context else (1, 0))
-    batch = context.get_per_replica_batch_size(config.batch_size) if context \
-        else config.batch_size
-    groups, index = (num_groups, group) if config.data_split == "disjoint" else (1, 0)
-    return config.dataset_fn(
-        list(config.train_files), batch, shard_index=index * pipelines + pipeline,
-        num_shards=groups * pipelines, repeat=repeat, shuffle_buffer=config.shuffle_buffer,
-        seed=config.seed * 7919 + group * 101 + pipeline,
+    batch = context.get_per_replica_batch_size(data.batch_size) if context else data.batch_size
+    return data.dataset_fn(
+        list(data.train_files), batch, shard_index=index * pipelines + pipeline,
+        num_shards=groups * pipelines, repeat=repeat, shuffle_buffer=data.shuffle_buffer,
+        seed=seed * 7919 + group * 101 + pipeline,
         bad_line_counter=None if context else bad_lines)
 
-  with data_errors(config.dataset_fn):
-    evaluation = open_files("eval_files", lambda: config.dataset_fn(
-        list(config.eval_files), config.batch_size, bad_line_counter=bad_lines))
+  with data_errors(data.dataset_fn):
+    evaluation = open_files("eval_files", lambda: data.dataset_fn(
+        list(data.eval_files), data.batch_size, bad_line_counter=bad_lines))
     # A few real examples: published models and loaded teachers must predict finite values.
     probe = codistill_hooks.probe_batch(evaluation)
     check_train_data(open_files("train_files", lambda: train_dataset(repeat=False)),
-                     config.train_files, group, num_groups, config.data_split)
-    if config.raw_parser is not None:
-      first_eval = criteo.resolve_files(list(config.eval_files))[0]
-      serving.check_raw_parser(config.raw_parser, config.dataset_fn, first_eval)
+                     data.train_files, group, num_groups, data.split)
+    if data.raw_parser is not None:
+      first_eval = criteo.resolve_files(list(data.eval_files))[0]
+      serving.check_raw_parser(data.raw_parser, data.dataset_fn, first_eval)
     bad_lines.reset()  # the checks read lines the training reads again
   return GroupData(train_dataset, evaluation, probe, evaluation.element_spec[0], bad_lines)
 
@@ -79,7 +116,7 @@ def open_files(name: str, make: Callable[[], tf.data.Dataset]) -> tf.data.Datase
   try:
     return make()
   except FileNotFoundError as e:
-    raise errors.ConfigurationError(f"trainer.train.{name}: {str(e).splitlines()[0]}") from None
+    raise ConfigurationError(f"tfc.Data.{name}: {str(e).splitlines()[0]}") from None
 
 
 @contextlib.contextmanager
@@ -130,10 +167,10 @@ def bad_lines_binding(dataset_fn: Callable[..., tf.data.Dataset]) -> str:
 
 
 def check_train_data(dataset: tf.data.Dataset, train_files: Sequence[str], group: int,
-                     num_groups: int, data_split: str) -> None:
+                     num_groups: int, split: str) -> None:
   """Raises DataError if this group's training shard yields no example (every line bad)."""
   for _ in dataset.take(1):
     return
-  shard = f"group {group}'s shard of {num_groups}" if data_split == "disjoint" else "the data"
-  raise DataError(f"trainer.train.train_files {list(train_files)}: {shard} holds no valid "
+  shard = f"group {group}'s shard of {num_groups}" if split == "disjoint" else "the data"
+  raise DataError(f"tfc.Data.train_files {list(train_files)}: {shard} holds no valid "
                   "example (empty files, or every line malformed and skipped)")

@@ -6,19 +6,17 @@ import dataclasses
 from typing import Any, Callable, Optional, Sequence, Union
 
 import gin
-import tensorflow as tf
 import tf_keras as keras
 
-from data_pipelines import criteo
 from tf_codistill import errors
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.models import ctr
 from tf_codistill.optim import comm
 from tf_codistill.optim import fusion as fusion_lib
 from tf_codistill.teachers import spec as teacher_spec
+from tf_codistill.training import inputs
 from tf_codistill.training import tasks as tasks_lib
 
-DATA_SPLITS = ("disjoint", "same")
 OPTIMIZERS = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD,
               "adagrad": keras.optimizers.Adagrad, "rmsprop": keras.optimizers.RMSprop}
 ConfigurationError = errors.ConfigurationError
@@ -37,6 +35,10 @@ RENAMED = {
                   f"{_TO_EXCHANGE}, and tfc.Exchange.distill = False unless the groups also "
                   "codistilled"),
     "teacher_precision": ("tfc.TeacherSpec.precision", "the teachers belong to the model"),
+    "data_split": ("tfc.Data.split", "the data is tfc.Data's"),
+    **{name: (f"tfc.Data.{name}", "the data is tfc.Data's")
+       for name in ("train_files", "eval_files", "dataset_fn", "raw_parser", "batch_size",
+                    "shuffle_buffer")},
 }
 
 # Learning-rate schedules for trainer.train.learning_rate, e.g.
@@ -66,11 +68,9 @@ class TrainConfig:
   ``@models.ctr_teacher``) is its factory where gin cannot name the student; ``alpha``,
   ``burn_in_steps``, ``distill_kind`` and ``temperature`` are CodistillModel's distillation
   term.
-  ``data_split='disjoint'`` gives each group (and each of its input pipelines) its own shard of
-  ``train_files``; ``batch_size`` is the global batch of one step; exactly ``train_steps`` steps
-  run, evaluated every ``steps_per_epoch``.
-  ``raw_parser`` (e.g. ``@criteo.raw_parser()``) adds the export's ``serving_raw`` signature on
-  raw lines, checked before training against ``dataset_fn`` on the first eval lines (serving.py).
+  ``data`` (default: ``tfc.Data()`` with its ``tfc.Data.*`` bindings) is what the group reads:
+  files, parser, global batch, split between groups (inputs.Data). Exactly ``train_steps``
+  steps run, evaluated every ``steps_per_epoch`` (on ``eval_steps`` batches; None: all).
   ``task`` (default ``tasks.BinaryTask()``) sets the loss, metrics and results keys;
   ``prediction_batches`` caps the eval batches whose predictions ``save_eval_predictions`` keeps
   (``eval_predictions.npz``; with ``prediction_history`` also at every evaluation, for churn vs
@@ -85,18 +85,14 @@ class TrainConfig:
   (benchmarks/soak.py). Files: layout.RunDir.
   """
   strategy: str = "one_device"
-  train_files: Sequence[str] = ()
-  eval_files: Sequence[str] = ()
-  dataset_fn: Callable[..., tf.data.Dataset] = criteo.make_dataset
-  raw_parser: Optional[Callable[[tf.Tensor], Any]] = None
+  # Made when the config is: the Data of the tfc.Data.* bindings.
+  data: inputs.Data = dataclasses.field(default_factory=inputs.Data)
   model_fn: Callable[[], keras.Model] = ctr.ctr_model
   task: Optional[tasks_lib.Task] = None
-  batch_size: int = 512
   train_steps: int = 1000
   steps_per_epoch: int = 250
   steps_per_execution: int = 1
   eval_steps: Optional[int] = None
-  shuffle_buffer: int = 10_000
   optimizer: str = "adam"
   learning_rate: Union[float, keras.optimizers.schedules.LearningRateSchedule] = 1e-3
   exchange: Optional[Callable[..., exchange_config.Exchange]] = None
@@ -107,7 +103,6 @@ class TrainConfig:
   burn_in_steps: int = 0
   distill_kind: str = "xent"
   temperature: float = 1.0
-  data_split: str = "disjoint"
   label_smoothing: float = 0.0
   smoothing_prior: str = "uniform"
   checkpoint_every_steps: int = 500
@@ -148,11 +143,10 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
   The one check of a configuration: the launcher runs it for every group before starting any,
   and every task before it trains.
   """
-  _validate(group, num_groups, config.exchanges, exchange_dir, config.data_split,
-            config.optimizer)
+  _validate(group, num_groups, config.exchanges, exchange_dir, config.optimizer)
   _validate_comm(config.strategy, config.fusion, config.allreduce_dtype)
   _validate_numbers(train_steps=config.train_steps, steps_per_epoch=config.steps_per_epoch,
-                    batch_size=config.batch_size, steps_per_execution=config.steps_per_execution,
+                    steps_per_execution=config.steps_per_execution,
                     checkpoint_every_steps=config.checkpoint_every_steps)
   teacher_spec.check(config.teachers.precision, config.teacher_fn is not None,
                      factory_name="trainer.train.teacher_fn")
@@ -162,11 +156,10 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
   if config.max_wall_seconds is not None and config.strategy == "multi_worker_mirrored":
     raise ConfigurationError("trainer.train.max_wall_seconds cannot end a multi_worker_mirrored "
                              "group (its workers would wait for the chief): unbind it")
-  for name in ("train_files", "eval_files"):
-    if not getattr(config, name):
-      raise ConfigurationError(
-          f"trainer.train.{name} is empty: bind it, e.g. "
-          f"--gin_bindings=\"trainer.train.{name} = ['data/{name.split('_')[0]}-*']\"")
+  if not isinstance(config.data, inputs.Data):
+    raise ConfigurationError(f"trainer.train.data={config.data!r} is not a tfc.Data: bind "
+                             "@tfc.Data() (its fields as tfc.Data.<field>) or leave it unbound")
+  config.data.check()
 
 
 def exchange_for(config: TrainConfig, directory: str, group: int, num_groups: int,
@@ -232,7 +225,7 @@ def _validate_comm(strategy: str, fusion: str, allreduce_dtype: str) -> None:
 
 
 def _validate(group: int, num_groups: int, exchanges: bool, exchange_dir: Optional[str],
-              data_split: str, optimizer: str) -> None:
+              optimizer: str) -> None:
   if num_groups < 1:
     raise ConfigurationError(f"--num_groups={num_groups} must be >= 1")
   if not 0 <= group < num_groups:
@@ -243,8 +236,6 @@ def _validate(group: int, num_groups: int, exchanges: bool, exchange_dir: Option
   if exchanges and not exchange_dir:
     raise ConfigurationError("trainer.train.exchange (codistillation, parameter averaging) needs "
                              "--exchange_dir")
-  if data_split not in DATA_SPLITS:
-    raise ConfigurationError(f"trainer.train.data_split={data_split!r} is not one of {DATA_SPLITS}")
   if optimizer not in OPTIMIZERS:
     raise ConfigurationError(f"trainer.train.optimizer={optimizer!r} is not one of "
                              f"{sorted(OPTIMIZERS)}")

@@ -90,9 +90,9 @@ class GroupTrainer:
                                                            self.config.intra_op_threads))
       return {}
     distribution = strategies.make_strategy(self.config.strategy)
-    if self.config.batch_size % distribution.num_replicas_in_sync:
+    if self.config.data.batch_size % distribution.num_replicas_in_sync:
       raise ConfigurationError(
-          f"trainer.train.batch_size={self.config.batch_size} (the global batch) must be "
+          f"tfc.Data.batch_size={self.config.data.batch_size} (the global batch) must be "
           f"divisible by the {distribution.num_replicas_in_sync} replicas of strategy "
           f"{self.config.strategy!r}")
     keras.utils.set_random_seed(self.config.seed * 7919 + self.group)
@@ -115,8 +115,8 @@ class GroupTrainer:
 
   def _prepare_process(self) -> None:
     config = self.config
-    filesystems.ensure_filesystems([self.model_dir, self.exchange_dir, *config.train_files,
-                                    *config.eval_files])
+    filesystems.ensure_filesystems([self.model_dir, self.exchange_dir, *config.data.train_files,
+                                    *config.data.eval_files])
     if self.info.is_chief:
       exchange.check_writable(self.model_dir, "--model_dir")
       if config.exchanges:
@@ -129,14 +129,14 @@ class GroupTrainer:
 
   def build_data(self) -> inputs.GroupData:
     """The group's pipelines, checked (inputs.build)."""
-    return inputs.build(self.config, self.group, self.num_groups)
+    return inputs.build(self.config.data, self.group, self.num_groups, self.config.seed)
 
   def build_model(self, distribution: tf.distribute.Strategy, data: inputs.GroupData
                   ) -> Tuple[CodistillModel, publishing.LocalCopy]:
     """The compiled CodistillModel (student and teacher variables created) and a local copy of
     its student for evaluation, publishing and export."""
     config = self.config
-    prior = (self.task.estimate_prior(list(config.train_files), data.train())
+    prior = (self.task.estimate_prior(list(config.data.train_files), data.train())
              if config.label_smoothing and config.smoothing_prior == "unigram" else None)
     try:
       task_loss = self.task.task_loss(config.label_smoothing, config.smoothing_prior, prior)
@@ -188,7 +188,7 @@ class GroupTrainer:
     dataset = data.train() if self.info.task_type is None else \
         keras.utils.experimental.DatasetCreator(data.train)
     try:
-      with inputs.data_errors(config.dataset_fn):
+      with inputs.data_errors(config.data.dataset_fn):
         epochs = max(1, -(-config.train_steps // config.steps_per_epoch))
         history = model.fit(dataset, epochs=epochs,
                             steps_per_epoch=config.steps_per_epoch,
@@ -219,7 +219,7 @@ class GroupTrainer:
         raise NonFiniteLossError(f"the final model of step {step} is not exported: {problem}",
                                  step)
       exchange.save_model(final_model, run.export, data.input_spec, serving.raw_signatures(
-          final_model, config.raw_parser, self.task.output))
+          final_model, config.data.raw_parser, self.task.output))
     if config.save_eval_predictions:
       probs, labels = metrics_lib.model_probabilities(
           local.model, data.predictions(config.prediction_batches), self.task.output)
@@ -234,7 +234,8 @@ class GroupTrainer:
       writer.flush()
     results = self._results(model, callbacks, history, step, final, {
         **extra, "skipped_lines": skipped,
-        **results_lib.consumed(config.batch_size, config.data_split, step, data.evaluation)})
+        **results_lib.consumed(config.data.batch_size, config.data.split, step,
+                               data.evaluation)})
     exchange.write_atomically(run.results, json.dumps(results, indent=2, sort_keys=True))
     if config.save_step_timeline and callbacks.step_timer is not None:
       exchange.write_atomically(run.step_timeline, json.dumps(

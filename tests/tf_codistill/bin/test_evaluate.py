@@ -16,7 +16,7 @@ from testing_utils import error_lines
 from testing_utils import run
 
 BUCKETS = 1000
-BINDINGS = [f"criteo.make_dataset.num_buckets = {BUCKETS}", "trainer.train.batch_size = 64"]
+BINDINGS = [f"criteo.make_dataset.num_buckets = {BUCKETS}", "tfc.Data.batch_size = 64"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def _evaluate(tmp_path, *flags):
 def test_scores_of_the_members_and_the_ensemble_on_the_bound_eval_files(models, tmp_path):
   eval_file, paths = models
   npz = str(tmp_path / "ensemble.npz")
-  done, out = _evaluate(tmp_path, f"--gin_bindings=trainer.train.eval_files = ['{eval_file}']",
+  done, out = _evaluate(tmp_path, f"--gin_bindings=tfc.Data.eval_files = ['{eval_file}']",
                         *[f"--saved_model={p}" for p in paths], f"--predictions_out={npz}",
                         "--prediction_batches=2")
   assert done.returncode == 0, done.stderr[-2000:]
@@ -69,4 +69,4 @@ def test_a_missing_model_or_no_data_is_a_clear_error(models, tmp_path):
   assert done.returncode == 2
   assert any("nowhere" in line for line in error_lines(done.stderr)), done.stderr[-2000:]
   done, _ = _evaluate(tmp_path, f"--saved_model={paths[0]}")
-  assert done.returncode != 0 and "bind trainer.train.eval_files" in done.stderr
+  assert done.returncode != 0 and "bind tfc.Data.eval_files" in done.stderr

@@ -45,9 +45,10 @@ def test_bad_arguments_fail():
 
 
 def test_trainer_refuses_unknown_graph_and_precision_naming_the_binding(tmp_path):
+  from tf_codistill.training import inputs
   from tf_codistill.training import trainer
-  codistilling = dict(group=0, num_groups=2, exchange_dir=str(tmp_path / "exchange"),
-                      train_files=["x"], eval_files=["y"])
+  files = inputs.Data(train_files=["x"], eval_files=["y"])
+  codistilling = dict(group=0, num_groups=2, exchange_dir=str(tmp_path / "exchange"), data=files)
   with pytest.raises(trainer.ConfigurationError, match="tfc.Exchange: teacher_graph='star'"):
     trainer.train(str(tmp_path), exchange=functools.partial(
         exchange_config.Exchange, teacher_graph="star"), **codistilling)
@@ -59,7 +60,7 @@ def test_trainer_refuses_unknown_graph_and_precision_naming_the_binding(tmp_path
     gin.clear_config()
   with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_fn is set"):
     trainer.train(str(tmp_path), teachers=spec.TeacherSpec(precision="bfloat16"),
-                  teacher_fn=lambda s: s, train_files=["x"], eval_files=["y"])
+                  teacher_fn=lambda s: s, data=files)
 
 
 def test_a_teacher_fn_that_does_not_fit_the_model_is_a_configuration_error():

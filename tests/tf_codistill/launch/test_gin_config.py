@@ -10,13 +10,13 @@ from tf_codistill.launch import gin_config as config
 
 def test_includes_resolve_without_path_not_found_errors(tmp_path, caplog):
   suite = tmp_path / "suite.gin"
-  (tmp_path / "_shared.gin").write_text("trainer.train.batch_size = 64\n")
+  (tmp_path / "_shared.gin").write_text("tfc.Data.batch_size = 64\n")
   suite.write_text("include '_shared.gin'\ninclude 'criteo/common.gin'\n")
   gin.clear_config()
   try:
     with caplog.at_level(logging.INFO):
       config.parse_gin([str(suite)])
-    assert gin.query_parameter("trainer.train.batch_size") == 512  # common.gin came last
+    assert gin.query_parameter("tfc.Data.batch_size") == 512  # common.gin came last
   finally:
     gin.clear_config()
   assert not [r for r in caplog.records if "Path not found" in r.getMessage()]
@@ -25,13 +25,13 @@ def test_includes_resolve_without_path_not_found_errors(tmp_path, caplog):
 def test_an_include_resolves_next_to_its_own_file_not_an_earlier_parses(tmp_path):
   for name, batch in (("first", 32), ("second", 96)):  # same include name, two directories
     (tmp_path / name).mkdir()
-    (tmp_path / name / "_shared.gin").write_text(f"trainer.train.batch_size = {batch}\n")
+    (tmp_path / name / "_shared.gin").write_text(f"tfc.Data.batch_size = {batch}\n")
     (tmp_path / name / "suite.gin").write_text("include '_shared.gin'\n")
   try:
     for name, batch in (("first", 32), ("second", 96)):
       gin.clear_config()
       config.parse_gin([str(tmp_path / name / "suite.gin")])
-      assert gin.query_parameter("trainer.train.batch_size") == batch
+      assert gin.query_parameter("tfc.Data.batch_size") == batch
     gin.clear_config()  # and the first's directory is not searched once its parse is done
     (tmp_path / "third.gin").write_text("include '_shared.gin'\n")
     with pytest.raises(config.ConfigError, match="_shared.gin"):
@@ -66,7 +66,7 @@ def test_the_exchanges_old_teacher_precision_names_the_models_teacher_spec():
 
 def test_a_renamed_setting_names_its_new_name_in_gin_files_and_bindings(tmp_path):
   suite = tmp_path / "old.gin"
-  suite.write_text("trainer.train.batch_size = 64\ntrainer.train.exchange_every_steps = 50\n")
+  suite.write_text("tfc.Data.batch_size = 64\ntrainer.train.exchange_every_steps = 50\n")
   message = (r"trainer.train.exchange_every_steps is now tfc.Exchange.publish_every_steps "
              r"\(bind trainer.train.exchange = @tfc.Exchange\): rename the binding")
   gin.clear_config()

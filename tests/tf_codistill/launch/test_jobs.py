@@ -27,9 +27,9 @@ def _suite(tmp_path):
   (tmp_path / "_shared.gin").write_text("LR = 0.004\ntrainer.train.learning_rate = %LR\n")
   suite = tmp_path / "suite.gin"
   suite.write_text("include 'criteo/codistill_2way.gin'\ninclude '_shared.gin'\n"
-                   "trainer.train.batch_size = 64\n"
-                   "trainer.train.train_files = ['data/train-*']\n"
-                   "trainer.train.eval_files = ['data/eval-*']\n")
+                   "tfc.Data.batch_size = 64\n"
+                   "tfc.Data.train_files = ['data/train-*']\n"
+                   "tfc.Data.eval_files = ['data/eval-*']\n")
   return str(suite)
 
 
@@ -47,10 +47,12 @@ def test_the_job_config_alone_gives_every_task_the_checked_configuration(tmp_pat
   config.parse_gin([job.config_file])
   parsed = train_config_lib.TrainConfig()
   # Equal in every setting; raw_parser is a parser built again from the same binding.
-  assert parsed.raw_parser is not None and job.train_config.raw_parser is not None
-  assert (dataclasses.replace(parsed, raw_parser=None)
-          == dataclasses.replace(job.train_config, raw_parser=None))
-  assert (parsed.learning_rate, parsed.batch_size, parsed.train_steps) == (0.004, 64, 300)
+  assert parsed.data.raw_parser is not None and job.train_config.data.raw_parser is not None
+
+  def without_parser(c):
+    return dataclasses.replace(c, data=dataclasses.replace(c.data, raw_parser=None))
+  assert without_parser(parsed) == without_parser(job.train_config)
+  assert (parsed.learning_rate, parsed.data.batch_size, parsed.train_steps) == (0.004, 64, 300)
   exchange = train_config_lib.exchange_for(parsed, "/tmp/exchange", 0, 2)
   assert (parsed.strategy, exchange.teacher_graph, exchange.distill) == ("parameter_server",
                                                                          "ring", True)
@@ -71,13 +73,14 @@ def test_a_job_without_data_gets_sample_files_bound_in_its_config(tmp_path):
   gin.clear_config()
   config.parse_gin([job.config_file])
   parsed = train_config_lib.TrainConfig()
-  assert parsed.train_files and parsed.eval_files
-  assert all(path.startswith(str(tmp_path / "job" / "data")) for path in parsed.train_files)
-  assert all(glob.glob(pattern) for pattern in list(parsed.train_files) + list(parsed.eval_files))
+  data = parsed.data
+  assert data.train_files and data.eval_files
+  assert all(path.startswith(str(tmp_path / "job" / "data")) for path in data.train_files)
+  assert all(glob.glob(pattern) for pattern in list(data.train_files) + list(data.eval_files))
 
 
 def test_a_binding_that_cannot_be_written_as_gin_text_is_refused_by_name():
-  config.parse_gin([], ["trainer.train.batch_size = 64"])
+  config.parse_gin([], ["tfc.Data.batch_size = 64"])
   gin.bind_parameter("trainer.train.learning_rate", object())
   with pytest.raises(config.ConfigError,
                      match=r"trainer\.train\.learning_rate = <object .*> cannot be written"):

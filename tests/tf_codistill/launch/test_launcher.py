@@ -88,7 +88,7 @@ def test_sync_and_async_configs_give_the_group_shape(name, strategy, workers, ps
   try:
     config.parse_gin([os.path.join(REPO, "gin", "criteo", f"{name}.gin")])
     assert gin.query_parameter("trainer.train.strategy") == strategy
-    assert gin.query_parameter("trainer.train.batch_size") == batch
+    assert gin.query_parameter("tfc.Data.batch_size") == batch
     assert launcher.group_shape(strategy) == launcher.GroupShape(strategy, workers, ps)
     if name.startswith("codistill"):
       assert gin.query_parameter("trainer.train.exchange").selector == "tfc.Exchange"
@@ -135,10 +135,10 @@ def test_launch_with_only_train_files_bound_is_a_usage_error_naming_the_binding(
   proc = subprocess.run(
       [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",
        f"--gin_file={REPO}/gin/criteo/codistill_2way_async.gin",
-       "--gin_bindings=trainer.train.train_files = ['data/train-*']"],
+       "--gin_bindings=tfc.Data.train_files = ['data/train-*']"],
       capture_output=True, text=True, cwd=REPO, timeout=120)
   assert proc.returncode == 2  # a configuration error: one line, exit status 2
-  assert "trainer.train.train_files is bound but trainer.train.eval_files is not" in proc.stderr
+  assert "tfc.Data.train_files is bound but tfc.Data.eval_files is not" in proc.stderr
   assert not glob.glob(f"{tmp_path}/m/group_*")
 
 
@@ -186,8 +186,8 @@ def test_event_log_is_read_back_without_a_line_still_being_written(tmp_path):
 def test_servers_on_this_machines_network_only_with_allow_exposed_ports(tmp_path, criteo_dir):
   args = [sys.executable, "-m", "tf_codistill.bin.launch", f"--model_dir={tmp_path}/m",
           f"--gin_file={REPO}/gin/criteo/async_2workers.gin", "--noisolate_network",
-          f"--gin_bindings=trainer.train.train_files = ['{criteo_dir}/train-*']",
-          f"--gin_bindings=trainer.train.eval_files = ['{criteo_dir}/eval-*']"]
+          f"--gin_bindings=tfc.Data.train_files = ['{criteo_dir}/train-*']",
+          f"--gin_bindings=tfc.Data.eval_files = ['{criteo_dir}/eval-*']"]
   proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=120)
   assert proc.returncode == 2, proc.stderr[-2000:]  # a configuration error, before any task
   assert ("tf-codistill-launch: error: isolate_network is off: the tasks' TF servers would listen "

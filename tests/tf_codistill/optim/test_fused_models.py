@@ -11,6 +11,7 @@ import tf_keras as keras
 from tf_codistill.exchange import publishing
 from tf_codistill.optim import fused_models
 from tf_codistill.optim import fusion
+from tf_codistill.training import inputs
 from tf_codistill.training import trainer
 from tf_codistill.training.model import CodistillModel
 
@@ -156,7 +157,7 @@ def test_unsupported_optimizers_and_modes_are_refused():
 
 
 def test_trainer_refuses_bad_fusion_and_comm_bindings(tmp_path):
-  files = dict(train_files=["x"], eval_files=["y"])
+  files = dict(data=inputs.Data(train_files=["x"], eval_files=["y"]))
   with pytest.raises(trainer.ConfigurationError, match="trainer.train.fusion='fast'"):
     trainer.train(str(tmp_path), fusion="fast", **files)
   with pytest.raises(trainer.ConfigurationError,
@@ -171,10 +172,11 @@ def test_trainer_with_fusion_exports_the_weights_of_unfused_training(tmp_path, c
   def run(name, fusion_mode):
     model_dir = str(tmp_path / name)
     results = trainer.train(
-        model_dir, train_files=[f"{criteo_dir}/train-*"], eval_files=[f"{criteo_dir}/eval-*"],
-        dataset_fn=lambda *a, **k: _criteo(*a, **k), model_fn=_ctr, batch_size=64,
-        train_steps=12, steps_per_epoch=6, checkpoint_every_steps=4, eval_steps=2,
-        shuffle_buffer=1, fusion=fusion_mode, verbose=0)
+        model_dir, data=inputs.Data(
+            train_files=[f"{criteo_dir}/train-*"], eval_files=[f"{criteo_dir}/eval-*"],
+            dataset_fn=lambda *a, **k: _criteo(*a, **k), batch_size=64, shuffle_buffer=1),
+        model_fn=_ctr, train_steps=12, steps_per_epoch=6, checkpoint_every_steps=4, eval_steps=2,
+        fusion=fusion_mode, verbose=0)
     reader = tf.train.load_checkpoint(os.path.join(model_dir, "export", "variables", "variables"))
     return results, sorted((k, reader.get_tensor(k)) for k in reader.get_variable_to_shape_map()
                            if k.startswith("layer_with_weights"))

@@ -13,6 +13,7 @@ from tf_codistill.models import ctr
 from tf_codistill.optim import fused_models
 from tf_codistill.training import checkpointing
 from tf_codistill.training import fit_callbacks
+from tf_codistill.training import inputs
 from tf_codistill.training import monitoring
 from tf_codistill.training import step_timing
 from tf_codistill.training import strategies
@@ -27,11 +28,12 @@ MWM_WORKER = strategies.TaskInfo("multi_worker_mirrored", "worker", 1, 2, 0)
 @pytest.fixture(scope="module")
 def built(criteo_dir, tmp_path_factory):
   config = train_config.TrainConfig(
-      train_files=[f"{criteo_dir}/train-*"], eval_files=[f"{criteo_dir}/eval-*"],
-      dataset_fn=functools.partial(criteo.make_dataset, num_buckets=100),
+      data=inputs.Data(train_files=[f"{criteo_dir}/train-*"], eval_files=[f"{criteo_dir}/eval-*"],
+                       dataset_fn=functools.partial(criteo.make_dataset, num_buckets=100),
+                       batch_size=16),
       model_fn=functools.partial(ctr.ctr_model, num_buckets=100, embedding_dim=2,
                                  hidden_units=(4,)),
-      batch_size=16, train_steps=40, steps_per_epoch=20)
+      train_steps=40, steps_per_epoch=20)
   group = trainer.GroupTrainer(config, str(tmp_path_factory.mktemp("run")))
   data = group.build_data()
   model, local = group.build_model(tf.distribute.get_strategy(), data)

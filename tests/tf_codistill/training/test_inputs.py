@@ -7,13 +7,12 @@ import tensorflow as tf
 
 from data_pipelines import criteo
 from tf_codistill.training import inputs
-from tf_codistill.training import train_config
 
 import testing_utils
 
 
 def _config(criteo_dir, **settings):
-  return train_config.TrainConfig(**{
+  return inputs.Data(**{
       "train_files": [f"{criteo_dir}/train-*"], "eval_files": [f"{criteo_dir}/eval-*"],
       "dataset_fn": functools.partial(criteo.make_dataset, num_buckets=100), "batch_size": 16,
       **settings})
@@ -28,7 +27,7 @@ def test_a_group_gets_its_own_shard_and_a_probe_of_real_examples(criteo_dir):
   config = _config(criteo_dir, shuffle_buffer=0)
   first, second = inputs.build(config, 0, 2), inputs.build(config, 1, 2)
   assert _first_batch(first) != _first_batch(second)  # disjoint shards
-  same = inputs.build(_config(criteo_dir, shuffle_buffer=0, data_split="same"), 1, 2)
+  same = inputs.build(_config(criteo_dir, shuffle_buffer=0, split="same"), 1, 2)
   assert _first_batch(same) == _first_batch(first)
   # The checks read examples; the counter of skipped lines starts again for training.
   assert first.bad_lines.count == 0
@@ -39,9 +38,9 @@ def test_a_group_gets_its_own_shard_and_a_probe_of_real_examples(criteo_dir):
 
 
 def test_missing_files_name_the_binding(tmp_path, criteo_dir):
-  with pytest.raises(inputs.errors.ConfigurationError, match=r"trainer.train.eval_files: "):
+  with pytest.raises(inputs.errors.ConfigurationError, match=r"tfc.Data.eval_files: "):
     inputs.build(_config(criteo_dir, eval_files=[str(tmp_path / "none-*")]), 0, 1)
-  with pytest.raises(inputs.errors.ConfigurationError, match=r"trainer.train.train_files: "):
+  with pytest.raises(inputs.errors.ConfigurationError, match=r"tfc.Data.train_files: "):
     inputs.build(_config(criteo_dir, train_files=[str(tmp_path / "none-*")]), 0, 1)
 
 

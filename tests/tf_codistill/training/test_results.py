@@ -12,6 +12,7 @@ from tf_codistill import layout
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.models import ctr
 from tf_codistill.teachers import spec as teacher_spec
+from tf_codistill.training import inputs
 from tf_codistill.training import results
 from tf_codistill.training import strategies
 from tf_codistill.training import tasks
@@ -21,7 +22,7 @@ import testing_utils
 
 
 def test_group_results_name_the_group_its_teachers_and_its_history():
-  config = train_config.TrainConfig(train_files=["x"], eval_files=["y"],
+  config = train_config.TrainConfig(data=inputs.Data(train_files=["x"], eval_files=["y"]),
                                     teachers=teacher_spec.TeacherSpec(precision="bfloat16"))
   group_exchange = exchange_config.Exchange("/tmp/exchange", group=1, num_groups=2)
   history = keras.callbacks.History()

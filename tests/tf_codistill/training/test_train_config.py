@@ -10,9 +10,15 @@ from tf_codistill import errors
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.launch import gin_config
 from tf_codistill.teachers import spec as teacher_spec
+from tf_codistill.training import inputs
 from tf_codistill.training import train_config
 
-FILES = dict(train_files=["x"], eval_files=["y"])
+DATA = inputs.Data(train_files=["x"], eval_files=["y"])
+FILES = dict(data=DATA)
+
+
+def _data(**settings):
+  return {"data": dataclasses.replace(DATA, **settings)}
 
 
 def _exchange(**settings):
@@ -27,7 +33,9 @@ def _exchange(**settings):
      r"trainer.train.exchange \(codistillation, parameter averaging\) needs --num_groups >= 2"),
     (_exchange(), dict(group=0, num_groups=2, exchange_dir=None),
      r"trainer.train.exchange .* needs --exchange_dir"),
-    ({"data_split": "half"}, {}, r"trainer.train.data_split='half' is not one of"),
+    (_data(split="half"), {}, r"tfc.Data.split='half' is not one of"),
+    (_data(batch_size=0), {}, r"tfc.Data.batch_size=0 must be >= 1"),
+    ({"data": "x"}, {}, r"trainer.train.data='x' is not a tfc.Data: bind @tfc.Data\(\)"),
     ({"optimizer": "lamb"}, {}, r"trainer.train.optimizer='lamb' is not one of"),
     ({"train_steps": 0}, {}, r"trainer.train.train_steps=0 must be >= 1"),
     (_exchange(publish_every_steps=0), {}, r"tfc.Exchange.publish_every_steps=0 must be >= 1"),
@@ -43,8 +51,8 @@ def _exchange(**settings):
      r"trainer.train.exchange=.* must make the exchange of each group: bind @tfc.Exchange"),
     ({"fusion": "fast"}, {}, r"trainer.train.fusion='fast'"),
     ({"allreduce_dtype": "float16"}, {}, r"allreduce_dtype='float16' needs a synchronous group"),
-    ({"train_files": []}, {}, r"trainer.train.train_files is empty: bind it"),
-    ({"eval_files": []}, {}, r"trainer.train.eval_files is empty: bind it"),
+    (_data(train_files=[]), {}, r"tfc.Data.train_files is empty: bind it"),
+    (_data(eval_files=[]), {}, r"tfc.Data.eval_files is empty: bind it"),
 ])
 def test_validate_names_the_setting_that_cannot_work(settings, where, message):
   config = train_config.TrainConfig(**{**FILES, **settings})
@@ -76,6 +84,9 @@ def test_a_renamed_setting_is_an_error_naming_its_new_name(tmp_path):
   with pytest.raises(train_config.ConfigurationError,
                      match=r"trainer.train.codistill is now trainer.train.exchange \(True: "):
     trainer.train(str(tmp_path), codistill=True, **FILES)
+  with pytest.raises(train_config.ConfigurationError,
+                     match=r"trainer.train.batch_size is now tfc.Data.batch_size"):
+    trainer.train(str(tmp_path), batch_size=64, **FILES)
 
 
 @pytest.fixture
@@ -92,6 +103,8 @@ def _clean_gin():
     ("trainer.train.averaging = None", "tfc.Exchange.averaging .bind trainer.train.exchange = "
                                        "@tfc.Exchange, and tfc.Exchange.distill = False unless"),
     ("trainer.train.teacher_precision = 'int8'", "tfc.TeacherSpec.precision"),
+    ("trainer.train.train_files = ['x']", "tfc.Data.train_files .the data is tfc.Data's"),
+    ("trainer.train.data_split = 'same'", "tfc.Data.split"),
 ])
 def test_a_moved_gin_setting_is_an_error_naming_where_it_went(_clean_gin, old, new):
   with pytest.raises(errors.ConfigurationError, match=f"is now {new}"):
@@ -100,7 +113,7 @@ def test_a_moved_gin_setting_is_an_error_naming_where_it_went(_clean_gin, old, n
 
 def test_every_new_name_of_a_moved_setting_exists():
   owners = {"trainer.train": train_config.TrainConfig, "tfc.Exchange": exchange_config.Exchange,
-            "tfc.TeacherSpec": teacher_spec.TeacherSpec}
+            "tfc.TeacherSpec": teacher_spec.TeacherSpec, "tfc.Data": inputs.Data}
   for new, _ in train_config.RENAMED.values():
     owner, _, field = new.partition(" ")[0].rpartition(".")
     assert field in {f.name for f in dataclasses.fields(owners[owner])}, new
@@ -110,11 +123,17 @@ def test_the_nested_settings_come_from_their_own_bindings(_clean_gin):
   gin_config.parse_gin([], ["trainer.train.exchange = @tfc.Exchange",
                             "tfc.Exchange.publish_every_steps = 7",
                             "tfc.Exchange.teacher_graph = 'ring'",
-                            "tfc.TeacherSpec.precision = 'bfloat16'"])
+                            "tfc.TeacherSpec.precision = 'bfloat16'",
+                            "tfc.Data.train_files = ['t']", "tfc.Data.eval_files = ['e']",
+                            "tfc.Data.batch_size = 96", "tfc.Data.split = 'same'"])
+  from_gin = train_config.from_bindings()
+  assert from_gin.data == inputs.Data(train_files=["t"], eval_files=["e"], batch_size=96,
+                                      split="same")
+  assert from_gin.data.shard(1, 2) == (0, 1)  # 'same': every group reads all the files
   config = train_config.from_bindings(**FILES)
   exchange = train_config.exchange_for(config, "/tmp/exchange", 2, 3)
   assert (exchange.publish_every_steps, exchange.peer_groups(), exchange.group) == (7, [1], 2)
-  assert config.teachers.precision == "bfloat16"
+  assert config.teachers.precision == "bfloat16" and config.data.shard(1, 2) == (1, 2)
   alone = train_config.from_bindings(exchange=None, **FILES)
   assert train_config.exchange_for(alone, "/tmp/e", 0, 2) is None
 

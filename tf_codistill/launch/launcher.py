@@ -25,7 +25,9 @@ Supervision:
   then raises ``GroupFailedError`` naming the group, the task and its log;
 - a group whose chief's step has not moved for ``stall_timeout_s`` (its heartbeat.json) is hung:
   every task dumps its stacks into its log (SIGUSR1), then the group restarts as if a task had
-  failed, or fails once out of restarts, naming the step and the setting;
+  failed, or fails once out of restarts, naming the step and the setting; a time the launcher
+  itself was stopped (SIGSTOP/Ctrl-Z of the whole job, a suspended machine: a poll due more than
+  ``SUSPENDED_AFTER_S`` earlier) is not counted, as the groups were stopped with it;
 - SIGINT/SIGTERM stop every process started (no orphans).
 
 ``pin_groups`` pins each group's tasks to its own share of the CPUs (``split_cpus``).
@@ -33,9 +35,10 @@ Supervision:
 Everything the launcher does is also written as one JSON object a line to
 ``model_dir/launch_events.jsonl`` (``EventLog``; read with ``read_events``): ``network``
 (isolated, namespace_pid), ``launched`` (group, task, index, pid, cpus, log, address),
-``stalled`` (group, step, seconds), ``restarted`` (group, task, index, status, scope ``task`` or
-``group``, restart, max_restarts), ``finished`` and ``failed`` (group, reason), each with
-``time`` (epoch seconds) and ``monotonic`` (CLOCK_MONOTONIC, one clock for every process here).
+``stalled`` (group, step, seconds), ``suspended`` (seconds), ``restarted`` (group, task, index,
+status, scope ``task`` or ``group``, restart, max_restarts), ``finished`` and ``failed`` (group,
+reason), each with ``time`` (epoch seconds) and ``monotonic`` (CLOCK_MONOTONIC, one clock for
+every process here).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ _GRACE_SECONDS = 10.0
 DEFAULT_MAX_RESTARTS = 3
 _SYNC_WORKER_FINISH_SECONDS = 60.0
 DEFAULT_STALL_TIMEOUT_S = 1800.0
+SUSPENDED_AFTER_S = 60.0  # a poll this late: the launcher (and the job with it) was stopped
 STALLED_STATUS = -1000  # the status a stalled group's failure is recorded with (no process exit)
 FAILURE_POLICIES = ("stop_all", "continue")
 
@@ -413,7 +417,9 @@ def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
   try:
     for group in groups:
       group.start_all()
+    polled = time.monotonic()
     while any(g.running() for g in groups):
+      polled = _discount_suspension(groups, polled, poll_seconds)
       for group in groups:
         if group.running():
           _supervise(group, max_restarts)
@@ -426,6 +432,22 @@ def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
     stop_processes([p for g in groups for p in g.procs.values()])
     for s, handler in previous.items():
       signal.signal(s, handler)
+
+
+def _discount_suspension(groups: Sequence[_Group], polled: float, poll_seconds: float) -> float:
+  """Stops the stall clocks for a time the launcher was stopped: a poll more than
+  SUSPENDED_AFTER_S later than due (CLOCK_MONOTONIC runs on while a process is stopped, and the
+  groups stopped with the job would look hung when it resumes). Returns this poll's time."""
+  now = time.monotonic()
+  late = now - polled - poll_seconds
+  if late > SUSPENDED_AFTER_S:
+    logging.warning("the launcher resumed after %.0f s stopped (SIGSTOP or a suspended machine): "
+                    "the stall watchdog does not count them", late)
+    for group in groups:
+      group.progress_at += late
+    if groups:
+      groups[0].events.write("suspended", seconds=late)
+  return now
 
 
 def _fail(group: _Group, task: Tuple[str, int], status: int, what: str) -> None:

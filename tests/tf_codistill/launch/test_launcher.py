@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import gin
 import pytest
@@ -200,3 +201,20 @@ def test_a_negative_stall_timeout_is_refused_naming_the_flag(tmp_path):
   with pytest.raises(ConfigurationError, match=r"--stall_timeout_s=-1 must be >= 0"):
     launcher.launch(str(tmp_path / "m"), 1, stall_timeout_s=-1)
   assert not glob.glob(f"{tmp_path}/m/group_*")
+
+
+def test_a_time_the_whole_job_was_stopped_is_not_counted_as_a_stall(tmp_path, monkeypatch):
+  events = launcher.EventLog(str(tmp_path / "events.jsonl"))
+  groups = [types.SimpleNamespace(progress_at=100.0, events=events) for _ in range(2)]
+  clock = [1002.0]
+  monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+  # A poll on time (or late by the launcher's own work): the stall clocks run on.
+  assert launcher._discount_suspension(groups, polled=1000.0, poll_seconds=1.0) == 1002.0
+  assert [g.progress_at for g in groups] == [100.0, 100.0]
+  # Stopped for 10 minutes (SIGSTOP of the job, then SIGCONT): the groups were stopped with it.
+  clock[0] = 1002.0 + 601.0
+  assert launcher._discount_suspension(groups, polled=1002.0, poll_seconds=1.0) == 1603.0
+  assert [g.progress_at for g in groups] == [700.0, 700.0]
+  with open(tmp_path / "events.jsonl") as f:
+    (event,) = [json.loads(line) for line in f]
+  assert event["event"] == "suspended" and event["seconds"] == 600.0

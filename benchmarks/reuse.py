@@ -15,6 +15,7 @@ import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from benchmarks import suite_spec as spec
+from tf_codistill.training import train_config
 
 # The Arm settings every configuration holds when recorded. A setting Arm gains later is
 # recorded only where an arm sets it (off its default), so adding one leaves every recorded arm,
@@ -42,10 +43,9 @@ RECORDED_BINDING_NAMES: Dict[str, str] = {
        for name in ("publish_every_steps", "keep_last", "poll_interval_s", "publish_format",
                     "wait_for_first_teachers_s", "teacher_graph", "averaging")},
     "tfc.TeacherSpec.precision": "trainer.train.teacher_precision",
-    **{f"tfc.Data.{name}": f"trainer.train.{name}"
-       for name in ("train_files", "eval_files", "dataset_fn", "raw_parser", "batch_size",
-                    "shuffle_buffer")},
-    "tfc.Data.split": "trainer.train.data_split",
+    # The data settings: the library's own table of what moved (old name -> new name).
+    **{new: f"trainer.train.{old}" for old, (new, _) in train_config.RENAMED.items()
+       if new.startswith("tfc.Data.")},
 }
 # Whole bindings whose value changed with their name: new binding -> recorded binding.
 RECORDED_BINDINGS: Dict[str, str] = {

@@ -5,10 +5,8 @@ loaded teacher, and one teacher refreshed from a peer's newer versions while it 
 request (``bench.cluster_step_times.groups = ['one_process']``), the same arms in one process
 with no cluster, where a refresh's cost is not lost in the noise of four processes sharing the
 machine. Each group is launched ``launches`` times (fresh task processes each time, the groups
-alternating): two single launches of this benchmark disagreed by more than their own intervals
-(parameter-server teacher ratio 0.934 then 0.902, refresh loss 2.2% then 10.3%), so the rounds of
-every launch are pooled and their intervals resample launches first
-(``step_times.pool_processes``).
+alternating): single launches disagree by more than their own intervals, so the rounds of every
+launch are pooled and their intervals resample launches first (``step_times.pool_processes``).
 
 Every task is a real ``tf.distribute.Server`` or worker process on 127.0.0.1 (a measuring task is
 this benchmark's ``child``: ``registry.child_command``). The refreshing arm runs the real
@@ -22,10 +20,9 @@ Each launch ends with the refresh-windows fit (``window_pairs``): the refreshing
 ``fit``, its time cut into windows as long as ``refresh_every_steps`` steps took in its rounds,
 a quiet window (no new version) then a refreshing one (a version appears at its start), pair
 after pair. Each pair's ratio compares steps seconds apart in one fit, where the arms' rounds
-compare separate fits: fits of one arm on this group differed by up to 20% in their mean step
-time (12 fits of 300 steps, 36.2 to 44.2 ms, the ps's CPU per step moving with them), more than
-the 3% the refresh goal allows. A refreshing window holds one load, as a round of
-``refresh_every_steps`` steps would, so the pairs' ratio is the throughput kept at that
+compare separate fits, whose mean step times differ by up to 20% (the ps's CPU per step moving
+with them), more than the 3% the refresh goal allows. A refreshing window holds one load, as a
+round of ``refresh_every_steps`` steps would, so the pairs' ratio is the throughput kept at that
 cadence; the refresh goal reads it. The arms' ``refresh_vs_teacher`` is reported beside it: it
 also counts what the refreshing machinery costs with no new version (the pool's polling, the
 step-hook driver's thread), which runs in both windows.
@@ -56,7 +53,7 @@ import statistics
 import subprocess
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import gin
 import tensorflow as tf
@@ -85,8 +82,6 @@ GOALS = {"teacher_throughput_ratio_parameter_server": (">=", 0.93),
 PEER = 1
 # What the summary keeps of each launch's record (beside its pooled measurement).
 LAUNCH_RECORD = ("reused", "sources", "finished_at", "load_avg_1m_before", "load_avg_1m_after")
-SPEC = {"dense": tf.TensorSpec([None, 13], tf.float32),
-        "categorical": tf.TensorSpec([None, 26], tf.int64)}
 
 
 def _make_model(num_buckets: int) -> keras.Model:
@@ -125,7 +120,7 @@ class PeerVersions:
   """A peer's versions of one real SavedModel, written before the arms run: while the refreshing
   arm trains, a new version (hard links to its files, its own COMPLETE marker) appears in the
   exchange directory whenever ``versions_due()`` has grown past the versions published
-  (``start``), checked every ``check_s``."""
+  (``publishing``), checked every ``check_s``."""
 
   def __init__(self, work: str, check_s: float, num_buckets: int):
     self.exchange_dir = os.path.join(work, "exchange")
@@ -133,31 +128,28 @@ class PeerVersions:
     self._check_s = check_s
     peer = _make_model(num_buckets)
     peer(next(iter(_dataset(8, num_buckets)))[0])
-    exchange.save_model(peer, self._saved, SPEC)
+    exchange.save_model(peer, self._saved, models.CTR_SPEC)
     self.published = 0
-    self._stop = threading.Event()
-    self._thread: Optional[threading.Thread] = None
 
-  def start(self, versions_due: Callable[[], int]) -> None:
-    """Publishes a version each time ``versions_due()`` passes the count published since now."""
-    self._stop.clear()
-    self._thread = threading.Thread(target=self._run, args=(versions_due,), daemon=True)
-    self._thread.start()
-
-  def stop(self) -> None:
-    self._stop.set()
-    self._thread.join()
+  @contextlib.contextmanager
+  def publishing(self, versions_due: Callable[[], int]) -> Iterator[None]:
+    """While the block runs, publishes a version each time ``versions_due()`` passes the count
+    due when it began."""
+    stop = threading.Event()
+    thread = threading.Thread(target=self._run, args=(versions_due, stop), daemon=True)
+    thread.start()
+    try:
+      yield
+    finally:
+      stop.set()
+      thread.join()
 
   def _link(self, tmp: str) -> None:
-    for dirpath, _, filenames in os.walk(self._saved):
-      target = os.path.join(tmp, os.path.relpath(dirpath, self._saved))
-      os.makedirs(target, exist_ok=True)
-      for name in filenames:
-        os.link(os.path.join(dirpath, name), os.path.join(target, name))
+    shutil.copytree(self._saved, tmp, copy_function=os.link, dirs_exist_ok=True)
 
-  def _run(self, versions_due: Callable[[], int]) -> None:
+  def _run(self, versions_due: Callable[[], int], stop: threading.Event) -> None:
     last = versions_due()
-    while not self._stop.wait(self._check_s):
+    while not stop.wait(self._check_s):
       now = versions_due()
       if now > last:
         last = now
@@ -237,7 +229,7 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool,
   peer = (PeerVersions(work, settings["poll_interval_s"] / 4, settings["num_buckets"]) if chief
           else None)
   exchange_dir = os.path.join(work, "exchange")
-  pool = teachers.TeacherPool(exchange_dir, [PEER], model, SPEC, [None, 1],
+  pool = teachers.TeacherPool(exchange_dir, [PEER], model, models.CTR_SPEC, [None, 1],
                               poll_interval_s=settings["poll_interval_s"],
                               loader_nice=settings["loader_nice"])
   refresh = teachers.TeacherRefresh(pool)
@@ -250,15 +242,11 @@ def _measure(strategy: tf.distribute.Strategy, data, work: str, chief: bool,
 
   def run_refreshing() -> List[float]:
     before = refresh.swaps
-    if peer is not None:
-      # The peer is the harness's, not the group's: its step reads (a remote read under
-      # parameter servers) stay few, at the cost of a version appearing up to its check late.
-      peer.start(lambda: int(model.optimizer.iterations.numpy()) // every)
-    try:
+    # The peer is the harness's, not the group's: its step reads (a remote read under parameter
+    # servers) stay few, at the cost of a version appearing up to its check late.
+    with (peer.publishing(lambda: int(model.optimizer.iterations.numpy()) // every)
+          if peer is not None else contextlib.nullcontext()):
       times = step_times.fit_step_times(model, data, settings["steps"], callbacks=[driver])
-    finally:
-      if peer is not None:
-        peer.stop()
     swaps.append(refresh.swaps - before)
     load_to_swap.extend(end - start for start, end in refresh.windows[before:])
     return times
@@ -294,68 +282,42 @@ def _refresh_windows(model: tfc.CodistillModel, data, driver, refresh: teachers.
   pairs = settings["window_pairs"]
   schedule = RefreshWindows(model, clock, window_s, pairs, stop_fit=not mirrored)
   before = len(refresh.windows)
-  if peer is not None:
-    peer.start(schedule.versions_due)
-  try:
-    window_steps = 2 * pairs * settings["refresh_every_steps"]
+  window_steps = 2 * pairs * settings["refresh_every_steps"]
+  with peer.publishing(schedule.versions_due) if peer is not None else contextlib.nullcontext():
     model.fit(data, epochs=1, verbose=0, callbacks=[driver, clock],
               steps_per_epoch=step_times.SKIP + int((1.5 if mirrored else 3) * window_steps))
-  finally:
-    if peer is not None:
-      peer.stop()
   return schedule.split(refresh.windows[before:]) if peer is not None else None
 
 
-def _coordinate(spec: dict) -> None:
-  """The parameter-server group's coordinator: measures and writes ``spec['part_out']``."""
-  settings = spec["settings"]
-  strategy = local_cluster.ps_strategy(spec["cluster"])
-  data = keras.utils.experimental.DatasetCreator(
-      lambda _: _dataset(settings["batch_size"], settings["num_buckets"]))
-  machine.write_json(spec["part_out"], _measure(strategy, data, spec["work"], True, settings))
-
-
-def _mirrored_worker(spec: dict) -> None:
-  """One MultiWorkerMirrored worker (TF_CONFIG set by the parent); task 0 writes
-  ``spec['part_out']``."""
-  settings = spec["settings"]
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+def child(spec: dict) -> None:
+  """One task of a launch, in a process of its own (``run_group`` starts it): ``spec`` holds its
+  ``role``, the ``cluster``, its ``task_index``, the launch's ``work`` directory, where the
+  measuring task (task 0) writes its times (``part_out``) and the launch's ``settings``. Roles:
+  ``coordinate``, the parameter-server group's coordinator; ``mirrored``, a MultiWorkerMirrored
+  worker (TF_CONFIG set by the parent); ``one_process``, the arms with no cluster (the default
+  strategy): a refresh's cost where no other task shares the machine."""
+  settings, role = spec["settings"], spec["role"]
+  batch, buckets = settings["batch_size"], settings["num_buckets"]
+  if role == "coordinate":
+    strategy = local_cluster.ps_strategy(spec["cluster"])
+    data = keras.utils.experimental.DatasetCreator(lambda _: _dataset(batch, buckets))
+  elif role == "mirrored":
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    data = _dataset(batch * 2, buckets)
+  elif role == "one_process":
+    strategy, data = tf.distribute.get_strategy(), _dataset(batch, buckets)
+  else:
+    raise ValueError(f"unknown role {role!r}")
   chief = spec["task_index"] == 0
-  data = _dataset(settings["batch_size"] * 2, settings["num_buckets"])
   result = _measure(strategy, data, spec["work"], chief, settings)
   if chief:
     machine.write_json(spec["part_out"], result)
 
 
-def _one_process(spec: dict) -> None:
-  """The arms in one process with no cluster (the default strategy): a refresh's cost where no
-  other task shares the machine. Writes ``spec['part_out']``."""
-  settings = spec["settings"]
-  data = _dataset(settings["batch_size"], settings["num_buckets"])
-  machine.write_json(spec["part_out"], _measure(tf.distribute.get_strategy(), data, spec["work"],
-                                                True, settings))
-
-
-# A child's role -> what it runs (``child``).
-ROLES: Dict[str, Callable[[dict], None]] = {
-    "coordinate": _coordinate, "mirrored": _mirrored_worker, "one_process": _one_process}
-
-
-def child(spec: dict) -> None:
-  """One task of a launch, in a process of its own (``run_group`` starts it): ``spec`` holds its
-  ``role`` (of ``ROLES``), the ``cluster``, its ``task_index``, the launch's ``work`` directory,
-  where the measuring task writes its times (``part_out``) and the launch's ``settings``."""
-  ROLES[spec["role"]](spec)
-
-
 def finished_launch(work: str, settings: dict, sources: str) -> Optional[dict]:
   """The record a launch left in ``work`` under ``settings`` (what ``measure_step_times``
   builds) and ``sources`` (``standalone.source_digest()``), or None."""
-  try:
-    with open(os.path.join(work, "launch.json")) as f:
-      launch = json.load(f)
-  except (OSError, ValueError):
-    return None
+  launch = machine.read_json_or(os.path.join(work, "launch.json"))
   if (not isinstance(launch, dict) or "part" not in launch
       or launch.get("config") != settings or launch.get("sources") != sources):
     return None
@@ -410,10 +372,9 @@ def run_group(group: str, work: str, settings: dict, sources: str) -> dict:
         p.wait()
   if any(codes):
     raise RuntimeError(f"{group}: a measuring task exited with {codes}")
-  with open(part) as f:
-    launch = {"config": settings, "sources": sources, "part": json.load(f),
-              "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
-              "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+  launch = {"config": settings, "sources": sources, "part": machine.read_json(part),
+            "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
   machine.write_json(os.path.join(work, "launch.json"), launch)
   return {**launch, "reused": False}
 
@@ -557,12 +518,10 @@ def measure_step_times(ctx: registry.Context, batch_size: int = 256, num_buckets
       their throughput ratio.
     poll_interval_s: how often the refreshing arm's teacher pool looks for new versions (the
       library's default); the harness's peer checks the step 4 times as often.
-    loader_nice: the refreshing arm's loading thread's nice increment (the library's default; 10
-      in the session of history/loader_nice_0.json: benchmarks/results/CHANGELOG.md), within
-      ``exchange_config.LOADER_NICE_RANGE``.
+    loader_nice: the refreshing arm's loading thread's nice increment (the library's default),
+      within ``exchange_config.LOADER_NICE_RANGE``.
     teacher_form: the teachers' form: ``stacked``, the CTR model's own (models.ctr_teacher, one
-      stacked table), or ``clone``, a clone of the student (the form measured before
-      2026-11-27).
+      stacked table), or ``clone``, a clone of the student.
     groups: the groups measured, of parameter_server, multi_worker_mirrored, one_process.
   """
   _check(groups, launches, window_pairs, loader_nice, teacher_form)
@@ -574,8 +533,7 @@ def measure_step_times(ctx: registry.Context, batch_size: int = 256, num_buckets
   records = run_launches(list(groups), launches, ctx.work_dir, settings,
                          standalone.source_digest(), progress=ctx.progress)
   summary = summarize_groups(records, settings, launches)
-  for line in _tables(summary):
-    ctx.progress(line)
+  ctx.progress("\n".join(_tables(summary)))
   for name, v in summary["goal_verdicts"].items():
     ctx.progress(f"goal {name}: {v['value']:.3f} {v['threshold'][0]} {v['threshold'][1]} "
                  f"-> {'met' if v['met'] else 'MISSED'}")

@@ -25,7 +25,7 @@ from tf_codistill import layout
 MODEL = ("NUM_BUCKETS = 5000", "models.ctr_model.embedding_dim = 8",
          "models.ctr_model.hidden_units = (64, 32)", "trainer.train.verbose = 0",
          "trainer.train.eval_steps = 20", "trainer.train.summary_every_steps = 20",
-         "trainer.train.checkpoint_every_steps = 200")
+         "tfc.Checkpoints.every_steps = 200")
 
 
 def _launch(name: str, work: str, strategy: str, workers: int, ps: int, groups: int,
@@ -36,11 +36,6 @@ def _launch(name: str, work: str, strategy: str, workers: int, ps: int, groups: 
   shape = [f"--num_groups={groups}", f"--strategy={strategy}", f"--workers_per_group={workers}",
            f"--ps_per_group={ps}", *extra_flags]
   return standalone.Launch(standalone.launch_args(model_dir, gin_file, shape, bindings))
-
-
-def _progress(model_dir: str, group: int = 0) -> int:
-  path = layout.group_run(model_dir, group).progress
-  return len(open(path).readlines()) if os.path.exists(path) else 0
 
 
 def throughput(work: str, common: List[str], batch_size: int, steps: int,
@@ -99,7 +94,9 @@ def worker_kill(work: str, common: List[str], wall_without_kill: float, batch_si
   recovery times, and the wall time against the same arm without the kill."""
   run = _launch("async_2workers_killed", work, "parameter_server", 2, 1, 1, "baseline.gin",
                 common + [f"tfc.Data.batch_size = {batch_size}"], ["--max_restarts=2"])
-  standalone.wait_for(lambda: _progress(run.model_dir) >= 1, 600, "the first epoch")
+  progress_path = layout.group_run(run.model_dir, 0).progress  # a line per epoch's evaluation
+  standalone.wait_for(lambda: os.path.exists(progress_path) and os.path.getsize(progress_path),
+                      600, "the first epoch")
   killed_at = time.monotonic()
   os.kill(run.pids[(0, "worker", 0)], 9)
   worker_log = layout.group_run(run.model_dir, 0).task_log("worker", 0)

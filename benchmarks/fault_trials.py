@@ -35,14 +35,14 @@ which is how the kill point and the recovery are seen:
 writes benchmarks/results/fault_trials/summary.json (every trial and a summary per kind) and
 report.md; each trial is recorded as it ends (``trials/<kind>_<seed>.json``) and kept by a later
 run with the same settings, so a stopped run resumes trial by trial. report.md's table
-(``markdown_table``) is what ``python -m benchmarks.reliability_doc`` puts into
-docs/reliability.md.
+(``markdown_table``) is what ``benchmarks.run`` puts into docs/reliability.md after each run
+(reliability_doc.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import os
 import random
 import shutil
@@ -52,6 +52,7 @@ from typing import Dict, List, Optional, Sequence
 
 import gin
 
+from benchmarks import machine
 from benchmarks import registry
 from benchmarks import standalone
 from benchmarks import trials as trials_lib
@@ -59,20 +60,22 @@ from tf_codistill import layout
 
 KINDS = ("worker", "ps", "chief", "group", "sync_chief", "sync_worker")
 
-# Small sizes: a trial trains in tens of seconds per process on a 2-core machine.
-BINDINGS = (
+# Small sizes (the soak's too): a trial trains in tens of seconds per process on a 2-core machine.
+SMALL_JOB = (
     "NUM_BUCKETS = 1000",
     "models.ctr_model.embedding_dim = 4",
     "models.ctr_model.hidden_units = (32,)",
     "tfc.Data.batch_size = 120",
-    "tfc.Exchange.publish_every_steps = 40",
-    "trainer.train.burn_in_steps = 40",
-    "tfc.Exchange.poll_interval_s = 0.2",
     "tfc.Data.shuffle_buffer = 1000",
     "trainer.train.eval_steps = 5",
     "trainer.train.verbose = 0",
     "trainer.train.intra_op_threads = 1",
     "trainer.train.inter_op_threads = 1",
+)
+BINDINGS = SMALL_JOB + (
+    "tfc.Exchange.publish_every_steps = 40",
+    "trainer.train.burn_in_steps = 40",
+    "tfc.Exchange.poll_interval_s = 0.2",
     "trainer.train.heartbeat_every_s = 0.1",
 )
 
@@ -85,32 +88,26 @@ def ensure_data(data_dir: str) -> str:
 def trial_command(kind: str, model_dir: str, data_dir: str, train_steps: int,
                   steps_per_epoch: int) -> List[str]:
   """The tf-codistill-launch command line of one trial of ``kind``."""
+  gin = "codistill_2way.gin" if kind == "group" else "baseline.gin"
   if kind == "group":
     shape = ["--strategy=parameter_server", "--num_groups=2", "--workers_per_group=1",
              "--ps_per_group=1"]
-    gin = "codistill_2way.gin"
   elif kind.startswith("sync_"):
     shape = ["--strategy=multi_worker_mirrored", "--num_groups=1", "--workers_per_group=1"]
-    gin = "baseline.gin"
   else:
     shape = ["--strategy=parameter_server", "--num_groups=1", "--workers_per_group=2",
              "--ps_per_group=1"]
-    gin = "baseline.gin"
   bindings = list(BINDINGS) + standalone.ctr_data_bindings(data_dir) + [
       f"trainer.train.train_steps = {train_steps}",
       f"trainer.train.steps_per_epoch = {steps_per_epoch}",
       # Sync (and single-process) groups checkpoint with BackupAndRestore at this interval.
-      f"trainer.train.checkpoint_every_steps = {steps_per_epoch}"]
+      f"tfc.Checkpoints.every_steps = {steps_per_epoch}"]
   return standalone.launch_args(model_dir, gin, shape, bindings)
 
 
 def heartbeat(group_dir: str) -> Optional[dict]:
-  """The group chief's last heartbeat, or None while there is none."""
-  try:
-    with open(layout.RunDir(group_dir).heartbeat) as f:
-      return json.load(f)
-  except (OSError, ValueError):  # not written yet, or replaced while read
-    return None
+  """The group chief's last heartbeat, or None while there is none (or it is being replaced)."""
+  return machine.read_json_or(layout.RunDir(group_dir).heartbeat)
 
 
 def _serving_count(model_dir: str, task: tuple) -> int:
@@ -148,10 +145,8 @@ def _kill(launch: standalone.Launch, kind: str, rng: random.Random, group_dir: s
   kill = _Kill(victims, {key: launch.pids[key] for key in victims}, beat["pid"], beat["step"],
                time.monotonic())
   for key in victims:
-    try:
+    with contextlib.suppress(ProcessLookupError):
       os.kill(kill.old_pids[key], signal.SIGKILL)
-    except ProcessLookupError:
-      pass
   return kill
 
 
@@ -299,15 +294,12 @@ TABLE_HEADER = ("case", "trials", "outcome", "steps lost (median, min-max)",
 
 def markdown_table(summary_json: dict) -> str:
   """The docs/reliability.md table from a summary.json."""
-  rows = []
-  for kind, row in summary_json["summary"].items():
-    lost, rec = row["steps_lost"], row["recovery_s"]
-    outcome = (f"{row['finished']}/{row['trials']} finished, "
-               f"{row['resumed_correctly']}/{row['trials']} resumed correctly")
-    lost_text = "-" if lost is None else f"{lost['median']:g} ({lost['min']:g}-{lost['max']:g})"
-    rec_text = "-" if rec is None else f"{rec['median']:.1f} ({rec['min']:.1f}-{rec['max']:.1f})"
-    rows.append([CASES[kind], row["trials"], outcome, lost_text, rec_text])
-  return standalone.markdown_table(TABLE_HEADER, rows)
+  return standalone.markdown_table(TABLE_HEADER, [
+      [CASES[kind], row["trials"], f"{row['finished']}/{row['trials']} finished, "
+       f"{row['resumed_correctly']}/{row['trials']} resumed correctly",
+       trials_lib.spread_cell(row["steps_lost"], "g"),
+       trials_lib.spread_cell(row["recovery_s"], ".1f")]
+      for kind, row in summary_json["summary"].items()])
 
 
 @gin.configurable("fault_trials", module="bench", denylist=["ctx"])
@@ -333,20 +325,14 @@ def measure_trials(ctx: registry.Context, trials: int = 10, kinds: Sequence[str]
       lambda kind, seed: run_trial(kind, seed, ctx.work_dir, data, train_steps, steps_per_epoch),
       lambda kind, seed: [os.path.join(ctx.work_dir, f"{kind}_{seed}")])
   result["summary"] = summarize(result["trials"])
-  for line in markdown_table(result).splitlines():
-    ctx.progress(line)
+  ctx.progress(markdown_table(result))
   return result
 
 
-def _failure(summary: dict) -> Optional[str]:
-  """How many trials did not recover, if any did not (the run then exits 1)."""
-  failed = trials_lib.failed(summary)
-  return f"{len(failed)} trial(s) did not recover" if failed else None
-
-
-def _details(summary: dict) -> List[str]:
-  """The kill steps per kind and the trials that did not recover, as Markdown."""
-  lines = ["", "Kill steps per kind: " + "; ".join(
+def _tables(summary: dict) -> List[str]:
+  """report.md's body: the table of docs/reliability.md, the kill steps, the restarts used and
+  any failed trial."""
+  lines = markdown_table(summary).splitlines() + ["", "Kill steps per kind: " + "; ".join(
       f"{kind} {row['kill_steps']}" for kind, row in summary["summary"].items()) + "."]
   restarts = {kind: row["restarts_used"] for kind, row in summary["summary"].items()
               if any(n is not None for n in row.get("restarts_used", []))}
@@ -357,11 +343,6 @@ def _details(summary: dict) -> List[str]:
       "finished", "resumed_correctly", "launcher_restarted", "exit_code"))
 
 
-def _tables(summary: dict) -> List[str]:
-  """report.md's body: the table of docs/reliability.md, the kill steps and any failed trial."""
-  return markdown_table(summary).splitlines() + _details(summary)
-
-
 BENCHMARK = registry.Benchmark(
-    "fault_trials", measure_trials, tables=_tables, failure=_failure,
+    "fault_trials", measure_trials, tables=_tables, failure=trials_lib.failure("did not recover"),
     title="Fault trials: kill -9 of tasks and groups on local clusters")

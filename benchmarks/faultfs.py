@@ -21,6 +21,7 @@ every 0.2 s, and as it is unmounted). Needs root (``/dev/fuse``), Debian's ``fus
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -74,13 +75,11 @@ def _make_operations(backing: str, control: str) -> Any:
       self._reported_at = 0.0
 
     def _current(self) -> Dict[str, Any]:
-      try:
+      with contextlib.suppress(OSError, ValueError):  # being replaced: keep the last one read
         stamp = os.stat(control).st_mtime_ns
         if stamp != self._stamp:
           with open(control) as f:
             self._behaviour, self._stamp = json.load(f), stamp
-      except (OSError, ValueError):  # being replaced: keep the last one read
-        pass
       return self._behaviour
 
     def _enter(self, path: str, write: bool = False) -> str:
@@ -246,11 +245,7 @@ class FaultyDirectory:
     """Bytes read and written through the directory so far (final once it is closed)."""
     if self._final is not None:
       return dict(self._final)
-    try:
-      with open(bytes_path(self.control)) as f:
-        return json.load(f)
-    except (OSError, ValueError):  # nothing moved yet
-      return {"read": 0, "written": 0}
+    return machine.read_json_or(bytes_path(self.control), {"read": 0, "written": 0})
 
   def close(self) -> None:
     """Unmounts (waiting for the file system process) and removes the control file, keeping

@@ -98,8 +98,7 @@ def measure_forward_fusion_ps(ctx: registry.Context, steps: int = 2000, work: in
     work: 128x128 matmuls per step between reading and storing pending.
   """
   arms = {f"{n}_workers": _arm(n, steps, work) for n in (1, 2)}
-  for line in _tables({"arms": arms}):
-    ctx.progress(line)
+  ctx.progress("\n".join(_tables({"arms": arms})))
   return {"arms": arms, "config": {"steps": steps, "work": work}}
 
 

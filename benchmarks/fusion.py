@@ -24,6 +24,7 @@ Writes ``benchmarks/results/fusion/summary.json`` and ``report.md``.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -37,6 +38,7 @@ import gin
 import tensorflow as tf
 import tf_keras as keras
 
+from benchmarks import machine
 from benchmarks import registry
 from benchmarks import standalone
 from benchmarks import step_times
@@ -45,8 +47,6 @@ from benchmarks.models import NO_JIT
 from benchmarks.models import Arm
 from tf_codistill.optim import fused_models
 from tf_codistill.optim import fusion as fusion_lib
-
-REPO = standalone.REPO
 
 
 class GradsOnly(keras.Model):
@@ -83,12 +83,9 @@ def build_arm(arm: Arm, mode: str, jit: bool, weights) -> keras.Model:
   return fused_models.fuse(model, mode) if mode in FUSED else model
 
 
-def _print(line: str) -> None:
-  print(line, flush=True)
-
-
 def measure(models: Sequence[str], modes: Sequence[str], jits: Sequence[bool], steps: int,
-            rounds: int, scale: float = 1.0, progress: Callable[[str], None] = _print
+            rounds: int, scale: float = 1.0,
+            progress: Callable[[str], None] = functools.partial(print, flush=True)
             ) -> Dict[str, dict]:
   """Steps/sec per (model, jit, mode), interleaved round-robin over all arms."""
   arms: Dict[str, keras.Model] = {}
@@ -118,6 +115,13 @@ def measure(models: Sequence[str], modes: Sequence[str], jits: Sequence[bool], s
                 "steps_per_sec": r} for key, r in rates.items()}
 
 
+def _paired(arm: dict, base: dict) -> dict:
+  """``arm``'s steps/s over ``base``'s, round by round: the median and its 90% interval."""
+  per_round = [a / b for a, b in zip(arm["steps_per_sec"], base["steps_per_sec"])]
+  return {"paired": statistics.median(per_round),
+          "interval90": step_times.bootstrap_median(per_round)}
+
+
 def speedups(steps: Dict[str, dict]) -> Dict[str, dict]:
   """Per model and jit setting: unfused / fused step time for each fused mode, and the share of
   the unfused step spent in the update (outside the forward and backward pass). Three
@@ -131,27 +135,19 @@ def speedups(steps: Dict[str, dict]) -> Dict[str, dict]:
     if base is None or mode == "none":
       continue
     group = out.setdefault(f"{name}/{jit}", {})
-    paired = statistics.median(
-        f / n for f, n in zip(steps[key]["steps_per_sec"], base["steps_per_sec"]))
     if mode == "grads_only":
       for stat in ("best", "median"):
         unfused, grads = base[f"ms_per_step_{stat}"], steps[key][f"ms_per_step_{stat}"]
         group[f"update_share_{stat}"] = max(0.0, 1 - grads / unfused)
-      group["update_share_paired"] = max(0.0, 1 - 1 / paired)
+      group["update_share_paired"] = max(0.0, 1 - 1 / _paired(steps[key], base)["paired"])
       continue
-    per_round = [f / n for f, n in zip(steps[key]["steps_per_sec"], base["steps_per_sec"])]
-    group[mode] = {stat: base[f"ms_per_step_{stat}"] / steps[key][f"ms_per_step_{stat}"]
-                   for stat in ("best", "median")}
-    group[mode]["paired"] = paired
-    group[mode]["interval90"] = step_times.bootstrap_median(per_round)
+    group[mode] = {**{stat: base[f"ms_per_step_{stat}"] / steps[key][f"ms_per_step_{stat}"]
+                      for stat in ("best", "median")}, **_paired(steps[key], base)}
   for key in steps:  # the schedule's share: backward over kernels, within each round
     name, jit, mode = key.split("/")
     kernels = steps.get(f"{name}/{jit}/kernels")
     if mode == "backward" and kernels is not None:
-      per_round = [b / k for b, k in zip(steps[key]["steps_per_sec"], kernels["steps_per_sec"])]
-      out[f"{name}/{jit}"]["schedule_backward_over_kernels"] = {
-          "paired": statistics.median(per_round),
-          "interval90": step_times.bootstrap_median(per_round)}
+      out[f"{name}/{jit}"]["schedule_backward_over_kernels"] = _paired(steps[key], kernels)
   return out
 
 
@@ -165,14 +161,14 @@ def _run_group(spec: dict, work_dir: str) -> Tuple[Dict[str, dict], float]:
   os.makedirs(work_dir, exist_ok=True)
   with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
     out = os.path.join(tmp, "steps.json")
-    proc = subprocess.Popen(registry.child_command("fusion", {**spec, "out": out}), cwd=REPO)
+    proc = subprocess.Popen(registry.child_command("fusion", {**spec, "out": out}),
+                            cwd=standalone.REPO)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
       raise RuntimeError(f"group {spec['model']}/{'xla' if spec['jit'] else 'graph'} exited "
                          f"{proc.returncode}")
-    with open(out) as f:
-      return json.load(f), usage.ru_maxrss / 1024  # Linux: kilobytes
+    return machine.read_json(out), usage.ru_maxrss / 1024  # Linux: kilobytes
 
 
 def child(spec: dict) -> None:
@@ -180,8 +176,7 @@ def child(spec: dict) -> None:
   jit, modes, steps, rounds and scale, and ``out``, where its step times go (JSON)."""
   steps = measure([spec["model"]], spec["modes"], [bool(spec["jit"])], spec["steps"],
                   spec["rounds"], spec["scale"])
-  with open(spec["out"], "w") as f:
-    json.dump(steps, f)
+  machine.write_text(spec["out"], json.dumps(steps))
 
 
 def _explain(group: str, figures: dict) -> str:
@@ -265,12 +260,34 @@ def _goals(ratios: Dict[str, dict]) -> dict:
                                                            "met": count >= GOAL_MODELS}}}
 
 
+def _step_time_table(summary: dict) -> List[str]:
+  """Every arm's ms per step (best round / median round), a row per group, as Markdown."""
+  lines = ["| model/jit | " + " | ".join(MODES_SHOWN) + " |",
+           "| --- | " + " | ".join("---" for _ in MODES_SHOWN) + " |"]
+  for group in summary["speedup_unfused_over_fused"]:
+    steps = [summary["step_time"].get(f"{group}/{mode}") for mode in MODES_SHOWN]
+    lines.append(f"| `{group}` | " + " | ".join(
+        "n/a" if s is None else f"{s['ms_per_step_best']:.1f} / {s['ms_per_step_median']:.1f}"
+        for s in steps) + " |")
+  return lines
+
+
+def _speedup_table(ratios: Dict[str, dict]) -> List[str]:
+  """Every group's paired speedups with their intervals and its update share, as Markdown."""
+  lines = ["| model/jit | kernels | backward | forward | schedule | update share (paired) |",
+           "| --- | --- | --- | --- | --- | --- |"]
+  for group, figures in ratios.items():
+    cells = [_paired_cell(figures.get(m)) for m in (*FUSED, "schedule_backward_over_kernels")]
+    share = figures.get("update_share_paired")
+    lines.append(f"| `{group}` | " + " | ".join(cells) +
+                 f" | {'n/a' if share is None else f'{share:.0%}'} |")
+  return lines
+
+
 def write_report(summary: dict, results_dir: str) -> None:
   """``results_dir``/report.md: the regenerating command, step times, speedups and the goal,
   from ``summary``."""
-  steps, ratios, goals = (summary["step_time"], summary["speedup_unfused_over_fused"],
-                          summary["goals"])
-  cfg = summary["config"]
+  ratios, goals, cfg = summary["speedup_unfused_over_fused"], summary["goals"], summary["config"]
   lines = [
       "# Benchmark suite `fusion`", "",
       "Step time of unfused (`none`, tf_keras' own optimizer updates) vs fused optimizer "
@@ -301,29 +318,13 @@ def write_report(summary: dict, results_dir: str) -> None:
       f"{goals['best_fusion_speedup']:.3f} | `{summary['best_fusion_arm']}` | >= {GOAL} | "
       f"{'yes' if summary['goal_verdicts']['best_fusion_speedup']['met'] else '**no**'} |",
       _models_goal_row(summary), "",
-      "## Step time (ms per step: best round / median round)", "",
-      "| model/jit | " + " | ".join(MODES_SHOWN) + " |",
-      "| --- | " + " | ".join("---" for _ in MODES_SHOWN) + " |"]
-  for group in ratios:
-    cells = []
-    for mode in MODES_SHOWN:
-      s = steps.get(f"{group}/{mode}")
-      cells.append("n/a" if s is None else
-                   f"{s['ms_per_step_best']:.1f} / {s['ms_per_step_median']:.1f}")
-    lines.append(f"| `{group}` | " + " | ".join(cells) + " |")
-  lines += ["", "## Speedup (unfused / fused step time) and what each part buys", "",
-            "`paired`: median over rounds of the ratio within a round (the arms of a round ran "
-            "next to each other; the headline statistic), with its 90% bootstrap interval. "
-            "`kernels` is what the fused kernels buy alone; `schedule` is `backward` over "
-            "`kernels` in the same rounds: what the fusion schedule adds on top.", "",
-            "| model/jit | kernels | backward | forward | schedule | update share (paired) |",
-            "| --- | --- | --- | --- | --- | --- |"]
-  for group, figures in ratios.items():
-    cells = [_paired_cell(figures.get(m)) for m in FUSED]
-    cells.append(_paired_cell(figures.get("schedule_backward_over_kernels")))
-    share = figures.get("update_share_paired")
-    lines.append(f"| `{group}` | " + " | ".join(cells) +
-                 f" | {'n/a' if share is None else f'{share:.0%}'} |")
+      "## Step time (ms per step: best round / median round)", "", *_step_time_table(summary),
+      "", "## Speedup (unfused / fused step time) and what each part buys", "",
+      "`paired`: median over rounds of the ratio within a round (the arms of a round ran "
+      "next to each other; the headline statistic), with its 90% bootstrap interval. "
+      "`kernels` is what the fused kernels buy alone; `schedule` is `backward` over "
+      "`kernels` in the same rounds: what the fusion schedule adds on top.", "",
+      *_speedup_table(ratios)]
   lines += ["", "## Where fusion helps and where it does not", ""]
   lines += [f"- {_explain(group, figures)}" for group, figures in ratios.items()
             if any(m in figures for m in FUSED)]
@@ -335,17 +336,7 @@ def write_report(summary: dict, results_dir: str) -> None:
             "`jit_compile` only: that layer makes XLA recompile the train step on every call; "
             "`lstm_lm_rnn_adam` is the same architecture on `RNN(LSTMCell)`, which XLA compiles "
             "once (see `benchmarks/models.py`).", ""]
-  os.makedirs(results_dir, exist_ok=True)
-  with open(os.path.join(results_dir, "report.md"), "w") as f:
-    f.write("\n".join(lines))
-
-
-def _check(name: str, values: Sequence, known: Sequence) -> None:
-  """ValueError naming ``bench.fusion.<name>`` unless ``values`` are some of ``known``."""
-  unknown = [v for v in values if v not in known]
-  if unknown or not values:
-    raise ValueError(f"bench.fusion.{name}={list(values)!r}: give one or more of {list(known)}"
-                     + (f" (unknown: {unknown})" if unknown else ""))
+  machine.write_text(os.path.join(results_dir, "report.md"), "\n".join(lines))
 
 
 def _measure_groups(ctx: registry.Context, settings: dict, models: Sequence[str],
@@ -390,9 +381,9 @@ def measure_fusion(ctx: registry.Context, steps: int = 10, rounds: int = 7,
     jit: jit_compile settings (False: graph, True: XLA), a group per model and setting.
     scale: scales model sizes and batches down for smoke runs (0 < s <= 1).
   """
-  _check("models", models, tuple(MODELS))
-  _check("modes", modes, MODES_SHOWN)
-  _check("jit", jit, (False, True))
+  registry.check_choices("bench.fusion.models", models, tuple(MODELS))
+  registry.check_choices("bench.fusion.modes", modes, MODES_SHOWN)
+  registry.check_choices("bench.fusion.jit", jit, (False, True))
   if not 0 < scale <= 1:
     raise ValueError(f"bench.fusion.scale={scale!r}: 0 < scale <= 1")
   load_before = os.getloadavg()
@@ -414,29 +405,11 @@ def measure_fusion(ctx: registry.Context, steps: int = 10, rounds: int = 7,
           for group, figures in ratios.items()},
       **_goals(ratios),
   }
-  for line in _summary_lines(summary):
-    ctx.progress(line)
+  ctx.progress("\n".join([*_step_time_table(summary), "", *_speedup_table(ratios),
+                          f"best_fusion_speedup {summary['goals']['best_fusion_speedup']:.3f} "
+                          f"({summary['best_fusion_arm']}); models at >= x{GOAL}: "
+                          f"{summary['goals']['models_with_fusion_speedup']}"]))
   return summary
-
-
-def _summary_lines(summary: dict) -> List[str]:
-  """The unfused step time and the speedups per group, and the goal figures, as text."""
-  steps, ratios = summary["step_time"], summary["speedup_unfused_over_fused"]
-  lines = ["", f"{'model/jit':<22} {'unfused ms':>10} " + " ".join(f"{m:>16}" for m in FUSED)
-           + f" {'update share':>13}"]
-  for group, figures in ratios.items():
-    unfused = steps[f"{group}/none"]
-    cells = [f"{figures[m]['paired']:.2f} ({figures[m]['best']:.2f})" if m in figures else "n/a"
-             for m in FUSED]
-    share = figures.get("update_share_paired")
-    lines.append(f"{group:<22} {unfused['ms_per_step_best']:>10.1f} "
-                 + " ".join(f"{c:>16}" for c in cells)
-                 + f" {'n/a' if share is None else f'{share:.0%}':>13}")
-  lines.append(f"speedups are unfused/fused step time, paired median over rounds (best rounds); "
-               f"best_fusion_speedup {summary['goals']['best_fusion_speedup']:.3f} "
-               f"({summary['best_fusion_arm']}); models at >= x{GOAL}: "
-               f"{summary['goals']['models_with_fusion_speedup']}")
-  return lines
 
 
 BENCHMARK = registry.Benchmark("fusion", measure_fusion, report=write_report, child=child)

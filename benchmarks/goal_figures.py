@@ -213,7 +213,7 @@ def ensemble_gain(arms: Mapping[str, dict], arm: str = gin.REQUIRED) -> tuple:
 
 def _pair_curves(arms: Mapping[str, dict], name: str) -> list:
   churn = arms[name].get("churn") or {}
-  return [protocol.pair_curve(c) for c in churn.get("curves", [])]
+  return [protocol.pair_points(c, "mean_abs_diff") for c in churn.get("curves", [])]
 
 
 @gin.configurable(module="bench", denylist=["arms"])

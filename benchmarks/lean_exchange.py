@@ -26,9 +26,9 @@ import time
 from typing import Callable, Dict, List, Sequence
 
 import numpy as np
-import tensorflow as tf
 import tf_keras as keras
 
+from benchmarks import models
 from benchmarks import traffic
 from data_pipelines import criteo
 from tf_codistill.exchange import directory as exchange
@@ -50,8 +50,6 @@ FORMATS = {
     "int8_tolerant20_w100": lean_versions.PublishFormat("int8", row_deltas=True, whole_every=100,
                                                         row_tolerance=0.2),
 }
-SPEC = {"dense": tf.TensorSpec([None, 13], tf.float32),
-        "categorical": tf.TensorSpec([None, 26], tf.int64)}
 
 
 class _Snapshots(keras.callbacks.Callback):
@@ -86,7 +84,7 @@ def _publish_all(model: keras.Model, fmt: lean_versions.PublishFormat, steps: Se
                  snapshots: Dict[int, List[np.ndarray]], exchange_dir: str) -> dict:
   """Publishes the snapshots of ``steps`` in ``fmt``; sizes of whole and delta versions, and
   the seconds to write and to read back each."""
-  signature = exchange.expected_signature(SPEC, [None, 1])
+  signature = exchange.expected_signature(models.CTR_SPEC, [None, 1])
   writer = (lean_versions.LeanWriter(fmt, [w.name for w in model.weights], signature)
             if fmt.lean else None)
   reader = lean_versions.LeanReader()
@@ -96,7 +94,7 @@ def _publish_all(model: keras.Model, fmt: lean_versions.PublishFormat, steps: Se
     start = time.perf_counter()
     if writer is None:
       model.set_weights(snapshots[step])
-      path = exchange.publish(model, exchange_dir, 1, step, SPEC, keep_last=1)
+      path = exchange.publish(model, exchange_dir, 1, step, models.CTR_SPEC, keep_last=1)
     else:
       path = writer.publish(snapshots[step], exchange_dir, 1, step, keep_last=1)
     write_s.append(time.perf_counter() - start)

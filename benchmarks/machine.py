@@ -25,9 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Iterator, List, Optional, Sequence
-
-from absl import flags
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 LOCK_ENV = "TF_CODISTILL_BENCH_LOCK"
 
@@ -60,13 +58,11 @@ def load_1m() -> float:
 def cpu_model() -> str:
   """The CPU's model name (``/proc/cpuinfo``): step times from different CPU models are not
   comparable, so every figure records it."""
-  try:
+  with contextlib.suppress(OSError):
     with open("/proc/cpuinfo") as f:
       for line in f:
         if line.lower().startswith("model name"):
           return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
   return platform.processor() or platform.machine() or "unknown"
 
 
@@ -76,17 +72,6 @@ def tensorflow_version() -> str:
     return importlib.metadata.version("tensorflow")
   except importlib.metadata.PackageNotFoundError:
     return "not installed"
-
-
-def define_flags() -> None:
-  """Defines --allow_load and --settle_s for a benchmark script (call once, where the script
-  defines its flags)."""
-  flags.DEFINE_bool("allow_load", False,
-                    "Measure even when the 1-minute load average stays above the number of cores; "
-                    "every figure taken so is marked in the results.")
-  flags.DEFINE_float("settle_s", 180.0, "How long to wait, before the benchmark starts, for the "
-                     "1-minute load average to fall to the number of cores (0: not at all, e.g. in "
-                     "tests).")
 
 
 def busy_cpu_seconds() -> float:
@@ -268,12 +253,31 @@ def write_json(path: str, value: object, indent: int = 2) -> None:
       os.remove(temp)
 
 
+def write_text(path: str, text: str) -> str:
+  """Writes ``text`` to ``path``, making its directory; returns the path."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    f.write(text)
+  return path
+
+
+def read_json(path: str) -> Any:
+  """The JSON value in the file at ``path``."""
+  with open(path) as f:
+    return json.load(f)
+
+
+def read_json_or(path: str, default: Any = None) -> Any:
+  """The JSON value at ``path``, or ``default`` while it is missing or not whole JSON (not yet
+  written, or being replaced)."""
+  try:
+    return read_json(path)
+  except (OSError, ValueError):
+    return default
+
+
 def recorded(path: str, settings: dict) -> Optional[dict]:
   """The record at ``path`` if an earlier run wrote it under the same ``settings`` (its
   ``settings`` key), else None: measurements that resume record by record keep only those."""
-  try:
-    with open(path) as f:
-      record = json.load(f)
-  except (OSError, ValueError):
-    return None
-  return record if record.get("settings") == settings else None
+  record = read_json_or(path)
+  return record if record is not None and record.get("settings") == settings else None

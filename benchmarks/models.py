@@ -17,6 +17,9 @@ import tf_keras as keras
 from tf_codistill.models import ctr
 from tf_codistill.models import lm
 
+# The CTR model's serving inputs: 13 dense features, 26 categorical ids.
+CTR_SPEC = {"dense": tf.TensorSpec([None, 13], tf.float32),
+            "categorical": tf.TensorSpec([None, 26], tf.int64)}
 Arm = Tuple[Callable[[], keras.Model], tf.data.Dataset, Callable[[], keras.optimizers.Optimizer],
             keras.losses.Loss]
 
@@ -74,10 +77,9 @@ def lstm_lm(vocab: int, embedding_dim: int = 64, units: int = 256, seed: int = 1
   x = keras.layers.Embedding(vocab, embedding_dim,
                              embeddings_initializer=keras.initializers.RandomUniform(
                                  -0.05, 0.05, seed=seed))(tokens)
-  # keras.layers.RNN(LSTMCell) rather than keras.layers.LSTM: same math and weights, but
-  # tf_keras' LSTM layer (its implementation-selecting defun) makes XLA recompile the train step
-  # on every call under jit_compile=True (TF 2.x CPU: ~2 s and ~50 MB of never-freed executable
-  # per step; the fusion suite grew to 21 GB). The generic RNN loop compiles once.
+  # keras.layers.RNN(LSTMCell), not keras.layers.LSTM: the same math and weights, but the LSTM
+  # layer's implementation-selecting defun makes XLA recompile the train step at every call
+  # (~2 s and ~50 MB of never-freed executable a step on CPU); the generic RNN loop compiles once.
   x = keras.layers.RNN(keras.layers.LSTMCell(
       units, kernel_initializer=keras.initializers.GlorotUniform(seed + 1),
       recurrent_initializer=keras.initializers.Orthogonal(seed=seed + 2)),

@@ -41,6 +41,7 @@ trials (hours in all, the 5-minute cuts most) go on across sessions.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
@@ -202,10 +203,8 @@ def _silent_peer(launch: standalone.Launch) -> Callable[[], dict]:
 
   def end() -> dict:
     for pid in pids:
-      try:
+      with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGCONT)
-      except ProcessLookupError:
-        pass
     return {"stopped": len(pids)}
   return end
 
@@ -215,10 +214,8 @@ def _wait(launch: standalone.Launch, deadline: float, measure: Callable[[], obje
   """``launch.wait`` until ``deadline`` (monotonic), calling ``measure`` every ``every_s``
   meanwhile (a NetFaultError from it, once the namespace is gone, is ignored)."""
   while launch.proc.poll() is None and time.monotonic() < deadline:
-    try:
+    with contextlib.suppress(netfaults.NetFaultError):
       measure()
-    except netfaults.NetFaultError:
-      pass
     time.sleep(every_s)
   return launch.wait(max(1.0, deadline - time.monotonic()))
 
@@ -343,14 +340,11 @@ TABLE_HEADER = ("case", "trials", "finished", "finished without a restart", "res
 
 def markdown_table(summary_json: dict) -> str:
   """The docs/reliability.md table of network faults from a summary.json."""
-  rows = []
-  for name, row in summary_json["summary"].items():
-    rec = row["recovery_s"]
-    rows.append([CASES[name].describe(), row["trials"], row["finished"], row["without_restart"],
-                 row["restarts_used"], row["steps_during_fault"],
-                 "-" if rec is None else f"{rec['median']:.1f} ({rec['min']:.1f}-{rec['max']:.1f})",
-                 row["hangs"]])
-  return standalone.markdown_table(TABLE_HEADER, rows)
+  return standalone.markdown_table(TABLE_HEADER, [
+      [CASES[name].describe(), row["trials"], row["finished"], row["without_restart"],
+       row["restarts_used"], row["steps_during_fault"],
+       trials_lib.spread_cell(row["recovery_s"], ".1f"), row["hangs"]]
+      for name, row in summary_json["summary"].items()])
 
 
 @gin.configurable("net_fault_trials", module="bench", denylist=["ctx"])
@@ -383,15 +377,8 @@ def measure_trials(ctx: registry.Context, trials: int = 5, cases: Sequence[str] 
       lambda name, seed: [os.path.join(ctx.work_dir, f"{name}_{seed}{suffix}")
                           for suffix in ("", ".exchange", ".exchange_backing")])
   result.update(stall_timeout_s=stall_timeout_s, summary=summarize(result["trials"]))
-  for line in markdown_table(result).splitlines():
-    ctx.progress(line)
+  ctx.progress(markdown_table(result))
   return result
-
-
-def _failure(summary: dict) -> Optional[str]:
-  """How many trials hung or did not finish, if any (the run then exits 1)."""
-  failed = trials_lib.failed(summary)
-  return f"{len(failed)} trial(s) hung or did not finish" if failed else None
 
 
 def _tables(summary: dict) -> List[str]:
@@ -401,5 +388,6 @@ def _tables(summary: dict) -> List[str]:
 
 
 BENCHMARK = registry.Benchmark(
-    "net_fault_trials", measure_trials, tables=_tables, failure=_failure,
+    "net_fault_trials", measure_trials, tables=_tables,
+    failure=trials_lib.failure("hung or did not finish"),
     title="Network fault trials: partitions, packet loss and latency on local clusters")

@@ -27,6 +27,7 @@ cgroup v2 hierarchy; ``unavailable()`` says what is missing.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -106,7 +107,7 @@ class _Cgroup:
   def __init__(self, pid: int, name: str):
     mount = cgroup2_mount()
     assert mount is not None  # unavailable() checked it
-    self._mount, self.path, self._pid = mount, os.path.join(mount, name), pid
+    self._mount, self.path = mount, os.path.join(mount, name)
     with open(f"/proc/{pid}/cgroup") as f:
       self._home = next(line.strip()[len("0::"):] for line in f if line.startswith("0::"))
     os.makedirs(self.path)
@@ -123,11 +124,9 @@ class _Cgroup:
     with open(os.path.join(self.path, "cgroup.procs")) as f:
       pids = f.read().split()
     for pid in pids:
-      try:
+      with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
         with open(os.path.join(self._mount, self._home.lstrip("/"), "cgroup.procs"), "w") as f:
           f.write(pid)
-      except ProcessLookupError:  # it ended meanwhile
-        pass
     os.rmdir(self.path)
 
 
@@ -138,7 +137,7 @@ class Fault:
                relay: Optional[subprocess.Popen] = None, cgroup: Optional[_Cgroup] = None):
     self._faults, self.table, self._family, self.what = faults, table, family, what
     self._relay, self._cgroup = relay, cgroup
-    self._connections = 0
+    self.connections = 0  # connections that went through the latency relay (0 for other faults)
     self._carried = {"out": 0, "in": 0}
     self.healed = False
     self._counter = threading.Thread(target=self._count, daemon=True)
@@ -149,14 +148,9 @@ class Fault:
     for line in self._relay.stdout:
       words = line.split()
       if words == [b"connection"]:
-        self._connections += 1
+        self.connections += 1
       elif len(words) == 3 and words[0] == b"bytes":
         self._carried = {"out": int(words[1]), "in": int(words[2])}
-
-  @property
-  def connections(self) -> int:
-    """Connections that went through the latency relay (0 for other faults)."""
-    return self._connections
 
   @property
   def bytes_carried(self) -> dict:

@@ -164,10 +164,7 @@ def measure_throughput(ctx: registry.Context, num_rows: int = 200_000, num_files
       step.
     token_batches: batches of the token pipeline read, and steps trained, per measurement.
   """
-  unknown = [f for f in formats if f not in criteo.FILE_FORMATS]
-  if unknown or not formats:
-    raise ValueError(f"bench.parse_throughput.formats={list(formats)!r}: give one or more of "
-                     f"{list(criteo.FILE_FORMATS)}")
+  registry.check_choices("bench.parse_throughput.formats", formats, criteo.FILE_FORMATS)
   readers = ["pyarrow"] + (["tensorflow_io"] if parquet.tensorflow_io_loads() else [])
   results = measure(num_rows, num_files, batch_size, formats, readers, work_dir=ctx.work_dir)
   if corpus_dir:
@@ -192,8 +189,7 @@ def measure_throughput(ctx: registry.Context, num_rows: int = 200_000, num_files
           "load_average_1min_at_end": os.getloadavg()[0],
       },
   }
-  for line in _tables(summary):
-    ctx.progress(line)
+  ctx.progress("\n".join(_tables(summary)))
   return summary
 
 

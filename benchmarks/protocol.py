@@ -5,8 +5,8 @@ pairs, so the rules can be read, tested and re-applied to committed runs:
 
 - ``best_loss``: a run's minimum validation loss over its evaluations (an overfitting run is
   judged by its best point, not its last).
-- ``seed_curve``: one seed's curve; a codistillation seed's is the mean over its groups.
-- ``mean_curve``: the mean over seeds at the evaluation steps all of them have.
+- ``mean_curve``: the mean over seeds (or a codistillation seed's groups: ``grouped``) at the
+  evaluation steps all of them have.
 - ``target``: the best sync arm's *best* loss: the minimum of its seed-mean curve (the arm whose
   minimum is lowest among the sync arms), so that arm reaches it exactly once, at its best step.
 - ``steps_to``: the first evaluation step at or below a target; None if never.
@@ -18,6 +18,7 @@ pairs, so the rules can be read, tested and re-applied to committed runs:
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -44,11 +45,6 @@ def mean_curve(curves: Sequence[Curve]) -> Curve:
     return []
   steps = sorted(set.intersection(*(set(c) for c in curves)))
   return [(s, float(np.mean([c[s] for c in curves]))) for s in steps]
-
-
-def seed_curve(group_curves: Sequence[Curve]) -> Curve:
-  """One seed's curve: the mean over its groups (one group: its own curve)."""
-  return mean_curve(group_curves)
 
 
 def steps_to(curve: Curve, target: float) -> Optional[int]:
@@ -79,15 +75,11 @@ def b_star(batch_curves: Mapping[int, Sequence[Curve]], min_cut: float = 0.15) -
   means = {b: mean_curve(batch_curves[b]) for b in batches}
   target = max(best_loss(means[b]) for b in batches)
   steps = {b: steps_to(means[b], target) for b in batches}
-  ratios, chosen = {}, None
-  for b in batches:
-    if 2 * b in steps:
-      ratios[b] = steps[2 * b] / steps[b]
-      if chosen is None and ratios[b] > 1 - min_cut:
-        chosen = b
   doubled = [b for b in batches if 2 * b in steps]
   if not doubled:
     raise ValueError(f"scaling batches {batches} hold no batch and its double")
+  ratios = {b: steps[2 * b] / steps[b] for b in doubled}
+  chosen = next((b for b in doubled if ratios[b] > 1 - min_cut), None)
   return {"target": target, "steps_to_target": steps, "doubling_ratio": ratios,
           "b_star": chosen if chosen is not None else max(doubled),
           "scaling_stopped": chosen is not None, "min_cut": min_cut}
@@ -121,17 +113,6 @@ def steps_ratio(arm: Sequence[Curve], sync_arms: Mapping[str, Sequence[Curve]]
   sync_steps = steps_to(mean_curve(sync_arms[name]), target)
   steps = steps_to(mean_curve(arm), target)
   return None if steps is None else steps / sync_steps
-
-
-def best_loss_difference(arm: Sequence[Curve], other: Sequence[Curve]) -> float:
-  """Mean over seeds of ``arm``'s best loss minus the same of ``other``."""
-  return (float(np.mean([best_loss(c) for c in arm]))
-          - float(np.mean([best_loss(c) for c in other])))
-
-
-def pair_curve(pair: Sequence[dict]) -> List[Tuple[float, float]]:
-  """(pair's mean validation loss, churn) at each step a churn pair was measured."""
-  return [(p["loss"], p["mean_abs_diff"]) for p in sorted(pair, key=lambda p: p["step"])]
 
 
 def pair_points(pair: Sequence[dict], measure: str) -> List[Tuple[float, float]]:
@@ -183,9 +164,8 @@ def churn_reduction_at(arm_pairs: Sequence[Sequence[Tuple[float, float]]],
   """1 - mean churn of ``arm`` / mean churn of the baseline, both at the loss every pair of
   either reaches (churn at matched validation loss)."""
   loss = matched_loss(list(arm_pairs) + list(base_pairs))
-  arm = [churn_at(p, loss) for p in arm_pairs]
-  base = [churn_at(p, loss) for p in base_pairs]
-  return 1 - float(np.mean(arm)) / float(np.mean(base))
+  return ratio_of_means([churn_at(p, loss) for p in arm_pairs],
+                        [churn_at(p, loss) for p in base_pairs])
 
 
 def ratio_of_means(arm: Sequence[float], base: Sequence[float]) -> float:
@@ -194,8 +174,6 @@ def ratio_of_means(arm: Sequence[float], base: Sequence[float]) -> float:
 
 
 def grouped(curves: Mapping[Tuple[int, int], Curve]) -> Dict[int, Curve]:
-  """{(seed, group): curve} -> {seed: seed curve}."""
-  seeds: Dict[int, List[Curve]] = {}
-  for (seed, _), curve in sorted(curves.items()):
-    seeds.setdefault(seed, []).append(curve)
-  return {seed: seed_curve(c) for seed, c in seeds.items()}
+  """{(seed, group): curve} -> {seed: seed curve, the mean over its groups}."""
+  by_seed = itertools.groupby(sorted(curves.items()), key=lambda item: item[0][0])
+  return {seed: mean_curve([curve for _, curve in items]) for seed, items in by_seed}

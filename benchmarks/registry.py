@@ -17,7 +17,7 @@ import importlib
 import json
 import os
 import sys
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 BENCHMARKS_DIR = os.path.dirname(os.path.abspath(__file__))
 SUITES_DIR = os.path.join(BENCHMARKS_DIR, "suites")
@@ -79,6 +79,15 @@ class Benchmark:
     from benchmarks import report  # pylint: disable=g-import-not-at-top
     report.write_benchmark_report(summary, results_dir, self.title or self.name,
                                   self.tables(summary) if self.tables else ())
+
+
+def check_choices(setting: str, values: Sequence, known: Sequence) -> None:
+  """ValueError naming the gin ``setting`` (``bench.<name>.<parameter>``) unless ``values`` are
+  one or more of ``known``."""
+  unknown = [v for v in values if v not in known]
+  if unknown or not values:
+    raise ValueError(f"{setting}={list(values)!r}: give one or more of {list(known)}"
+                     + (f" (unknown: {unknown})" if unknown else ""))
 
 
 def suites() -> List[str]:

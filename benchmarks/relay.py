@@ -12,8 +12,8 @@ over all its connections. Prints ``connection`` per accepted connection and ``by
 
 from __future__ import annotations
 
-import collections
 import os
+import queue
 import signal
 import socket
 import struct
@@ -48,8 +48,7 @@ class Relay:
   def pipe(self, src: socket.socket, dst: socket.socket, side: str) -> None:
     """Copies ``src`` to ``dst`` on two threads: one reads and stamps each chunk with when it
     is due, the other sends it then, across the link of ``side``."""
-    queue: collections.deque = collections.deque()
-    ready = threading.Condition()
+    chunks: queue.Queue = queue.Queue()
 
     def read() -> None:
       while True:
@@ -57,18 +56,13 @@ class Relay:
           data = src.recv(1 << 16)
         except OSError:
           data = b""
-        with ready:
-          queue.append((time.monotonic() + self.delay_s, data))
-          ready.notify()
+        chunks.put((time.monotonic() + self.delay_s, data))
         if not data:
           return
 
     def write() -> None:
       while True:
-        with ready:
-          while not queue:
-            ready.wait()
-          due, data = queue.popleft()
+        due, data = chunks.get()
         time.sleep(max(0.0, due - time.monotonic()))
         try:
           if not data:

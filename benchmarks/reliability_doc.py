@@ -1,9 +1,6 @@
-"""Regenerates the measured table of docs/reliability.md from the fault-trial and soak summaries.
-
-  python -m benchmarks.run fault_trials                      # benchmarks/results/fault_trials/
-  python -m benchmarks.run soak --gin_bindings='bench.soak.duration_s = 1200'  # results/soak/
-  python -m benchmarks.run net_fault_trials                  # benchmarks/results/net_fault_trials/
-  python -m benchmarks.reliability_doc                       # rewrites the table in the doc
+"""The measured section of docs/reliability.md, from the fault-trial, soak and network-fault
+summaries: ``python -m benchmarks.run`` rewrites it after each of those benchmarks (and with
+``--report_only``) when it writes to the committed results directory.
 
 The soak with shared CPUs (``bench.soak.pin_groups = False``, run with another --results_dir) has
 a row too once its summary is copied to benchmarks/results/soak/shared_cpus.json (soak.py shows
@@ -13,17 +10,17 @@ how). Only the part of docs/reliability.md between the ``<!-- measured:begin -->
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from typing import Sequence
 
 from benchmarks import fault_trials
+from benchmarks import machine
 from benchmarks import net_fault_trials
 from benchmarks import registry
 from benchmarks import soak
 
 DOC = os.path.join(os.path.dirname(registry.BENCHMARKS_DIR), "docs", "reliability.md")
+SOURCES = ("fault_trials", "soak", "net_fault_trials")  # the benchmarks whose summaries it shows
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 # The committed summaries the section is made from.
 FAULTS_SUMMARY = os.path.join(registry.RESULTS_DIR, "fault_trials", "summary.json")
@@ -38,15 +35,10 @@ def measured_section(faults_path: str = FAULTS_SUMMARY,
                      net_path: str = NET_SUMMARY) -> str:
   """The table (kill trials, then one row per soak summary) and a paragraph per measurement,
   then the network faults' table where they were measured."""
-  soaks = []
-  for path in soak_paths:
-    if os.path.exists(path):
-      with open(path) as f:
-        soaks.append(json.load(f))
+  soaks = [machine.read_json(path) for path in soak_paths if os.path.exists(path)]
   parts = []
   if os.path.exists(faults_path):
-    with open(faults_path) as f:
-      faults = json.load(f)
+    faults = machine.read_json(faults_path)
     parts.append("\n".join(fault_trials.markdown_table(faults).splitlines()
                            + [soak.markdown_row(summary) for summary in soaks]))
     parts.append(
@@ -74,8 +66,7 @@ def measured_section(faults_path: str = FAULTS_SUMMARY,
         f"(each scheduled step, timed as it finished on its worker): {times}."
         + (f" {summary['note']}" if summary.get("note") else ""))
   if os.path.exists(net_path):
-    with open(net_path) as f:
-      net = json.load(f)
+    net = machine.read_json(net_path)
     parts.append(net_fault_trials.markdown_table(net))
     parts.append(
         f"Network fault trials: `{net['command']}`, {net['started_utc']}, {net['wall_s'] / 60:.0f} "
@@ -84,17 +75,12 @@ def measured_section(faults_path: str = FAULTS_SUMMARY,
   return "\n\n".join(parts) if parts else "(no measurements yet)"
 
 
-def main() -> None:
-  with open(DOC) as f:
+def write(doc: str = DOC) -> str:
+  """Rewrites ``doc``'s measured section from the committed summaries; returns its path."""
+  with open(doc) as f:
     text = f.read()
   if BEGIN not in text or END not in text:
-    sys.exit(f"{DOC} has no {BEGIN} ... {END} section")
+    raise ValueError(f"{doc} has no {BEGIN} ... {END} section")
   head, rest = text.split(BEGIN, 1)
   _, tail = rest.split(END, 1)
-  with open(DOC, "w") as f:
-    f.write(f"{head}{BEGIN}\n{measured_section()}\n{END}{tail}")
-  print(f"updated {DOC}")
-
-
-if __name__ == "__main__":
-  main()
+  return machine.write_text(doc, f"{head}{BEGIN}\n{measured_section()}\n{END}{tail}")

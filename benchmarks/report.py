@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
+from benchmarks import machine
 from benchmarks import runner
 from benchmarks import suite_spec as spec
 
@@ -74,13 +75,18 @@ def plot_curves(summary: dict, results_dir: str) -> List[str]:
   """Validation loss vs steps and vs wall time, one line per arm (mean over its runs)."""
   written = []
   loss_key = summary.get("loss_key", spec.LOSS_KEY)
+  curves = {name: [runner.read_curve(os.path.join(results_dir, r["curve"])) for r in arm["runs"]]
+            for name, arm in summary["arms"].items()}
+  finals = [a["final_val_loss"]["min"] for a in summary["arms"].values() if a["final_val_loss"]]
+  finals += [a["best_val_loss"]["min"] for a in summary["arms"].values()
+             if a.get("best_val_loss")]  # an overfitting run's best lies below its end
+  starts = [runs[0][0].get(loss_key) for runs in curves.values() if runs and runs[0]]
   for x_key, x_label, name in (("step", "steps (per group)", "val_loss_vs_steps.png"),
                                ("wall_time_s", "wall time (s)", "val_loss_vs_wall_time.png")):
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for arm_name, arm in summary["arms"].items():
-      curves = [runner.read_curve(os.path.join(results_dir, r["curve"])) for r in arm["runs"]]
+    for arm_name, arm_curves in curves.items():
       points = [[(c[x_key], c[loss_key]) for c in curve if loss_key in c]
-                for curve in curves]
+                for curve in arm_curves]
       points = [p for p in points if p]
       if not points:
         continue
@@ -95,26 +101,27 @@ def plot_curves(summary: dict, results_dir: str) -> List[str]:
     if summary.get("target_loss") is not None:
       ax.axhline(summary["target_loss"], color="gray", linestyle="--", linewidth=1,
                  label=f"target {summary['target_loss']:.4f}")
-    ax.set_xlabel(x_label)
-    ax.set_ylabel(f"validation {_LOSS_NAMES.get(loss_key, loss_key)}")
-    ax.set_title(f"{summary['suite']}: validation loss vs {x_label.split(' (')[0]}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    finals = [a["final_val_loss"]["min"] for a in summary["arms"].values() if a["final_val_loss"]]
-    finals += [a["best_val_loss"]["min"] for a in summary["arms"].values()
-               if a.get("best_val_loss")]  # an overfitting run's best lies below its end
-    starts = [c.get(loss_key) for a in summary["arms"].values() for r in a["runs"][:1]
-              for c in runner.read_curve(os.path.join(results_dir, r["curve"]))[:1]]
     if finals and starts:
       # Zoom on the part of the curves where arms differ.
       top = sorted(s for s in starts if s is not None)[len(starts) // 2]
       ax.set_ylim(min(finals) - 0.002, max(top, min(finals) + 0.01))
-    fig.tight_layout()
-    path = os.path.join(results_dir, name)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    written.append(_save(fig, ax, x_label, f"validation {_LOSS_NAMES.get(loss_key, loss_key)}",
+                         f"{summary['suite']}: validation loss vs {x_label.split(' (')[0]}",
+                         os.path.join(results_dir, name)))
   return written
+
+
+def _save(fig, ax, x_label: str, y_label: str, title: str, path: str) -> str:
+  """Labels, grids and saves a plot to ``path`` (PNG); returns the path."""
+  ax.set_xlabel(x_label)
+  ax.set_ylabel(y_label)
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
 
 
 def _load_lines(summary: dict) -> List[str]:
@@ -346,17 +353,10 @@ def plot_churn_vs_loss(summary: dict, results_dir: str) -> List[str]:
   matched = (summary.get("churn_at_matched_loss") or {}).get("loss")
   if matched is not None:
     ax.axvline(matched, color="gray", linestyle="--", linewidth=1, label=f"matched {matched:.4f}")
-  ax.set_xlabel("mean validation loss of the pair")
-  ax.set_ylabel("churn: mean |p_a - p_b|")
-  ax.set_title(f"{summary['suite']}: churn between retrains vs validation loss")
   ax.invert_xaxis()  # training goes left to right
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  path = os.path.join(results_dir, "churn_vs_loss.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return [path]
+  return [_save(fig, ax, "mean validation loss of the pair", "churn: mean |p_a - p_b|",
+                f"{summary['suite']}: churn between retrains vs validation loss",
+                os.path.join(results_dir, "churn_vs_loss.png"))]
 
 
 def plot_loss_vs_bytes(summary: dict, results_dir: str) -> List[str]:
@@ -377,25 +377,18 @@ def plot_loss_vs_bytes(summary: dict, results_dir: str) -> List[str]:
   for i, (name, sent, loss, marker) in enumerate(points):
     ax.scatter([sent], [loss], color=f"C{i}", marker=marker, label=name)
   ax.set_xscale("log")
-  ax.set_xlabel("bytes sent to peers per step per group (log)")
-  ax.set_ylabel(f"best validation {summary.get('loss_key', 'loss')} (mean over seeds)")
-  ax.set_title(f"{summary['suite']}: quality against communication")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  path = os.path.join(results_dir, "loss_vs_bytes.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return [path]
+  return [_save(fig, ax, "bytes sent to peers per step per group (log)",
+                f"best validation {summary.get('loss_key', 'loss')} (mean over seeds)",
+                f"{summary['suite']}: quality against communication",
+                os.path.join(results_dir, "loss_vs_bytes.png"))]
 
 
 def write_report(summary: dict, results_dir: str, command: str) -> Dict[str, List[str]]:
   """Writes report.md and the plots into ``results_dir``; returns the paths."""
   plots = (plot_curves(summary, results_dir) + plot_churn_vs_loss(summary, results_dir)
            + plot_loss_vs_bytes(summary, results_dir))
-  path = os.path.join(results_dir, "report.md")
-  with open(path, "w") as f:
-    f.write(markdown(summary, command, plots))
+  path = machine.write_text(os.path.join(results_dir, "report.md"),
+                            markdown(summary, command, plots))
   return {"report": [path], "plots": plots}
 
 
@@ -432,8 +425,5 @@ def write_benchmark_report(summary: dict, results_dir: str, title: str,
   if isinstance(config, dict) and config:
     lines += ["", "## Settings", "", "| setting | value |", "| --- | --- |"]
     lines += [f"| {key} | `{json.dumps(value)}` |" for key, value in sorted(config.items())]
-  os.makedirs(results_dir, exist_ok=True)
-  path = os.path.join(results_dir, "report.md")
-  with open(path, "w") as f:
-    f.write("\n".join(lines).rstrip() + "\n")
-  return path
+  return machine.write_text(os.path.join(results_dir, "report.md"),
+                            "\n".join(lines).rstrip() + "\n")

@@ -4,11 +4,11 @@ set run under the pre-registered protocol, then every benchmark's goal figures, 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Dict, List, Mapping, Optional
 
+from benchmarks import machine
 from benchmarks import registry
 from benchmarks import report
 
@@ -35,8 +35,7 @@ def _summaries(results_root: str) -> Dict[str, dict]:
   for name in sorted(os.listdir(results_root)):
     path = os.path.join(results_root, name, "summary.json")
     if os.path.isfile(path):
-      with open(path) as f:
-        out[name] = json.load(f)
+      out[name] = machine.read_json(path)
   return out
 
 
@@ -97,10 +96,8 @@ def helps_section(summaries: Mapping[str, dict], running: Optional[Mapping[str, 
       lines.append(f"| {REAL_DATA[summary['data']]} | [`{name}`]({name}/report.md) | "
                    f"{b_star or '(set)'} | "
                    + " | ".join(_cell(summary, g) for g, _ in ACROSS_DATA_SETS)
-                   + f" | {_cell(summary, SAME_DATA) if SAME_DATA in summary['goals'] else 'n/a'}"
-                   + f" | {_cell(summary, CAPTURED) if CAPTURED in summary['goals'] else 'n/a'}"
                    + "".join(f" | {_cell(summary, g) if g in summary['goals'] else 'n/a'}"
-                             for g, _ in ALTERNATIVES)
+                             for g in (SAME_DATA, CAPTURED, *(g for g, _ in ALTERNATIVES)))
                    + f" | [loss vs steps]({name}/val_loss_vs_steps.png) |")
     lines += ["", "Codistillation's groups train on disjoint halves of the data (the paper's "
               "setting); the last column is 2-way codistillation with both groups on all the "
@@ -151,7 +148,5 @@ def index_markdown(results_root: str) -> str:
 
 def write_index(results_root: str) -> str:
   """Writes ``results_root/README.md`` (the index of all suites' goals); returns its path."""
-  path = os.path.join(results_root, "README.md")
-  with open(path, "w") as f:
-    f.write(index_markdown(results_root))
-  return path
+  return machine.write_text(os.path.join(results_root, "README.md"),
+                            index_markdown(results_root))

@@ -36,16 +36,17 @@ def arm_default(name: str) -> Any:
 
 # Gin settings renamed after runs were recorded under their old names: new name -> old name.
 # A recorded configuration is read under today's names, so a rename keeps every recorded run;
-# tuning runs keep their folders, named under the old names. The exchange, teacher and data settings
-# moved from trainer.train into tfc.Exchange, tfc.TeacherSpec and tfc.Data after the first runs.
+# tuning runs keep their folders, named under the old names. The exchange, teacher, data,
+# group-shape and checkpoint settings moved from trainer.train into tfc.Exchange,
+# tfc.TeacherSpec, tfc.Data, tfc.Group and tfc.Checkpoints after the first runs.
 RECORDED_BINDING_NAMES: Dict[str, str] = {
     **{f"tfc.Exchange.{name}": f"trainer.train.{name}"
        for name in ("publish_every_steps", "keep_last", "poll_interval_s", "publish_format",
                     "wait_for_first_teachers_s", "teacher_graph", "averaging")},
     "tfc.TeacherSpec.precision": "trainer.train.teacher_precision",
-    # The data settings: the library's own table of what moved (old name -> new name).
+    # The data, group and checkpoint settings: the library's own table of what moved.
     **{new: f"trainer.train.{old}" for old, (new, _) in train_config.RENAMED.items()
-       if new.startswith("tfc.Data.")},
+       if new.startswith(("tfc.Data.", "tfc.Group.", "tfc.Checkpoints."))},
 }
 # Whole bindings whose value changed with their name: new binding -> recorded binding.
 RECORDED_BINDINGS: Dict[str, str] = {

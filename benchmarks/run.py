@@ -41,7 +41,12 @@ flags.DEFINE_bool("report_only", False, "Measure nothing: rewrite the report (an
                   "summary.json) from what is recorded.")
 flags.DEFINE_string("child", None, "Internal: run one part of the benchmark in this process, "
                     "as its parent asked (JSON).")
-machine.define_flags()
+flags.DEFINE_bool("allow_load", False,
+                  "Measure even when the 1-minute load average stays above the number of cores; "
+                  "every figure taken so is marked in the results.")
+flags.DEFINE_float("settle_s", 180.0, "How long to wait, before the benchmark starts, for the "
+                   "1-minute load average to fall to the number of cores (0: not at all, e.g. in "
+                   "tests).")
 FLAGS = flags.FLAGS
 
 
@@ -100,9 +105,9 @@ def run_registered(name: str) -> None:
   results_dir = os.path.join(FLAGS.results_dir, name)
   path = os.path.join(results_dir, "summary.json")
   if FLAGS.report_only:
-    with open(path) as f:
-      benchmark.write_report(json.load(f), results_dir)
+    benchmark.write_report(machine.read_json(path), results_dir)
     print(f"wrote {os.path.join(results_dir, 'report.md')} and the index {_write_index()}")
+    _write_docs(name)
     return
   ctx = registry.Context(name=name, results_dir=results_dir,
                          work_dir=os.path.join(FLAGS.work_dir, name), command=_command(name),
@@ -122,6 +127,7 @@ def run_registered(name: str) -> None:
   benchmark.write_report(summary, results_dir)
   _write_index()
   print(f"wrote {path} and {os.path.join(results_dir, 'report.md')}")
+  _write_docs(name)
   failed = benchmark.failure(summary) if benchmark.failure else None
   if failed:
     print(f"{name}: {failed}", file=sys.stderr)
@@ -178,6 +184,15 @@ def _write_index() -> str:
   return results_index.write_index(FLAGS.results_dir)
 
 
+def _write_docs(name: str) -> None:
+  """Rewrites the measured section of docs/reliability.md after a benchmark it shows, when the
+  summary went to the committed results (the doc reads those)."""
+  from benchmarks import reliability_doc  # pylint: disable=g-import-not-at-top
+  if (name in reliability_doc.SOURCES
+      and os.path.abspath(FLAGS.results_dir) == os.path.abspath(registry.RESULTS_DIR)):
+    print(f"rewrote the measured section of {reliability_doc.write()}")
+
+
 def main(argv: List[str]) -> None:
   name = _name(argv)
   if name in registry.MODULES:
@@ -186,9 +201,5 @@ def main(argv: List[str]) -> None:
     run_suite(name)
 
 
-def run() -> None:
-  app.run(main)
-
-
 if __name__ == "__main__":
-  sys.exit(run())
+  app.run(main)

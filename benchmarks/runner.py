@@ -94,10 +94,7 @@ def corpus_manifest(suite: spec.Suite, data_root: str, build: bool = True,
   data_dir = os.path.join(data_root, suite.data)
   if not build:
     return corpus.read_manifest(data_dir)
-  recorded = None
-  if pinned_to and os.path.exists(pinned_to):
-    with open(pinned_to) as f:
-      recorded = json.load(f)
+  recorded = machine.read_json(pinned_to) if pinned_to and os.path.exists(pinned_to) else None
   return corpus.build(data_dir, debian_text.CORPORA[name], vocab_size=suite.vocab_size,
                       debs_dir=suite.debs_dir, pinned_to=recorded, **options)
 
@@ -110,20 +107,17 @@ def data_bindings(suite: spec.Suite, data_root: str, pinned_to: Optional[str] = 
     tokens = os.path.join(data_root, suite.data, "tokens")
     return [f"tfc.Data.train_files = ['{tokens}/train-*']",
             f"tfc.Data.eval_files = ['{tokens}/{suite.eval_pattern}']"]
-  if suite.data in ("kjv", "fashion_mnist"):
-    from data_pipelines import images  # pylint: disable=g-import-not-at-top
-    from data_pipelines import text_lm  # pylint: disable=g-import-not-at-top
+  if suite.data in ("kjv", "fashion_mnist", "adult"):
     data_dir = os.path.join(data_root, suite.data)
     if suite.data == "kjv":
+      from data_pipelines import text_lm  # pylint: disable=g-import-not-at-top
       text_lm.prepare(data_dir, vocab_size=suite.vocab_size)
-    else:
+    elif suite.data == "fashion_mnist":
+      from data_pipelines import images  # pylint: disable=g-import-not-at-top
       images.convert_fashion_mnist(data_dir)
-    return [f"tfc.Data.train_files = ['{data_dir}/train-*']",
-            f"tfc.Data.eval_files = ['{data_dir}/eval-*']"]
-  if suite.data == "adult":
-    from data_pipelines import adult  # pylint: disable=g-import-not-at-top
-    data_dir = os.path.join(data_root, "adult")
-    adult.prepare(data_dir)
+    else:
+      from data_pipelines import adult  # pylint: disable=g-import-not-at-top
+      adult.prepare(data_dir)
     return [f"tfc.Data.train_files = ['{data_dir}/train-*']",
             f"tfc.Data.eval_files = ['{data_dir}/eval-*']"]
   data_dir = os.path.join(data_root, f"criteo_like_{suite.train_rows}_{suite.eval_rows}")
@@ -136,11 +130,7 @@ def _config_path(arm: spec.Arm, paths: spec.RunPaths) -> str:
 
 
 def _recorded_config(arm: spec.Arm, paths: spec.RunPaths) -> Optional[dict]:
-  try:
-    with open(_config_path(arm, paths)) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
+  return machine.read_json_or(_config_path(arm, paths))
 
 
 def _seed_recorded(arm: spec.Arm, paths: spec.RunPaths, seed: int) -> bool:
@@ -163,10 +153,8 @@ def _seeds_to_run(arm: spec.Arm, paths: spec.RunPaths, config: dict) -> List[int
   pair's churn is recorded) or still can use them (their predictions are in this work dir).
   Anything recorded under another configuration (or none) is stale, removed, and the
   configuration is recorded before the first run."""
-  arm_dir = os.path.join(paths.results_dir, "runs", arm.name)
   if not reuse.same_config(_recorded_config(arm, paths), config):
-    shutil.rmtree(arm_dir, ignore_errors=True)
-    os.makedirs(arm_dir)
+    shutil.rmtree(os.path.join(paths.results_dir, "runs", arm.name), ignore_errors=True)
     machine.write_json(_config_path(arm, paths), config, indent=1)
   return [seed for seed in arm.seed_list
           if not (_seed_recorded(arm, paths, seed)
@@ -182,22 +170,19 @@ def _record_run(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: in
                 group_dir: str, load: Optional[dict] = None) -> dict:
   """Copies a finished group's results.json and progress curve into the results directory, with
   the machine's load before and after the run (``load``: from machine.settle)."""
-  with open(layout.RunDir(group_dir).results) as f:
-    results = json.load(f)
+  results = machine.read_json(layout.RunDir(group_dir).results)
   results.pop("history", None)  # the curve below carries it, with steps and wall time
   # Wall times and examples/sec mean little without the machine's load while the run trained.
   results.update(load or {})
   results.update(_data_use(suite, paths, results))
   results["load_avg_1m_at_end"] = machine.load_1m()
-  os.makedirs(os.path.dirname(paths.result(arm.name, seed, group)), exist_ok=True)
   keep = ("step", "wall_time_s", "loss", "task_loss", "distill_loss", "alpha", "teacher_staleness",
           "val_loss", "val_logloss", "val_auc", "val_xent", "val_accuracy", "val_perplexity",
           "examples_per_sec")
-  with open(layout.RunDir(group_dir).progress) as f:
-    records = [json.loads(line) for line in f if line.strip()]
-  with open(paths.curve(arm.name, seed, group), "w") as f:
-    for record in records:
-      f.write(json.dumps({k: record[k] for k in keep if k in record}, sort_keys=True) + "\n")
+  records = read_curve(layout.RunDir(group_dir).progress)
+  machine.write_text(paths.curve(arm.name, seed, group), "".join(
+      json.dumps({k: record[k] for k in keep if k in record}, sort_keys=True) + "\n"
+      for record in records))
   machine.write_json(paths.result(arm.name, seed, group), results, indent=1)
   return results
 
@@ -227,8 +212,7 @@ def check_same_corpus(suite: spec.Suite, paths: spec.RunPaths) -> None:
   now = corpus.fingerprint(manifest)
   for path in glob.glob(os.path.join(paths.results_dir, "runs", "**", "seed_*_group_*.json"),
                         recursive=True):
-    with open(path) as f:
-      recorded = json.load(f).get("corpus_fingerprint")
+    recorded = machine.read_json(path).get("corpus_fingerprint")
     if recorded not in (None, now):
       versions = ", ".join(f"{p['package']} {p['version']}" for p in manifest["packages"])
       raise ValueError(
@@ -253,10 +237,9 @@ def _launch(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int, d
               + [f"trainer.train.seed = {seed}", "trainer.train.save_eval_predictions = True",
                  f"trainer.train.prediction_history = {suite.prediction_history}",
                  "trainer.train.verbose = 0"] + threads)
-  shape = launcher.GroupShape(arm.strategy, arm.workers_per_group, arm.ps_per_group)
   return launcher.launch(model_dir, num_groups or arm.num_groups, exchange_dir=exchange_dir,
                          gin_files=[gin_path(p) for p in arm.gin_files], gin_bindings=bindings,
-                         shape=shape, groups=groups, pin_groups=pin,
+                         shape=arm.shape, groups=groups, pin_groups=pin,
                          # A run restarted from a checkpoint is not the run its curve claims.
                          max_restarts=0)
 
@@ -379,8 +362,7 @@ def resolve(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequen
 def _cpus_needed(arm: spec.Arm) -> int:
   """CPUs one seed of ``arm`` takes when runs are pinned: one per process of each group it
   trains (one for a single-process group, one per task of a group's cluster)."""
-  shape = launcher.GroupShape(arm.strategy, arm.workers_per_group, arm.ps_per_group)
-  processes = len(shape.tasks()) if shape.is_cluster else 1
+  processes = len(arm.shape.tasks()) if arm.shape.is_cluster else 1
   return {"train": arm.num_groups * processes, "offline_distill": 1}.get(arm.kind, 0)
 
 
@@ -484,8 +466,7 @@ def _offline_distill(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, see
       **_curve_difference(source, suite, paths, teacher_seed), "trained_now": trained_now}}
   exchange_dir = paths.run_dir(arm.name, seed) + "_exchange"
   shutil.rmtree(exchange_dir, ignore_errors=True)
-  with open(paths.result(arm.source_arm, teacher_seed, 0)) as f:
-    teacher_steps = json.load(f)["steps"]
+  teacher_steps = machine.read_json(paths.result(arm.source_arm, teacher_seed, 0))["steps"]
   exchange.publish_saved_model(teacher_export, exchange_dir, group=1, step=teacher_steps)
   dirs = _launch(arm, suite, paths, seed, data, exchange_dir=exchange_dir,
                  extra=["trainer.train.exchange = @tfc.Exchange"], num_groups=2, groups=[0],
@@ -500,8 +481,8 @@ def _ensemble(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int,
   set (tf-codistill-evaluate), so that the ensemble's gain counts the same examples."""
   members = list(range(seed * arm.ensemble_size, (seed + 1) * arm.ensemble_size))
   source = _recorded_arm(arm, paths)
-  missing = [m for m in members
-             if not os.path.exists(layout.group_run(paths.run_dir(source.name, m), 0).export)]
+  exports = {m: layout.group_run(paths.run_dir(source.name, m), 0).export for m in members}
+  missing = [m for m in members if not os.path.exists(exports[m])]
   _at_once(lambda m: _regenerate(source, suite, paths, m, data, cpus), missing,
            cpus.size if cpus else 1)
   regenerated = [{**_curve_difference(source, suite, paths, m), "trained_now": m in missing}
@@ -514,19 +495,14 @@ def _ensemble(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int,
               f"--predictions_out={paths.predictions(arm.name, seed, 0)}"]
              + [f"--gin_file={gin_path(f)}" for f in source.gin_files]
              + [f"--gin_bindings={b}" for b in bindings]
-             + [f"--saved_model={layout.group_run(paths.run_dir(source.name, m), 0).export}"
-                for m in members])
+             + [f"--saved_model={exports[m]}" for m in members])
   done = subprocess.run(command, capture_output=True, text=True, check=False)
   if done.returncode:
     raise RuntimeError(f"arm {arm.name!r} seed {seed}: tf-codistill-evaluate failed: "
                        f"{done.stderr[-2000:]}")
-  with open(scored) as f:
-    scores = json.load(f)
+  scores = machine.read_json(scored)
   key = "val_xent" if suite.output == "softmax" else "val_logloss"
-  member_results = []
-  for member in members:
-    with open(paths.result(source.name, member, 0)) as f:
-      member_results.append(json.load(f))
+  member_results = [machine.read_json(paths.result(source.name, m, 0)) for m in members]
   member_losses = [m[key] for m in scores["members"]]
   result = {"group": 0, "members": members, **scores["ensemble"],
             suite.loss_key: scores["ensemble"][key], "member_losses": member_losses,
@@ -536,9 +512,9 @@ def _ensemble(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int,
             "wall_time_s": sum(r["wall_time_s"] for r in member_results),
             "examples_per_sec": None}
   machine.write_json(paths.result(arm.name, seed, 0), result, indent=1)
-  with open(paths.curve(arm.name, seed, 0), "w") as f:
-    f.write(json.dumps({"step": result["steps"], "wall_time_s": result["wall_time_s"],
-                        **scores["ensemble"], suite.loss_key: result[suite.loss_key]}) + "\n")
+  machine.write_text(paths.curve(arm.name, seed, 0), json.dumps(
+      {"step": result["steps"], "wall_time_s": result["wall_time_s"], **scores["ensemble"],
+       suite.loss_key: result[suite.loss_key]}) + "\n")
   return result
 
 
@@ -575,15 +551,11 @@ def _curve_difference(source: spec.Arm, suite: spec.Suite, paths: spec.RunPaths,
 def _independent_pairs(arm: spec.Arm) -> List[Tuple[int, int]]:
   """The disjoint pairs of the arm's seeds (0-1, 2-3, ...): independent retrains."""
   seeds = list(arm.seed_list)
-  return [(seeds[i], seeds[i + 1]) for i in range(0, len(seeds) - 1, 2)]
+  return list(zip(seeds[::2], seeds[1::2]))
 
 
 def _read_churn(arm: spec.Arm, paths: spec.RunPaths) -> dict:
-  try:
-    with open(_churn_path(arm, paths)) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return {}
+  return machine.read_json_or(_churn_path(arm, paths), {})
 
 
 def _recorded_pairs(churn: Mapping[str, Any]) -> set:
@@ -700,9 +672,8 @@ def _runs(arm: spec.Arm, paths: spec.RunPaths) -> List[dict]:
   runs = []
   groups = arm.num_groups if arm.kind == "train" else 1
   for seed, group in itertools.product(arm.seed_list, range(groups)):
-    with open(paths.result(arm.name, seed, group)) as f:
-      result = json.load(f)
-    runs.append({"seed": seed, "group": group, "result": result,
+    runs.append({"seed": seed, "group": group,
+                 "result": machine.read_json(paths.result(arm.name, seed, group)),
                  "curve": read_curve(paths.curve(arm.name, seed, group)),
                  "curve_file": os.path.relpath(paths.curve(arm.name, seed, group),
                                                paths.results_dir)})
@@ -722,77 +693,65 @@ def _target(suite: spec.Suite, paths: spec.RunPaths,
   return suite.target_loss
 
 
+# A run's figures the summary copies from its record (None where the record has none).
+_RESULT_KEYS = ("examples_per_sec", "load_avg_1m_before", "load_avg_1m_at_end",
+                "started_above_nproc_load", "cpu_model", "train_targets", "share_tokens",
+                "repeated_tokens", "trainable_parameter_bytes", "member_losses", "ensemble_gain")
+# The per-run figures an arm's summary gives statistics of (``_stat``).
+_STAT_KEYS = ("final_val_loss", "final_val_auc", "final_val_accuracy", "final_val_perplexity",
+              "steps_to_target", "wall_time_to_target_s", "wall_time_s", "examples_per_sec",
+              "load_avg_1m_before", "load_avg_1m_at_end", "best_val_loss", "bytes_sent_per_step",
+              "ensemble_gain")
+
+
+def _run_figures(run: dict, suite: spec.Suite, target: Optional[float]) -> dict:
+  """One run's figures in summary.json: its final metrics, steps and wall time to ``target``."""
+  result = run["result"]
+  steps, wall = (first_reaching(run["curve"], target, suite.loss_key) if target is not None
+                 else (None, None))
+  return {"seed": run["seed"], "group": run["group"], "final_val_loss": result[suite.loss_key],
+          **{f"final_{k}": result.get(k) for k in ("val_auc", "val_accuracy", "val_perplexity")},
+          "steps": result["steps"], "wall_time_s": result["wall_time_s"],
+          **{k: result.get(k) for k in _RESULT_KEYS},
+          "best_val_loss": protocol.best_loss(protocol.curve_points(run["curve"], suite.loss_key)),
+          "steps_to_target": steps, "wall_time_to_target_s": wall,
+          "bytes_sent_per_step": bytes_sent_per_step(result), "curve": run["curve_file"]}
+
+
+def _arm_summary(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, raw: List[dict],
+                 target: Optional[float]) -> dict:
+  """An arm in summary.json: its config, per-run figures and their statistics, curves, churn."""
+  runs = [_run_figures(run, suite, target) for run in raw]
+  churn_path = _churn_path(arm, paths)
+  return {
+      "config": {k: v if not isinstance(v, tuple) else list(v)
+                 for k, v in dataclasses.asdict(arm).items() if k != "scope"},
+      "seeds": arm.seeds,
+      "runs": runs,
+      **{key: _stat([r[key] for r in runs]) for key in _STAT_KEYS},
+      "reached_target": sum(r["steps_to_target"] is not None for r in runs),
+      "started_above_nproc_load": sum(bool(r["started_above_nproc_load"]) for r in runs),
+      "repeated_tokens": (None if any(r["repeated_tokens"] is None for r in runs)
+                          else sum(r["repeated_tokens"] for r in runs)),
+      "seed_curves": {str(seed): curve for seed, curve in
+                      recorded_curves(arm, paths, suite.loss_key).items()},
+      "group_curves": {f"{r['seed']}_{r['group']}": protocol.curve_points(r["curve"],
+                                                                         suite.loss_key)
+                       for r in raw},
+      "group_staleness": {f"{r['seed']}_{r['group']}": protocol.curve_points(
+          [c for c in r["curve"] if (c.get("alpha") or 0) > 0], "teacher_staleness")
+                          for r in raw},
+      "churn": machine.read_json(churn_path) if os.path.exists(churn_path) else None,
+  }
+
+
 def summarize(suite: spec.Suite, paths: spec.RunPaths,
               protocol_record: Optional[dict] = None) -> dict:
   """summary.json: per arm its config, per-run figures, aggregates; the target; the goals (with
   ``<goal>_interval`` where the goal gives one); the protocol's scaling and tuning record."""
   raw = {arm.name: _runs(arm, paths) for arm in suite.arms}
   target = _target(suite, paths, raw)
-  arms = {}
-  for arm in suite.arms:
-    runs = []
-    for run in raw[arm.name]:
-      steps, wall = (first_reaching(run["curve"], target, suite.loss_key) if target is not None
-                     else (None, None))
-      result = run["result"]
-      runs.append({"seed": run["seed"], "group": run["group"],
-                   "final_val_loss": result[suite.loss_key], "final_val_auc": result.get("val_auc"),
-                   "final_val_accuracy": result.get("val_accuracy"),
-                   "final_val_perplexity": result.get("val_perplexity"),
-                   "steps": result["steps"], "wall_time_s": result["wall_time_s"],
-                   "examples_per_sec": result.get("examples_per_sec"),
-                   "load_avg_1m_before": result.get("load_avg_1m_before"),
-                   "load_avg_1m_at_end": result.get("load_avg_1m_at_end"),
-                   "started_above_nproc_load": result.get("started_above_nproc_load"),
-                   "cpu_model": result.get("cpu_model"),
-                   "best_val_loss": protocol.best_loss(
-                       protocol.curve_points(run["curve"], suite.loss_key)),
-                   "steps_to_target": steps, "wall_time_to_target_s": wall,
-                   "train_targets": result.get("train_targets"),
-                   "share_tokens": result.get("share_tokens"),
-                   "repeated_tokens": result.get("repeated_tokens"),
-                   "bytes_sent_per_step": bytes_sent_per_step(result),
-                   "trainable_parameter_bytes": result.get("trainable_parameter_bytes"),
-                   "member_losses": result.get("member_losses"),
-                   "ensemble_gain": result.get("ensemble_gain"),
-                   "curve": run["curve_file"]})
-    churn_path = os.path.join(paths.results_dir, "runs", arm.name, "churn.json")
-    churn = None
-    if os.path.exists(churn_path):
-      with open(churn_path) as f:
-        churn = json.load(f)
-    arms[arm.name] = {
-        "config": {k: v if not isinstance(v, tuple) else list(v)
-                   for k, v in dataclasses.asdict(arm).items() if k != "scope"},
-        "seeds": arm.seeds,
-        "runs": runs,
-        "final_val_loss": _stat([r["final_val_loss"] for r in runs]),
-        "final_val_auc": _stat([r["final_val_auc"] for r in runs]),
-        "final_val_accuracy": _stat([r["final_val_accuracy"] for r in runs]),
-        "final_val_perplexity": _stat([r["final_val_perplexity"] for r in runs]),
-        "steps_to_target": _stat([r["steps_to_target"] for r in runs]),
-        "reached_target": sum(r["steps_to_target"] is not None for r in runs),
-        "wall_time_to_target_s": _stat([r["wall_time_to_target_s"] for r in runs]),
-        "wall_time_s": _stat([r["wall_time_s"] for r in runs]),
-        "examples_per_sec": _stat([r["examples_per_sec"] for r in runs]),
-        "load_avg_1m_before": _stat([r["load_avg_1m_before"] for r in runs]),
-        "load_avg_1m_at_end": _stat([r["load_avg_1m_at_end"] for r in runs]),
-        "started_above_nproc_load": sum(bool(r["started_above_nproc_load"]) for r in runs),
-        "best_val_loss": _stat([r["best_val_loss"] for r in runs]),
-        "bytes_sent_per_step": _stat([r["bytes_sent_per_step"] for r in runs]),
-        "ensemble_gain": _stat([r["ensemble_gain"] for r in runs]),
-        "repeated_tokens": (None if any(r["repeated_tokens"] is None for r in runs)
-                            else sum(r["repeated_tokens"] for r in runs)),
-        "seed_curves": {str(seed): curve for seed, curve in
-                        recorded_curves(arm, paths, suite.loss_key).items()},
-        "group_curves": {f"{r['seed']}_{r['group']}": protocol.curve_points(r["curve"],
-                                                                           suite.loss_key)
-                         for r in raw[arm.name]},
-        "group_staleness": {f"{r['seed']}_{r['group']}": protocol.curve_points(
-            [c for c in r["curve"] if (c.get("alpha") or 0) > 0], "teacher_staleness")
-                            for r in raw[arm.name]},
-        "churn": churn,
-    }
+  arms = {arm.name: _arm_summary(arm, suite, paths, raw[arm.name], target) for arm in suite.arms}
   goals, spreads = {}, {}
   for name, goal in suite.goals.items():
     value, per, *interval = goal(arms)
@@ -912,10 +871,8 @@ def run_suite(suite: spec.Suite, paths: spec.RunPaths, force: bool = False,
   concrete, record = prepare(suite, paths, data, run, only)
   if only is not None:
     return None
-  summary = summarize(concrete, paths, record)
-  summary["this_invocation"] = {"wall_time_s": time.time() - start, "arms_run": sorted(ran),
-                                "allow_load": allow_load}
-  return _write_summary(summary, paths)
+  return _write_summary(summarize(concrete, paths, record), paths, {
+      "wall_time_s": time.time() - start, "arms_run": sorted(ran), "allow_load": allow_load})
 
 
 def summarize_recorded(suite: spec.Suite, paths: spec.RunPaths) -> dict:
@@ -924,12 +881,12 @@ def summarize_recorded(suite: spec.Suite, paths: spec.RunPaths) -> dict:
   tuned = suite.scaling_arm or any(a.tune_learning_rate for a in suite.arms)
   concrete, record = prepare(suite, paths, data_bindings(suite, paths.data_dir,
                                                           paths.corpus_manifest) if tuned else [])
-  summary = summarize(concrete, paths, record)
-  summary["this_invocation"] = {"report_only": True}
-  return _write_summary(summary, paths)
+  return _write_summary(summarize(concrete, paths, record), paths, {"report_only": True})
 
 
-def _write_summary(summary: dict, paths: spec.RunPaths) -> dict:
+def _write_summary(summary: dict, paths: spec.RunPaths, invocation: dict) -> dict:
+  """Writes ``summary`` with what this invocation did (``this_invocation``) as summary.json."""
+  summary["this_invocation"] = invocation
   path = os.path.join(paths.results_dir, "summary.json")
   machine.write_json(path, summary, indent=1)
   logging.info("wrote %s", path)

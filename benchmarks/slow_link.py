@@ -36,6 +36,7 @@ on across sessions. Needs what ``netfaults`` and ``faultfs`` need (root, nftable
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -108,10 +109,8 @@ def _pin(pid: int, cpu: int) -> None:
   except FileNotFoundError:
     return
   for tid in tids:
-    try:
+    with contextlib.suppress(ProcessLookupError, FileNotFoundError):  # the thread ended meanwhile
       os.sched_setaffinity(int(tid), {cpu})
-    except (ProcessLookupError, FileNotFoundError):  # the thread ended meanwhile
-      pass
 
 
 def _two_cpus() -> Tuple[int, int]:
@@ -216,16 +215,14 @@ def run_method(arm: spec.Arm, suite: spec.Suite, link: Link, model_dir: str,
   threads = suite.threads_per_group  # as the suite's recorded runs had
   bindings = (list(suite.common_bindings) + list(arm.gin_bindings) + list(data)
               + [f"trainer.train.seed = {seed}", f"trainer.train.train_steps = {steps}",
-                 f"trainer.train.checkpoint_every_steps = {steps}", "trainer.train.verbose = 0"]
+                 f"tfc.Checkpoints.every_steps = {steps}", "trainer.train.verbose = 0"]
               + ([f"trainer.train.intra_op_threads = {threads}",
                   f"trainer.train.inter_op_threads = {threads}"] if threads else []))
   started = time.monotonic()
   over = _sync_over_link if arm.num_groups == 1 else _groups_over_link
   ran = over(arm, link, model_dir, bindings, timeout_s)
-  timed = []
-  for group_dir in ran["group_dirs"]:
-    with open(layout.RunDir(group_dir).progress) as f:
-      timed.append(seconds_per_step([json.loads(line) for line in f if line.strip()]))
+  timed = [seconds_per_step(runner.read_curve(layout.RunDir(group_dir).progress))
+           for group_dir in ran["group_dirs"]]
   total = sum(ran["link_bytes"].values())
   return {"method": arm.name, "link": link.name, "steps": steps, "seed": seed,
           "seconds_per_step": max(s for s, _ in timed),

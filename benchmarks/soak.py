@@ -32,12 +32,13 @@ publish or epoch end is that group's work on the same cores and is reported but 
 
 write benchmarks/results/soak/summary.json (or ``<results_dir>/soak/``), report.md and beside
 them the raw timelines (``step_timelines.json.gz``); the summary's row of docs/reliability.md is
-``markdown_row``, which ``python -m benchmarks.reliability_doc`` puts into the doc (for the
-committed summary.json and, when there is one, shared_cpus.json).
+``markdown_row``, which ``benchmarks.run`` puts into the doc after each run (reliability_doc.py:
+the committed summary.json and, when there is one, shared_cpus.json).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -52,6 +53,7 @@ import gin
 import numpy as np
 
 from benchmarks import fault_trials
+from benchmarks import machine
 from benchmarks import registry
 from benchmarks import standalone
 from tf_codistill import layout
@@ -60,32 +62,21 @@ from tf_codistill.launch import launcher
 # The raw step timelines, beside summary.json in the results directory.
 TIMELINES_FILE = "step_timelines.json.gz"
 
-BINDINGS = (
-    "NUM_BUCKETS = 1000",
-    "models.ctr_model.embedding_dim = 4",
-    "models.ctr_model.hidden_units = (32,)",
-    "tfc.Data.batch_size = 120",
+BINDINGS = fault_trials.SMALL_JOB + (
     "trainer.train.train_steps = 100000000",
     "trainer.train.burn_in_steps = 20",
     "tfc.Exchange.keep_last = 2",
-    "tfc.Data.shuffle_buffer = 1000",
-    "trainer.train.eval_steps = 5",
-    "trainer.train.verbose = 0",
     "trainer.train.save_step_timeline = True",
-    "trainer.train.intra_op_threads = 1",
-    "trainer.train.inter_op_threads = 1",
 )
 
 
 def rss_kib(pid: int) -> Optional[int]:
   """VmRSS of ``pid`` in KiB (None once it has exited)."""
-  try:
+  with contextlib.suppress(OSError, ValueError):
     with open(f"/proc/{pid}/status") as f:
       for line in f:
         if line.startswith("VmRSS:"):
           return int(line.split()[1])
-  except (OSError, ValueError):
-    return None
   return None
 
 
@@ -126,15 +117,10 @@ def _group_record(launch: standalone.Launch, group: int) -> dict:
   results = launch.results(group) or {}
   chief_log = layout.group_run(launch.model_dir, group).task_log("chief", 0)
   log = open(chief_log, errors="replace").read() if os.path.exists(chief_log) else ""
-  return {
-      "steps": results.get("steps"),
-      "teacher_loads": results.get("teacher_loads"),
-      "teacher_loads_logged": len(re.findall(r"teacher: loaded peer group", log)),
-      "publishes_logged": len(re.findall(r"exchange: published step", log)),
-      "step_time_ms": results.get("step_time_ms"),
-      "examples_per_sec": results.get("examples_per_sec"),
-      "val_logloss": results.get("val_logloss"),
-  }
+  return {**{key: results.get(key) for key in ("steps", "teacher_loads", "step_time_ms",
+                                                "examples_per_sec", "val_logloss")},
+          "teacher_loads_logged": len(re.findall(r"teacher: loaded peer group", log)),
+          "publishes_logged": len(re.findall(r"exchange: published step", log))}
 
 
 def run_soak(work_dir: str, duration_s: float, publish_every_steps: int = 40,
@@ -172,8 +158,7 @@ def run_soak(work_dir: str, duration_s: float, publish_every_steps: int = 40,
   for group in (0, 1):
     timeline_path = layout.group_run(model_dir, group).step_timeline
     if os.path.exists(timeline_path):
-      with open(timeline_path) as f:
-        timelines[str(group)] = json.load(f)
+      timelines[str(group)] = machine.read_json(timeline_path)
   if warmup_s is None:
     warmup_s = min(180.0, 0.25 * duration_s)
   return {"exit_code": code, "duration_s": duration_s, "wall_s": round(wall, 1),
@@ -190,10 +175,7 @@ def _overlaps(start: float, end: float, spans) -> bool:
   return any(start < w_end and w_start < end for w_start, w_end in spans)
 
 
-# The step-time rule, fixed before the first per-step soak: over a group's plain steps, the 99th
-# percentile is at most 3x the median, at most 0.1% of them take over 5x the median, and none
-# takes over 1 s. With groups sharing CPUs, a slow step during another group's refresh, publish
-# or epoch end is that group's work on the same cores and does not count.
+# The step-time rule of the module docstring, fixed before the first per-step soak.
 STEP_RULE = {"p99_max_x_median": 3.0, "slow_x_median": 5.0, "slow_max_fraction": 0.001,
              "max_step_s": 1.0}
 _SHOWN_OUTLIERS = 50
@@ -371,8 +353,7 @@ def measure_soak(ctx: registry.Context, duration_s: float = 1200.0, publish_ever
     json.dump(run.pop("timelines"), f)
   os.replace(timelines_path + ".tmp", timelines_path)
   summary["timelines_file"] = TIMELINES_FILE
-  for line in json.dumps(summary["verdict"], indent=1).splitlines() + [markdown_row(summary)]:
-    ctx.progress(line)
+  ctx.progress(json.dumps(summary["verdict"], indent=1) + "\n" + markdown_row(summary))
   shutil.rmtree(os.path.join(work, "job"), ignore_errors=True)
   return summary
 

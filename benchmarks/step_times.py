@@ -88,11 +88,10 @@ def alternate_steps(models: Mapping[str, keras.Model], data: tf.data.Dataset, st
   step) on the arm's own iterator over ``data``. Each round runs ``skip`` uncounted steps of
   every arm, then ``steps`` times one step of each arm in turn, in an order drawn anew each round
   (seeded), so no arm always follows the same one. Steps next to each other in time see the same
-  machine, so load that drifts over seconds hits every arm alike: in an exploratory run (CTR
-  model, Adam, 15 rounds) the per-round ratios of a teacher arm spread over [0.91, 0.98] this
-  way, against [0.77, 1.11] with 80 steps of one arm after another. Each step starts with the
-  caches the previous arm's step left behind: a fair comparison only for models whose own step
-  does not fit in cache either (the CTR model under Adam sweeps about 130 MB every step).
+  machine, so load that drifts over seconds hits every arm alike (per-round ratios spread far
+  less than with many steps of one arm after another). Each step starts with the caches the
+  previous arm's step left behind: a fair comparison only for models whose own step does not fit
+  in cache either (the CTR model under Adam sweeps about 130 MB every step).
   """
   functions = {name: model.make_train_function() for name, model in models.items()}
   iterators = {name: iter(data) for name in models}

@@ -23,6 +23,8 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, 
 import gin
 from gin import config_parser
 
+import tf_codistill as tfc
+
 # Imported for its gin configurables: the goal figures a Suite binds.
 from benchmarks import goal_figures  # noqa: F401  # pylint: disable=unused-import
 from tf_codistill import layout
@@ -57,7 +59,7 @@ class Arm:
     gin_bindings: the arm's own bindings, after the suite's ``common_bindings``.
     num_groups: codistillation groups in one run (1: no peers).
     seeds: independent runs (``trainer.train.seed`` = 0..seeds-1).
-    strategy, workers_per_group, ps_per_group: each group's cluster (launcher.GroupShape).
+    strategy, workers_per_group, ps_per_group: each group's cluster (tfc.Group).
     kind: ``train``, ``ensemble`` or ``offline_distill``.
     source_arm: the trained arm an ``ensemble``/``offline_distill`` arm is built from.
     ensemble_size: models per ensemble (disjoint seeds of ``source_arm``).
@@ -91,6 +93,11 @@ class Arm:
   @property
   def seed_list(self) -> range:
     return range(self.seed_offset, self.seed_offset + self.seeds)
+
+  @property
+  def shape(self) -> tfc.Group:
+    """Each group's strategy and tasks, as the launcher starts them."""
+    return tfc.Group(self.strategy, self.workers_per_group, self.ps_per_group, "float32")
 
   def __post_init__(self):
     if not self.scope:

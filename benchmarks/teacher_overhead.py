@@ -62,25 +62,23 @@ GOALS = {"teacher_throughput_ratio": (">=", 0.95),
          "teacher_throughput_ratio_bfloat16": (">=", 0.97),
          "teacher_throughput_ratio_int8": (">=", 0.97)}
 # The ratio each goal reads (recorded in the summary): the CTR model's stacked teacher form, in
-# each precision. Until 2026-11-27 the float32 and bfloat16 goals read the clones; until
-# 2026-11-28 the int8 goal read the int8 clone (there was no int8 stacked form).
+# each precision.
 GOAL_RATIOS = {"teacher_throughput_ratio": "stacked_teacher_vs_no_teacher",
                "teacher_throughput_ratio_bfloat16": "stacked_bfloat16_teacher_vs_no_teacher",
                "teacher_throughput_ratio_int8": "stacked_int8_teacher_vs_no_teacher"}
 
 
-# Arms with one loaded teacher -> how its copy is made: a clone in that dtype policy (None: the
-# student's float32), int8 (quantization.py) or the stacked CTR form (models.ctr_teacher).
-TEACHER_ARMS = {"codistill_one_teacher": None, "codistill_bfloat16_teacher": "bfloat16",
-                "codistill_mixed_bfloat16_teacher": "mixed_bfloat16",
-                "codistill_int8_teacher": "int8", "codistill_stacked_teacher": "stacked",
-                "codistill_stacked_bfloat16_teacher": "stacked_bfloat16",
-                "codistill_stacked_int8_teacher": "stacked_int8"}
-
-
-def _lookups_only(num_buckets: int, embedding_dim: int) -> keras.Model:
-  """The CTR teacher's embedding lookups and concat, then one logit: no hidden layers."""
-  return ctr.ctr_model(num_buckets=num_buckets, embedding_dim=embedding_dim, hidden_units=())
+# Arms with one loaded teacher -> how its copy is made from the student: a clone (in the
+# student's float32 or a dtype policy), int8 (quantization.py) or the stacked CTR form
+# (models.ctr_teacher).
+TEACHER_ARMS: Dict[str, Callable[[keras.Model], keras.Model]] = {
+    "codistill_one_teacher": tfc.clone_architecture,
+    "codistill_bfloat16_teacher": lambda s: tfc.clone_architecture(s, "bfloat16"),
+    "codistill_mixed_bfloat16_teacher": lambda s: tfc.clone_architecture(s, "mixed_bfloat16"),
+    "codistill_int8_teacher": quantization.int8_copy,
+    "codistill_stacked_teacher": ctr.ctr_teacher,
+    "codistill_stacked_bfloat16_teacher": lambda s: ctr.ctr_teacher(s, dtype_policy="bfloat16"),
+    "codistill_stacked_int8_teacher": lambda s: ctr.ctr_teacher(s, dtype_policy="int8")}
 
 
 def _cached_tables(embedding_dim: int, rows: int = 8) -> keras.Model:
@@ -93,19 +91,12 @@ def _cached_tables(embedding_dim: int, rows: int = 8) -> keras.Model:
   return keras.Model(inputs, inner({"dense": inputs["dense"], "categorical": ids}))
 
 
-# Arms whose teacher is a part of the CTR teacher (what its cost is made of) -> its factory.
-PART_ARMS = {"codistill_lookups_only_teacher": _lookups_only,
+# Arms whose teacher is a part of the CTR teacher (what its cost is made of) -> its factory:
+# its embedding lookups and concat, then one logit (no hidden layers); its ops on tables whose
+# rows are always in cache.
+PART_ARMS = {"codistill_lookups_only_teacher": lambda num_buckets, dim: ctr.ctr_model(
+                 num_buckets=num_buckets, embedding_dim=dim, hidden_units=()),
              "codistill_cached_tables_teacher": lambda num_buckets, dim: _cached_tables(dim)}
-
-
-def _teacher_copy(student: keras.Model, precision: Optional[str]) -> keras.Model:
-  if precision == "int8":
-    return quantization.int8_copy(student)
-  if precision == "stacked":
-    return ctr.ctr_teacher(student)
-  if precision in ("stacked_bfloat16", "stacked_int8"):
-    return ctr.ctr_teacher(student, dtype_policy=precision[len("stacked_"):])
-  return tfc.clone_architecture(student, precision)
 
 
 def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
@@ -124,21 +115,14 @@ def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
     raise ValueError(f"unknown arms {sorted(set(only) - known)}; known: {sorted(known)}")
   wanted = lambda name: only is None or name in only
   arms = {name: _compile(build(), optimizer) for name, build in baselines.items() if wanted(name)}
-  for name, policy in TEACHER_ARMS.items():
-    if not wanted(name):
-      continue
-    student = make()
-    arms[name] = _compile(tfc.CodistillModel(
-        student, 1, alpha=1.0, teachers=tfc.TeacherSpec(
-            factory=lambda s=student, p=policy: _teacher_copy(s, p))),
-        optimizer)
-  for name, factory in PART_ARMS.items():
-    if not wanted(name):
-      continue
-    arms[name] = _compile(tfc.CodistillModel(
-        make(), 1, alpha=1.0, teachers=tfc.TeacherSpec(
-            factory=lambda f=factory: f(num_buckets, embedding_dim))),
-        optimizer)
+  # Teacher arm -> its teacher from the student: a copy of it, or a part of the CTR teacher.
+  teachers = {**TEACHER_ARMS, **{name: (lambda _, f=factory: f(num_buckets, embedding_dim))
+                                 for name, factory in PART_ARMS.items()}}
+  for name, teacher in teachers.items():
+    if wanted(name):
+      student = make()
+      arms[name] = _compile(tfc.CodistillModel(student, 1, alpha=1.0, teachers=tfc.TeacherSpec(
+          factory=lambda s=student, t=teacher: t(s))), optimizer)
   for model in arms.values():
     model(sample)
   for name in filter(wanted, TEACHER_ARMS):
@@ -148,24 +132,13 @@ def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
   return arms
 
 
-# Ratio name -> (arm, baseline): steps/s of the arm over the baseline's.
+# Ratio name -> (arm, baseline): steps/s of the arm over the baseline's. Every teacher arm
+# ``codistill_<t>`` has ``<t>_vs_no_teacher`` (e.g. ``stacked_int8_teacher_vs_no_teacher``).
 RATIOS = {
     "no_teacher_vs_plain": ("codistill_no_teacher", "plain_keras"),
     "no_teacher_again_vs_no_teacher": ("codistill_no_teacher_again", "codistill_no_teacher"),
-    "one_teacher_vs_no_teacher": ("codistill_one_teacher", "codistill_no_teacher"),
-    "bfloat16_teacher_vs_no_teacher": ("codistill_bfloat16_teacher", "codistill_no_teacher"),
-    "mixed_bfloat16_teacher_vs_no_teacher": ("codistill_mixed_bfloat16_teacher",
-                                             "codistill_no_teacher"),
-    "int8_teacher_vs_no_teacher": ("codistill_int8_teacher", "codistill_no_teacher"),
-    "stacked_teacher_vs_no_teacher": ("codistill_stacked_teacher", "codistill_no_teacher"),
-    "stacked_bfloat16_teacher_vs_no_teacher": ("codistill_stacked_bfloat16_teacher",
-                                               "codistill_no_teacher"),
-    "stacked_int8_teacher_vs_no_teacher": ("codistill_stacked_int8_teacher",
-                                           "codistill_no_teacher"),
-    "lookups_only_teacher_vs_no_teacher": ("codistill_lookups_only_teacher",
-                                           "codistill_no_teacher"),
-    "cached_tables_teacher_vs_no_teacher": ("codistill_cached_tables_teacher",
-                                            "codistill_no_teacher"),
+    **{f"{arm[len('codistill_'):]}_vs_no_teacher": (arm, "codistill_no_teacher")
+       for arm in (*TEACHER_ARMS, *PART_ARMS)},
     "bfloat16_teacher_vs_float32_teacher": ("codistill_bfloat16_teacher", "codistill_one_teacher"),
     "int8_teacher_vs_float32_teacher": ("codistill_int8_teacher", "codistill_one_teacher"),
     "stacked_int8_teacher_vs_stacked_bfloat16_teacher": ("codistill_stacked_int8_teacher",
@@ -309,8 +282,7 @@ def measure_overhead(ctx: registry.Context, batch_size: int = 512, num_buckets: 
       name: {"threshold": list(GOALS[name]), "interval90": v["interval90"],
              "process_medians": v["process_medians"], "met": bool(v["median"] >= GOALS[name][1])}
       for name, v in values.items()}
-  for line in _tables(summary):
-    ctx.progress(line)
+  ctx.progress("\n".join(_tables(summary)))
   return summary
 
 

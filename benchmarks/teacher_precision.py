@@ -36,21 +36,18 @@ from tf_codistill.models import lm
 from tf_codistill.models import resnet
 
 TASKS = ("lm", "image")
+REDUCED = ("bfloat16_teacher", "mixed_bfloat16_teacher")  # the teachers compared with float32
 
 
 def _setup(task: str, data_dir: str, vocab_size: int):
-  """(model factory, output, training data, loss) at the lm/image suites' sizes."""
+  """(model factory, training data) at the lm/image suites' sizes (both softmax outputs)."""
   if task == "lm":
-    directory = os.path.join(data_dir, "kjv")
-    train, _, _ = text_lm.prepare(directory, vocab_size=vocab_size)
-    data = text_lm.make_dataset(train, 32, vocab_size=vocab_size, sequence_length=32,
-                                repeat=True)
-    make = lambda: lm.lstm_lm(vocab_size, 64, (128,))
-    return make, "softmax", data, keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    train, _, _ = text_lm.prepare(os.path.join(data_dir, "kjv"), vocab_size=vocab_size)
+    return (lambda: lm.lstm_lm(vocab_size, 64, (128,)),
+            text_lm.make_dataset(train, 32, vocab_size=vocab_size, sequence_length=32,
+                                 repeat=True))
   train, _ = images.convert_fashion_mnist(os.path.join(data_dir, "fashion_mnist"))
-  data = images.make_dataset(train, 64, repeat=True)
-  make = lambda: resnet.resnet(10, widths=(8, 16, 32))
-  return make, "softmax", data, keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  return lambda: resnet.resnet(10, widths=(8, 16, 32)), images.make_dataset(train, 64, repeat=True)
 
 
 def _forward_times(run: Callable[[], object], steps: int) -> List[float]:
@@ -67,7 +64,8 @@ def _forward_times(run: Callable[[], object], steps: int) -> List[float]:
 def _arms(task: str, data_dir: str, vocab_size: int):
   """The no-teacher, float32-teacher and bfloat16-teacher models of ``task`` (teachers hold the
   student's weights), the batches they train on and the task's output."""
-  make, output, data, loss = _setup(task, data_dir, vocab_size)
+  make, data = _setup(task, data_dir, vocab_size)
+  output, loss = "softmax", keras.losses.SparseCategoricalCrossentropy(from_logits=True)
   data = data.take(8).cache().repeat()  # the same real batches every step, no input cost
   sample = next(iter(data))[0]
   arms = {}
@@ -91,14 +89,12 @@ def measure(task: str, data_dir: str, vocab_size: int, steps: int, rounds: int
   """Per-step times of the three arms (interleaved, inside one fit per round), the teachers'
   forward passes alone, and how far bfloat16's probabilities are from float32's."""
   arms, data, sample, output = _arms(task, data_dir, vocab_size)
-  reduced = REDUCED
-  teachers = {name: arms[name].active_teacher(0)
-              for name in ("float32_teacher",) + reduced}
+  teachers = {name: arms[name].active_teacher(0) for name in ("float32_teacher",) + REDUCED}
   probabilities = lambda model, x: losses.probabilities(
       tf.cast(model(x, training=False), tf.float32), output).numpy()
   # Before any training step, while each student still holds the weights its teacher was given.
   diffs = {name: np.concatenate([np.abs(probabilities(teachers[name], x) - probabilities(
-      arms[name].student, x)).reshape(-1) for x, _ in data.take(4)]) for name in reduced}
+      arms[name].student, x)).reshape(-1) for x, _ in data.take(4)]) for name in REDUCED}
   times = step_times.interleave(
       {name: (lambda m=model: step_times.fit_step_times(m, data, steps))
        for name, model in arms.items()}, rounds)
@@ -111,18 +107,15 @@ def measure(task: str, data_dir: str, vocab_size: int, steps: int, rounds: int
   return {
       "step_times": step_times.describe(times),
       "throughput_ratio_fp32_teacher_vs_none": ratio("float32_teacher", "no_teacher"),
-      **{f"throughput_ratio_{name}_vs_none": ratio(name, "no_teacher") for name in reduced},
+      **{f"throughput_ratio_{name}_vs_none": ratio(name, "no_teacher") for name in REDUCED},
       **{f"throughput_ratio_{name}_vs_fp32_teacher": ratio(name, "float32_teacher")
-         for name in reduced},
+         for name in REDUCED},
       "teacher_forward": step_times.describe(forward),
       **{f"teacher_forward_speed_ratio_{name}_vs_fp32": ratio(name, "float32_teacher", forward)
-         for name in reduced},
+         for name in REDUCED},
       "prob_abs_diff": {name: {"max": float(d.max()), "mean": float(d.mean())}
                         for name, d in diffs.items()},
   }
-
-
-REDUCED = ("bfloat16_teacher", "mixed_bfloat16_teacher")
 
 
 @gin.configurable("teacher_precision", module="bench", denylist=["ctx"])
@@ -141,10 +134,7 @@ def measure_precision(ctx: registry.Context, data_dir: Optional[str] = None,
     rounds: interleaved rounds.
     task: tasks to measure (``lm``, ``image``).
   """
-  unknown = [t for t in task if t not in TASKS]
-  if unknown or not task:
-    raise ValueError(f"bench.teacher_precision.task={list(task)!r}: give one or more of "
-                     f"{list(TASKS)}")
+  registry.check_choices("bench.teacher_precision.task", task, TASKS)
   # The suites' data root is <work root>/data; this benchmark's work_dir is <work root>/<name>.
   data_dir = data_dir or os.path.join(os.path.dirname(ctx.work_dir), "data")
   summary = {"config": {"steps": steps, "rounds": rounds, "cpus": os.cpu_count(),
@@ -152,8 +142,7 @@ def measure_precision(ctx: registry.Context, data_dir: Optional[str] = None,
                         "gpus": len(tf.config.list_physical_devices("GPU"))}}
   for name in task:
     summary[name] = measure(name, data_dir, vocab_size, steps, rounds)
-    for line in _task_lines(name, summary[name]):
-      ctx.progress(line)
+    ctx.progress("\n".join(_tables({name: summary[name]})))
   summary["config"]["load_avg_1m_at_end"] = os.getloadavg()[0]
   return summary
 
@@ -162,20 +151,6 @@ def _ratio(result: dict, key: str) -> str:
   """A throughput ratio's median and 90% interval."""
   low, high = result[key]["interval90"]
   return f"{result[key]['median']:.3f} [{low:.3f}, {high:.3f}]"
-
-
-def _task_lines(task: str, result: dict) -> List[str]:
-  """One task's ratios and probability gaps, as text."""
-  lines = [f"{task}: throughput fp32 teacher/none "
-           f"{_ratio(result, 'throughput_ratio_fp32_teacher_vs_none')}"]
-  for name in REDUCED:
-    diff = result["prob_abs_diff"][name]
-    lines.append(f"  {name}: throughput vs fp32 teacher "
-                 f"{_ratio(result, f'throughput_ratio_{name}_vs_fp32_teacher')}, vs none "
-                 f"{_ratio(result, f'throughput_ratio_{name}_vs_none')}, teacher forward speed "
-                 f"vs fp32 {_ratio(result, f'teacher_forward_speed_ratio_{name}_vs_fp32')}; "
-                 f"|p - p32| max {diff['max']:.4f} mean {diff['mean']:.6f}")
-  return lines
 
 
 def _tables(summary: dict) -> List[str]:

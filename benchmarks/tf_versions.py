@@ -16,7 +16,6 @@ into ``<results_dir>/tf<version>/<benchmark>/``; the comparison is this benchmar
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from typing import Callable, Dict, List, Sequence
 
 import gin
 
+from benchmarks import machine
 from benchmarks import registry
 
 # Each benchmark's settings at this run's sizes (a few minutes per version).
@@ -53,8 +53,9 @@ def part_path(results_dir: str, benchmark: str, version: str) -> str:
   return os.path.join(results_dir, f"tf{version}", benchmark, "summary.json")
 
 
-def run_all(ctx: registry.Context, pythons: Sequence[str], benchmarks: Sequence[str]) -> None:
-  """Runs every benchmark under every interpreter, the order alternating per benchmark."""
+def run_all(ctx: registry.Context, pythons: Sequence[str], benchmarks: Sequence[str]) -> List[str]:
+  """Runs every benchmark under every interpreter (the order alternating per benchmark); returns
+  the interpreters' TensorFlow versions."""
   versions = [tf_version(p) for p in pythons]
   if len(set(versions)) != len(versions):
     raise ValueError(f"bench.tf_versions.pythons must have different TensorFlow versions, got "
@@ -68,6 +69,7 @@ def run_all(ctx: registry.Context, pythons: Sequence[str], benchmarks: Sequence[
       command += ["--allow_load"] if ctx.allow_load else []
       ctx.progress(f"[tf_versions] TF {version}: {' '.join(command)}")
       subprocess.run(command, check=True)
+  return versions
 
 
 def _teacher_figures(summary: dict) -> Dict[str, float]:
@@ -118,15 +120,15 @@ def collect(out_dir: str, benchmarks: Sequence[str], versions: Sequence[str]) ->
       path = part_path(out_dir, name, version)
       if not os.path.exists(path):
         continue
-      with open(path) as f:
-        summary = json.load(f)
+      summary = machine.read_json(path)
       result.setdefault(name, {})[version] = {"figures": FIGURES[name](summary),
                                               "machine": summary.get("machine", {})}
   return result
 
 
-def _tables(result: dict, versions: Sequence[str]) -> List[str]:
-  """One table per benchmark, a column per TensorFlow version."""
+def _tables(summary: dict) -> List[str]:
+  """report.md's body: one table per benchmark, a column per TensorFlow version."""
+  result, versions = summary["benchmarks"], summary["versions"]
   lines = ["Ratios are within each version's own run; step times are across runs minutes apart.",
            ""]
   for name, by_version in result.items():
@@ -144,11 +146,6 @@ def _tables(result: dict, versions: Sequence[str]) -> List[str]:
         f"{m.get('load_avg_1m_after', float('nan')):.2f}" for m in loads) + " |")
     lines.append("")
   return lines
-
-
-def _report_tables(summary: dict) -> List[str]:
-  """report.md's body: the per-version tables."""
-  return _tables(summary["benchmarks"], summary["versions"])
 
 
 @gin.configurable("tf_versions", module="bench", denylist=["ctx"])
@@ -171,9 +168,7 @@ def compare(ctx: registry.Context,
   if missing:
     raise ValueError(f"bench.tf_versions.pythons: {missing} do not exist (make test-io builds "
                      f".venv-tf217)")
-  if rerun:
-    run_all(ctx, pythons, benchmarks)
-  versions = [tf_version(p) for p in pythons]
+  versions = run_all(ctx, pythons, benchmarks) if rerun else [tf_version(p) for p in pythons]
   return {"versions": versions, "python": sys.version,
           "benchmarks": collect(ctx.results_dir, benchmarks, versions),
           "config": {"pythons": list(pythons), "benchmarks": list(benchmarks)}}
@@ -181,5 +176,5 @@ def compare(ctx: registry.Context,
 
 # Each benchmark it runs holds the machine itself.
 BENCHMARK = registry.Benchmark(
-    "tf_versions", compare, tables=_report_tables, exclusive=False,
+    "tf_versions", compare, tables=_tables, exclusive=False,
     title="Figures that depend on TensorFlow, per version")

@@ -63,14 +63,12 @@ def allreduce_bytes(infos: Sequence[GradientInfo], workers: int, dtype: str = "f
   sparse = [g for g in infos if g.sparse]
   dense_bytes = sum(g.elements for g in dense) * item
   ring = (n - 1) if dtype == "bfloat16" else 2 * (n - 1) / n
-  packs = 0
-  if dense:
-    size, packs = 0, 0
-    for g in reversed(dense):
-      if packs == 0 or (bytes_per_pack and size > bytes_per_pack):
-        packs += 1
-        size = 0
-      size += g.elements * (4 if dtype == "float32" else 2)
+  size = packs = 0
+  for g in reversed(dense):
+    if packs == 0 or (bytes_per_pack and size > bytes_per_pack):
+      packs += 1
+      size = 0
+    size += g.elements * item
   sparse_bytes = sum(g.elements * item + g.sparse_rows * g.index_bytes + 4 for g in sparse)
   extra = 4 * len(infos) * (n - 1) if dtype == "float16" else 0
   sent = ring * dense_bytes + (n - 1) * sparse_bytes + extra

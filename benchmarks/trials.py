@@ -57,9 +57,22 @@ def spread(values: Sequence[float]) -> Optional[dict]:
           "max": max(values)}
 
 
+def spread_cell(values: Optional[dict], fmt: str) -> str:
+  """A ``spread`` as a table cell, ``median (min-max)`` in ``fmt``; '-' without one."""
+  if values is None:
+    return "-"
+  return f"{values['median']:{fmt}} ({values['min']:{fmt}}-{values['max']:{fmt}})"
+
+
 def failed(summary: dict) -> List[dict]:
   """The trials of a run's record that did not end as they should."""
   return [t for t in summary.get("trials", []) if not t.get("ok")]
+
+
+def failure(what: str) -> Callable[[dict], Optional[str]]:
+  """A ``registry.Benchmark.failure``: how many trials ``what`` (e.g. "did not recover"), if
+  any did (the run then exits 1)."""
+  return lambda summary: f"{len(failed(summary))} trial(s) {what}" if failed(summary) else None
 
 
 def failed_lines(summary: dict, what: str, case_key: str, parts: Sequence[str]) -> List[str]:

@@ -20,7 +20,9 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
   parses raw lines inside the model; ``tfc.raw_lines``: batches of raw lines to predict on.
 * ``tfc.TrainConfig``, ``tfc.train``, ``tfc.GroupTrainer``: one group's training as the
   binaries run it (gin-configurable: ``trainer.train.*``); ``tfc.Data``: what it reads (files,
-  parser, global batch, split between groups; ``tfc.Data.*``).
+  parser, global batch, split between groups; ``tfc.Data.*``); ``tfc.Group``: its shape
+  (strategy, tasks, gradient all-reduce; ``tfc.Group.*``); ``tfc.Checkpoints``: when it
+  checkpoints (``tfc.Checkpoints.*``).
 * ``tfc.launch_job``: n groups on this machine, each a local TF cluster in a private network
   namespace, their configuration checked once, supervised and restarted after faults (what
   ``tf-codistill-launch`` runs); ``tfc.launch``: the same without the checks, for a group shape
@@ -56,6 +58,8 @@ _PUBLIC = {
     "export": "tf_codistill.training.model",
     "TrainConfig": "tf_codistill.training.train_config",
     "Data": "tf_codistill.training.inputs",
+    "Group": "tf_codistill.training.group",
+    "Checkpoints": "tf_codistill.training.checkpointing",
     "train": "tf_codistill.training.trainer",
     "GroupTrainer": "tf_codistill.training.trainer",
     "launch": "tf_codistill.launch.launcher",

@@ -166,3 +166,21 @@ def test_the_doc_section_is_made_from_the_committed_summaries():
   text = reliability_doc.measured_section()
   assert "| kill -9 of the ps task" in text and "| soak: 2-way codistillation" in text
   assert "Kill trials: `" in text and "Soak: `" in text
+
+
+def test_writing_the_doc_replaces_only_its_measured_section(tmp_path):
+  doc = tmp_path / "reliability.md"
+  doc.write_text(f"intro\n{reliability_doc.BEGIN}\nold numbers\n{reliability_doc.END}\noutro\n")
+  assert reliability_doc.write(str(doc)) == str(doc)
+  text = doc.read_text()
+  assert text.startswith(f"intro\n{reliability_doc.BEGIN}\n") and text.endswith(
+      f"{reliability_doc.END}\noutro\n")
+  assert "old numbers" not in text and reliability_doc.measured_section() in text
+  (tmp_path / "bare.md").write_text("no markers\n")
+  with pytest.raises(ValueError, match=r"bare.md has no <!-- measured:begin -->"):
+    reliability_doc.write(str(tmp_path / "bare.md"))
+
+
+def test_the_committed_doc_shows_the_committed_summaries():
+  with open(reliability_doc.DOC) as f:
+    assert reliability_doc.measured_section() in f.read()

@@ -146,7 +146,7 @@ def test_killed_task_restarts_its_group_from_its_last_checkpoint(tmp_path, crite
   model_dir = str(tmp_path / "job")
   launch = Launch(launch_args(model_dir, criteo_dir, "--num_groups=1", f"--strategy={strategy}",
                               *extra, gin="baseline.gin",
-                              bindings=["trainer.train.checkpoint_every_steps = 80"]))
+                              bindings=["tfc.Checkpoints.every_steps = 80"]))
   group_dir = os.path.join(model_dir, "group_0")
   launch.wait_for(lambda: progress_steps(group_dir), 240, "the first epoch")
   first_pid = launch.pids[(0, victim, 0)]

@@ -22,7 +22,7 @@ def test_compressed_allreduce_training_converges_on_a_local_cluster(tmp_path, cr
   launch = Launch(launch_args(
       model_dir, criteo_dir, "--num_groups=1", "--strategy=multi_worker_mirrored",
       "--workers_per_group=1", gin="baseline.gin",
-      bindings=["trainer.train.train_steps = 160", f"trainer.train.allreduce_dtype = '{dtype}'",
+      bindings=["trainer.train.train_steps = 160", f"tfc.Group.allreduce_dtype = '{dtype}'",
                 f"trainer.train.fusion = '{fusion}'"]))
   assert launch.wait(timeout=300) == 0, launch.stderr[-4000:]
   group_dir = os.path.join(model_dir, "group_0")

@@ -1,10 +1,14 @@
 """The Kubeflow manifests agree: the NetworkPolicy admits a group's TF traffic from its own pods
-only."""
+only, and the TFJob's arguments configure the group its replicas make."""
 
 import os
 
+import gin
 import pytest
 import yaml
+
+from tf_codistill.launch import gin_config
+from tf_codistill.training import train_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEPLOY = os.path.join(REPO, "deploy", "kubeflow")
@@ -37,3 +41,22 @@ def test_one_groups_policy_does_not_admit_the_other_groups_pods():
   admitted = [p["podSelector"]["matchLabels"][JOB_LABEL]
               for rule in policy["spec"]["ingress"] for p in rule["from"]]
   assert peer not in admitted and admitted == ["codistill-criteo-group-0"]
+
+
+def test_the_jobs_arguments_are_a_configuration_whose_shape_is_its_replicas():
+  """What every pod of the TFJob runs parses, under today's names, into a group whose tasks are
+  the job's replicas (the tasks read their roles from the TF_CONFIG the operator writes)."""
+  job = _load("codistill-group-tfjob.yaml", 0)
+  replicas = job["spec"]["tfReplicaSpecs"]
+  args = replicas["Chief"]["template"]["spec"]["containers"][0]["args"]
+  files = [a.split("=", 1)[1] for a in args if a.startswith("--gin_file=")]
+  bindings = [a.split("=", 1)[1] for a in args if a.startswith("--gin_bindings=")]
+  gin.clear_config()
+  try:
+    gin_config.parse_gin([os.path.join(REPO, f) for f in files], bindings)
+    config = train_config.from_bindings()
+  finally:
+    gin.clear_config()
+  assert config.data.train_files == ["gs://my-bucket/criteo/train-*.tsv"]
+  assert (config.shape.strategy, config.shape.workers_per_group, config.shape.ps_per_group) == (
+      "parameter_server", replicas["Worker"]["replicas"], replicas["PS"]["replicas"])

@@ -34,7 +34,7 @@ BINDINGS = (
     "trainer.train.burn_in_steps = 20",
     "tfc.Exchange.poll_interval_s = 0.2",
     "tfc.Exchange.wait_for_first_teachers_s = 120.0",
-    "trainer.train.checkpoint_every_steps = 60",
+    "tfc.Checkpoints.every_steps = 60",
     "trainer.train.verbose = 0",
     "trainer.train.intra_op_threads = 1",
     "trainer.train.inter_op_threads = 1",
@@ -87,7 +87,7 @@ def test_a_group_that_would_repeat_its_share_fails_saying_so(tmp_path, toy_corpu
   proc = _launch(str(tmp_path / "job"), corpus_dir,
                  [f"trainer.train.train_steps = {steps}",
                   f"trainer.train.steps_per_epoch = {steps}",
-                  f"trainer.train.checkpoint_every_steps = {steps}",
+                  f"tfc.Checkpoints.every_steps = {steps}",
                   "trainer.train.exchange = None"])
   assert proc.returncode != 0
   logs = proc.stderr + "".join(

@@ -28,7 +28,7 @@ COMMON = (
     "tfc.Exchange.poll_interval_s = 0.2",
     # On a loaded machine one group can finish all its steps before its peer's first publish.
     "tfc.Exchange.wait_for_first_teachers_s = 120.0",
-    "trainer.train.checkpoint_every_steps = 120",
+    "tfc.Checkpoints.every_steps = 120",
     "trainer.train.verbose = 0",
     "trainer.train.intra_op_threads = 1",
     "trainer.train.inter_op_threads = 1",

@@ -45,10 +45,12 @@ CASES = {
         "1 worker, 1 ps tasks: use 'multi_worker_mirrored' or 'parameter_server', or unset "
         "TF_CONFIG"),
     "cluster_strategy_without_tf_config": (
-        "train", [], "baseline.gin", ["trainer.train.strategy = 'parameter_server'"], {},
+        "train", [], "baseline.gin",
+        ["tfc.Group.strategy = 'parameter_server'", "tfc.Group.workers_per_group = 1",
+         "tfc.Group.ps_per_group = 1"], {},
         "strategy='parameter_server' needs TF_CONFIG with a 'cluster' (and 'task')"),
     "sync_strategy_with_ps_in_tf_config": (
-        "train", [], "baseline.gin", ["trainer.train.strategy = 'multi_worker_mirrored'"],
+        "train", [], "baseline.gin", ["tfc.Group.strategy = 'multi_worker_mirrored'"],
         {"TF_CONFIG": PS_TF_CONFIG},
         "strategy='multi_worker_mirrored' but TF_CONFIG has ps tasks: use 'parameter_server'"),
     "one_group_with_codistillation_train": (
@@ -76,7 +78,7 @@ CASES = {
         "--group=2 is out of range for --num_groups=2"),
     "wait_for_first_teachers_under_parameter_server": (
         "launch", ["--workers_per_group=1", "--ps_per_group=1"], "codistill_2way.gin",
-        ["trainer.train.strategy = 'parameter_server'",
+        ["tfc.Group.strategy = 'parameter_server'",
          "tfc.Exchange.wait_for_first_teachers_s = 30.0"],
         {}, "tfc.Exchange.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group"),
     "one_group_with_averaging": (

@@ -31,7 +31,7 @@ DIVERGE_AT = 100
 DIVERGE = ("trainer.train.learning_rate = @schedules.PiecewiseConstantDecay()",
            f"schedules.PiecewiseConstantDecay.boundaries = [{DIVERGE_AT}]",
            "schedules.PiecewiseConstantDecay.values = [1e-3, 1e30]",
-           "trainer.train.checkpoint_every_steps = 40",
+           "tfc.Checkpoints.every_steps = 40",
            "trainer.train.heartbeat_every_s = 0.1")
 SPEC = tf.TensorSpec([None, 4], tf.float32)
 

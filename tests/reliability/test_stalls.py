@@ -19,7 +19,7 @@ from testing_utils import launch_args
 pytestmark = pytest.mark.cluster
 # Long enough that the stop lands mid-training; a heartbeat every half second.
 BINDINGS = ["trainer.train.train_steps = 2000", "trainer.train.steps_per_epoch = 200",
-            "trainer.train.checkpoint_every_steps = 200", "trainer.train.heartbeat_every_s = 0.5"]
+            "tfc.Checkpoints.every_steps = 200", "trainer.train.heartbeat_every_s = 0.5"]
 
 
 def _heartbeat_step(group_dir):

@@ -20,13 +20,13 @@ flags.DEFINE_list("groups", None,
                   "machines given the same --num_groups and --exchange_dir (default: all).")
 flags.DEFINE_string("strategy", None,
                     "Strategy inside each group: one_device, mirrored, multi_worker_mirrored or "
-                    "parameter_server (default: the gin binding trainer.train.strategy, else "
+                    "parameter_server (default: the gin binding tfc.Group.strategy, else "
                     "one_device).")
 flags.DEFINE_integer("workers_per_group", None,
                      "Worker tasks per group besides the chief (default: the gin binding "
-                     "launcher.group_shape.workers_per_group, else 0).", lower_bound=0)
+                     "tfc.Group.workers_per_group, else 0).", lower_bound=0)
 flags.DEFINE_integer("ps_per_group", None, "Parameter-server tasks per group (default: the gin "
-                     "binding launcher.group_shape.ps_per_group, else 0).", lower_bound=0)
+                     "binding tfc.Group.ps_per_group, else 0).", lower_bound=0)
 flags.DEFINE_integer("max_restarts", None,
                      "Restarts allowed per group after a task dies: a lost parameter-server "
                      "worker alone, else the group from its last checkpoint (default 3).",

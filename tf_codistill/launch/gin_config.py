@@ -21,7 +21,6 @@ from data_pipelines import text_lm  # noqa: F401
 from data_pipelines import token_lm  # noqa: F401
 from tf_codistill import errors
 from tf_codistill import losses  # noqa: F401
-from tf_codistill.launch import launcher  # noqa: F401
 from tf_codistill.models import ctr  # noqa: F401
 from tf_codistill.models import lm  # noqa: F401
 from tf_codistill.models import mlp  # noqa: F401
@@ -99,6 +98,10 @@ def parse_gin(gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = ()) -
                  str(e)):
       raise ConfigError("tfc.Exchange.teacher_precision is now tfc.TeacherSpec.precision (the "
                         "teachers belong to the model): rename the binding") from e
+    if re.search(r"No configurable matching '(?:launcher\.)?group_shape'", str(e)):
+      raise ConfigError("launcher.group_shape.workers_per_group and ps_per_group are now "
+                        "tfc.Group.workers_per_group and ps_per_group (the group's shape is "
+                        "tfc.Group's): rename the binding") from e
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ConfigError(f"gin configuration error: {first}") from e
   check_bound_types()

@@ -24,6 +24,7 @@ from tf_codistill.exchange import directory as exchange
 from tf_codistill.launch import demo
 from tf_codistill.launch import gin_config as config
 from tf_codistill.launch import launcher
+from tf_codistill.training import group as group_lib
 from tf_codistill.training import train_config as train_config_lib
 
 
@@ -31,7 +32,7 @@ from tf_codistill.training import train_config as train_config_lib
 class Job:
   """A checked job, ready to run: what every group trains with and where its tasks read it."""
   train_config: train_config_lib.TrainConfig
-  shape: launcher.GroupShape
+  shape: group_lib.Group
   config_file: str  # the whole configuration as one gin file (layout.job_config)
 
 
@@ -48,7 +49,7 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
     gin_files, gin_bindings: the configuration every task gets (``trainer.train.*``, ...).
     exchange_dir: where groups publish and read models (default ``model_dir/exchange``).
     strategy, workers_per_group, ps_per_group, teacher_graph: override the gin bindings
-      ``trainer.train.strategy``, ``launcher.group_shape.*`` and ``tfc.Exchange.teacher_graph``.
+      ``tfc.Group.*`` and ``tfc.Exchange.teacher_graph``.
     **launch_options: ``launcher.launch``'s fault, CPU and network options (``max_restarts``,
       ``on_group_failure``, ``pin_groups``, ``isolate_network``, ``allow_exposed_ports``,
       ``stall_timeout_s``).
@@ -78,18 +79,18 @@ def prepare_job(model_dir: str, num_groups: int, *, gin_files: Sequence[str] = (
   configuration, binds the flags that override it, and writes it to ``model_dir/config.gin``
   (atomically, and only once every check passed), the one file its tasks parse."""
   config.parse_gin(gin_files, gin_bindings)
-  strategy = strategy or _bound("trainer.train.strategy", "one_device")
-  shape = launcher.group_shape(strategy, **{
-      name: value for name, value in (("workers_per_group", workers_per_group),
-                                      ("ps_per_group", ps_per_group)) if value is not None})
   files, sample_dir = _data_files(model_dir)
-  overrides: Dict[str, Any] = {"trainer.train.strategy": strategy,
-                               **{f"tfc.Data.{name}": value for name, value in files.items()},
-                               **({"tfc.Exchange.teacher_graph": teacher_graph}
-                                  if teacher_graph else {})}
+  shape_flags = {"strategy": strategy, "workers_per_group": workers_per_group,
+                 "ps_per_group": ps_per_group}
+  overrides: Dict[str, Any] = {
+      **{f"tfc.Group.{name}": value for name, value in shape_flags.items() if value is not None},
+      **{f"tfc.Data.{name}": value for name, value in files.items()},
+      **({"tfc.Exchange.teacher_graph": teacher_graph} if teacher_graph else {})}
   for name, value in overrides.items():
     gin.bind_parameter(name, value)
   train_config = train_config_lib.from_bindings()  # what config.gin below gives every task
+  shape = train_config.shape
+  shape.check_startable()
   shared_exchange = exchange_dir or layout.exchange_dir(model_dir)
   for group in range(num_groups):
     train_config_lib.validate(train_config, group=group, num_groups=num_groups,

@@ -43,7 +43,6 @@ every process here).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -55,13 +54,12 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-import gin
 from absl import logging
 
 from tf_codistill import errors
 from tf_codistill import layout
 from tf_codistill.launch import isolation
-from tf_codistill.training import strategy_kinds
+from tf_codistill.training import group as group_lib
 
 _GRACE_SECONDS = 10.0
 DEFAULT_MAX_RESTARTS = 3
@@ -74,46 +72,6 @@ FAILURE_POLICIES = ("stop_all", "continue")
 
 class GroupFailedError(RuntimeError):
   """A group failed for good (out of restarts)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupShape:
-  """The tasks of one group's cluster."""
-  strategy: str = "one_device"
-  workers: int = 0
-  ps: int = 0
-
-  def __post_init__(self):
-    refuse = errors.ConfigurationError
-    if self.strategy not in strategy_kinds.KINDS:
-      raise refuse(f"--strategy={self.strategy!r} is not one of {strategy_kinds.KINDS}")
-    if self.strategy in ("one_device", "mirrored") and (self.workers or self.ps):
-      raise refuse(f"--strategy={self.strategy} runs one process per group: "
-                   "--workers_per_group and --ps_per_group must be 0")
-    if self.strategy == "multi_worker_mirrored" and self.ps:
-      raise refuse("--strategy=multi_worker_mirrored has no ps tasks: --ps_per_group must be 0")
-    if self.strategy == "parameter_server" and (self.workers < 1 or self.ps < 1):
-      raise refuse("--strategy=parameter_server needs --workers_per_group >= 1 and "
-                   "--ps_per_group >= 1")
-
-  def tasks(self) -> List[Tuple[str, int]]:
-    return ([("chief", 0)] + [("worker", k) for k in range(self.workers)]
-            + [("ps", k) for k in range(self.ps)])
-
-  @property
-  def is_cluster(self) -> bool:
-    return self.strategy in ("multi_worker_mirrored", "parameter_server")
-
-
-@gin.configurable(module="launcher", denylist=["strategy"])
-def group_shape(strategy: str, workers_per_group: int = 0, ps_per_group: int = 0) -> GroupShape:
-  """The shape of every group: gin files such as ``gin/criteo/sync_2workers.gin`` bind it.
-
-  ``workers_per_group`` counts worker tasks besides the chief (a synchronous chief trains too,
-  so ``multi_worker_mirrored`` has ``workers_per_group + 1`` replicas; a parameter-server chief
-  only coordinates). Launcher flags, when given, override these bindings.
-  """
-  return GroupShape(strategy, workers_per_group, ps_per_group)
 
 
 def _ephemeral_ports() -> range:
@@ -153,7 +111,7 @@ def free_port(taken: Set[int]) -> int:
   raise RuntimeError(f"no free port on 127.0.0.1 in {candidates} after 200 tries")
 
 
-def cluster_spec(shape: GroupShape, taken: Optional[Set[int]] = None) -> Dict[str, List[str]]:
+def cluster_spec(shape: group_lib.Group, taken: Optional[Set[int]] = None) -> Dict[str, List[str]]:
   """A TF cluster for ``shape`` on unused 127.0.0.1 ports ({} for a single process).
 
   ``taken``: ports handed out earlier in the same launch (other groups' tasks, which may not
@@ -254,7 +212,7 @@ def task_pids(events: Sequence[dict]) -> Dict[Tuple[int, str, int], int]:
 class _Group:
   """The processes of one group and its restart bookkeeping."""
 
-  def __init__(self, index: int, num_groups: int, shape: GroupShape, model_dir: str,
+  def __init__(self, index: int, num_groups: int, shape: group_lib.Group, model_dir: str,
                exchange_dir: str, gin_files: Sequence[str], gin_bindings: Sequence[str],
                ports: Set[int], events: EventLog, cpus: Optional[Set[int]] = None,
                network: Optional[isolation.NetworkNamespace] = None):
@@ -266,7 +224,7 @@ class _Group:
     self.shape = shape
     self.dir = layout.group_dir(model_dir, index)
     self.command = train_command(self.dir, index, num_groups, exchange_dir, gin_files,
-                                 [*gin_bindings, f"trainer.train.strategy = '{shape.strategy}'"])
+                                 [*gin_bindings, *shape.shape_bindings()])
     self.procs: Dict[Tuple[str, int], subprocess.Popen] = {}
     self.cluster: Dict[str, List[str]] = {}
     self.restarts = 0
@@ -352,13 +310,16 @@ def private_network(isolate_network: bool = True,
 
 def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = None,
            gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = (),
-           shape: GroupShape = GroupShape(), max_restarts: int = DEFAULT_MAX_RESTARTS,
+           shape: Optional[group_lib.Group] = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
            on_group_failure: str = "stop_all", poll_seconds: float = 0.5,
            groups: Optional[Sequence[int]] = None, pin_groups: bool = False,
            isolate_network: bool = True, allow_exposed_ports: bool = False,
            stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> Dict[int, str]:
   """Runs ``num_groups`` groups of ``shape`` to completion; returns each group's model dir.
 
+  ``shape`` (a ``tfc.Group``; default: one process per group) gives the tasks to start and
+  their strategy; its ``allreduce_dtype`` is not read here: the tasks take it, like every other
+  setting, from the gin configuration (``launch_job`` checks that configuration first).
   ``groups`` runs only those of the ``num_groups`` groups here (the others run elsewhere, or
   are frozen teachers already published to the exchange). ``pin_groups`` pins each group's
   tasks to its own share of this machine's CPUs (split_cpus). ``isolate_network`` and
@@ -380,6 +341,8 @@ def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = Non
     raise errors.ConfigurationError(f"--max_restarts={max_restarts} must be >= 0")
   if stall_timeout_s < 0:
     raise errors.ConfigurationError(f"--stall_timeout_s={stall_timeout_s} must be >= 0")
+  shape = shape or group_lib.Group("one_device", 0, 0, "float32")
+  shape.check_startable()
   exchange_dir = exchange_dir or layout.exchange_dir(model_dir)
   os.makedirs(model_dir, exist_ok=True)
   shares: List[Optional[Set[int]]] = (list(split_cpus(len(indices))) if pin_groups

@@ -77,7 +77,7 @@ class GradientReducer:
   """
 
   def __init__(self, dtype: str = "float32", *, headroom: float = 2.0,
-               binding: str = "trainer.train.allreduce_dtype"):
+               binding: str = "tfc.Group.allreduce_dtype"):
     if dtype not in DTYPES:
       raise ValueError(f"{binding}={dtype!r} is not one of {sorted(DTYPES)}")
     self.dtype = dtype

@@ -1,16 +1,37 @@
-"""Checkpoints of parameter-server groups (tf_keras' BackupAndRestore covers the others)."""
+"""When a group checkpoints (``tfc.Checkpoints``), and the checkpoints of parameter-server
+groups (tf_keras' BackupAndRestore covers the others)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Callable, Optional
 
+import gin
 import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
+from tf_codistill import errors
 from tf_codistill.step_hooks import current_step
 from tf_codistill.step_hooks import non_finite_losses
+
+
+@gin.configurable(module="tfc")
+@dataclasses.dataclass(frozen=True)
+class Checkpoints:
+  """When a group checkpoints (``tfc.Checkpoints.<field>``): single-process and synchronous
+  groups every ``every_steps`` steps (tf_keras' BackupAndRestore, one kept), parameter-server
+  groups at every epoch's end (``EpochCheckpoint``, the newest ``max_to_keep`` kept). A
+  restarted group resumes from its newest checkpoint. Checked when made."""
+  every_steps: int = 500
+  max_to_keep: int = 2
+
+  def __post_init__(self):
+    for name in ("every_steps", "max_to_keep"):
+      if getattr(self, name) < 1:
+        raise errors.ConfigurationError(
+            f"tfc.Checkpoints.{name}={getattr(self, name)} must be >= 1")
 
 
 class EpochCheckpoint(keras.callbacks.Callback):

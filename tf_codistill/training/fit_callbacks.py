@@ -56,15 +56,16 @@ def build(config: TrainConfig, where: GroupTask, model: CodistillModel,
   epoch_callbacks: List[keras.callbacks.Callback] = []
   if where.info.is_chief:
     hooks, epoch_callbacks = _chief_callbacks(config, where, local, data, callbacks)
-  parameter_server = config.strategy == "parameter_server"
+  parameter_server = config.shape.asynchronous
   if parameter_server:
-    checkpoints = checkpointing.EpochCheckpoint(where.run_dir.checkpoints, model,
-                                                before_save=model.flush_fusion)
+    checkpoints = checkpointing.EpochCheckpoint(
+        where.run_dir.checkpoints, model, max_to_keep=config.checkpoints.max_to_keep,
+        before_save=model.flush_fusion)
     callbacks.initial_epoch = checkpoints.restore() // config.steps_per_epoch
     epoch_callbacks.insert(0, checkpoints)
   else:
     epoch_callbacks.insert(0, fused_models.BackupAndRestore(
-        where.run_dir.backup, model.flush_fusion, save_freq=config.checkpoint_every_steps))
+        where.run_dir.backup, model.flush_fusion, save_freq=config.checkpoints.every_steps))
   guard = step_hooks.NonFiniteGuard()
   if parameter_server:
     # The guard runs first in fit's polling thread; it makes the driver stop training.
@@ -91,7 +92,7 @@ def _chief_callbacks(config: TrainConfig, where: GroupTask, local: publishing.Lo
       monitoring.Heartbeat(run.heartbeat, config.heartbeat_every_s,
                            f"{info.task_type or 'chief'}:{info.task_id}"),
       callbacks.step_summaries]
-  parameter_server = config.strategy == "parameter_server"
+  parameter_server = config.shape.asynchronous
   if parameter_server:  # each scheduled step, timed as it finishes (a batch callback)
     callbacks.step_timer = step_timing.ClosureTimer(config.steps_per_execution)
   else:

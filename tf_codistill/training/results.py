@@ -37,7 +37,7 @@ def group_results(config: TrainConfig, *, group: int, num_groups: int,
   teachers = config.teachers
   factory = config.teacher_fn or teachers.factory
   return {
-      "group": group, "num_groups": num_groups, "strategy": config.strategy,
+      "group": group, "num_groups": num_groups, "strategy": config.shape.strategy,
       "num_workers": info.num_workers, "codistill": distills,
       "averaging": None if averaging is None else dataclasses.asdict(averaging),
       "steps": steps, **task.results(final),

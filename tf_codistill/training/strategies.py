@@ -19,9 +19,9 @@ import tensorflow as tf
 from absl import logging
 
 from tf_codistill import errors
-from tf_codistill.training import strategy_kinds
+from tf_codistill.training import group as group_lib
 
-KINDS = strategy_kinds.KINDS
+KINDS = group_lib.KINDS
 IMPLEMENTATIONS = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
                    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
                    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}
@@ -101,7 +101,7 @@ def read_tf_config() -> dict:
 def task_info(kind: str, tf_config: Optional[dict] = None) -> TaskInfo:
   """Checks that ``kind`` fits TF_CONFIG's cluster and returns this task's role."""
   if kind not in KINDS:
-    raise StrategyConfigError(f"strategy={kind!r} is not one of {KINDS}")
+    raise StrategyConfigError(f"tfc.Group.strategy={kind!r} is not one of {KINDS}")
   tf_config = read_tf_config() if tf_config is None else tf_config
   cluster = tf_config.get("cluster") or {}
   task = tf_config.get("task") or {}
@@ -111,25 +111,26 @@ def task_info(kind: str, tf_config: Optional[dict] = None) -> TaskInfo:
   if kind in ("one_device", "mirrored"):
     if n_chief + n_workers + n_ps > 1:
       raise StrategyConfigError(
-          f"strategy={kind!r} runs in one process, but TF_CONFIG describes a cluster of "
-          f"{n_chief} chief, {n_workers} worker, {n_ps} ps tasks: use 'multi_worker_mirrored' or "
-          "'parameter_server', or unset TF_CONFIG")
+          f"tfc.Group.strategy={kind!r} runs in one process, but TF_CONFIG describes a cluster "
+          f"of {n_chief} chief, {n_workers} worker, {n_ps} ps tasks: use "
+          "'multi_worker_mirrored' or 'parameter_server', or unset TF_CONFIG")
     return TaskInfo(kind, None, 0, 1, 0)
   if not cluster:
-    raise StrategyConfigError(f"strategy={kind!r} needs TF_CONFIG with a 'cluster' (and 'task')")
+    raise StrategyConfigError(
+        f"tfc.Group.strategy={kind!r} needs TF_CONFIG with a 'cluster' (and 'task')")
   task_type, task_id = task.get("type"), int(task.get("index", 0))
   members = cluster.get(task_type, [])
   if task_type is None or task_id >= len(members):
     raise StrategyConfigError(f"TF_CONFIG task {task} is not in its cluster {sorted(cluster)}")
   if kind == "multi_worker_mirrored":
     if n_ps:
-      raise StrategyConfigError("strategy='multi_worker_mirrored' but TF_CONFIG has ps tasks: "
-                                "use 'parameter_server'")
+      raise StrategyConfigError("tfc.Group.strategy='multi_worker_mirrored' but TF_CONFIG has "
+                                "ps tasks: use 'parameter_server'")
     return TaskInfo(kind, task_type, task_id, n_chief + n_workers, 0, has_chief=n_chief > 0)
   if not n_ps or not n_chief or not n_workers:
     raise StrategyConfigError(
-        "strategy='parameter_server' needs TF_CONFIG with a chief, >= 1 worker and >= 1 ps task; "
-        f"got {n_chief} chief, {n_workers} worker, {n_ps} ps")
+        "tfc.Group.strategy='parameter_server' needs TF_CONFIG with a chief, >= 1 worker and "
+        f">= 1 ps task; got {n_chief} chief, {n_workers} worker, {n_ps} ps")
   return TaskInfo(kind, task_type, task_id, n_workers, n_ps)
 
 

@@ -11,9 +11,10 @@ import tf_keras as keras
 from tf_codistill import errors
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.models import ctr
-from tf_codistill.optim import comm
 from tf_codistill.optim import fusion as fusion_lib
 from tf_codistill.teachers import spec as teacher_spec
+from tf_codistill.training import checkpointing
+from tf_codistill.training import group as group_lib
 from tf_codistill.training import inputs
 from tf_codistill.training import tasks as tasks_lib
 
@@ -39,7 +40,11 @@ RENAMED = {
     **{name: (f"tfc.Data.{name}", "the data is tfc.Data's")
        for name in ("train_files", "eval_files", "dataset_fn", "raw_parser", "batch_size",
                     "shuffle_buffer")},
+    **{name: (f"tfc.Group.{name}", "the group's shape is tfc.Group's")
+       for name in ("strategy", "allreduce_dtype")},
+    "checkpoint_every_steps": ("tfc.Checkpoints.every_steps", "checkpointing is tfc.Checkpoints'"),
 }
+
 
 # Learning-rate schedules for trainer.train.learning_rate, e.g.
 #   trainer.train.learning_rate = @schedules.PiecewiseConstantDecay()
@@ -57,10 +62,12 @@ class TrainConfig:
   """How one group trains: every ``trainer.train.<name>`` gin binding, typed; ``validate``
   checks it once, in the launcher for every group and in every task.
 
-  ``strategy`` is one of strategies.KINDS; with a cluster it is read from TF_CONFIG, and workers
-  and ps tasks of a parameter-server group only serve. ``exchange`` (``@tfc.Exchange``, set as
-  ``tfc.Exchange.<field>``; None: the group trains alone) is called with the exchange directory,
-  this group and the number of groups, and says how the group exchanges with its peers:
+  ``shape`` (default: ``tfc.Group()`` with its ``tfc.Group.*`` bindings) is the group's shape:
+  its strategy (with a cluster, the tasks come from TF_CONFIG, and workers and ps tasks of a
+  parameter-server group only serve), task counts and gradient all-reduce. ``exchange``
+  (``@tfc.Exchange``, set as ``tfc.Exchange.<field>``; None: the group trains alone) is called
+  with the exchange directory, this group and the number of groups, and says how the group
+  exchanges with its peers:
   distillation from their newest published versions (``tfc.Exchange.distill``, publish interval,
   format and teacher graph), parameter averaging (``tfc.Exchange.averaging``: DiLoCo, local
   SGD), or both. ``teachers`` (default: ``tfc.TeacherSpec()`` with its ``tfc.TeacherSpec.*``
@@ -70,22 +77,22 @@ class TrainConfig:
   term.
   ``data`` (default: ``tfc.Data()`` with its ``tfc.Data.*`` bindings) is what the group reads:
   files, parser, global batch, split between groups (inputs.Data). Exactly ``train_steps``
-  steps run, evaluated every ``steps_per_epoch`` (on ``eval_steps`` batches; None: all).
+  steps run, evaluated every ``steps_per_epoch`` (on ``eval_steps`` batches; None: all) and
+  checkpointed as ``checkpoints`` (default: ``tfc.Checkpoints()``) says.
   ``task`` (default ``tasks.BinaryTask()``) sets the loss, metrics and results keys;
   ``prediction_batches`` caps the eval batches whose predictions ``save_eval_predictions`` keeps
   (``eval_predictions.npz``; with ``prediction_history`` also at every evaluation, for churn vs
   loss). ``fusion`` ('none', 'kernels', 'backward', 'forward') fuses the optimizer's updates
-  (fusion.py);
-  ``allreduce_dtype`` is the precision of a synchronous group's gradient all-reduce (comm.py).
-  ``intra_op_threads`` and ``inter_op_threads`` (0: TF's default) size this task's thread pools,
-  also a serving task's. The chief writes ``heartbeat.json`` every ``heartbeat_every_s``;
+  (fusion.py). ``intra_op_threads`` and ``inter_op_threads`` (0: TF's default) size this task's
+  thread pools, also a serving task's. The chief writes ``heartbeat.json`` every
+  ``heartbeat_every_s``;
   ``max_wall_seconds`` ends training early, as if ``train_steps`` were reached (not for
   ``multi_worker_mirrored``); ``save_step_timeline`` writes every timed step interval (under
   parameter servers one per scheduled step, step_timing.ClosureTimer) and refresh/publish window
   (benchmarks/soak.py). Files: layout.RunDir.
   """
-  strategy: str = "one_device"
-  # Made when the config is: the Data of the tfc.Data.* bindings.
+  # Made when the config is: the Group and Data of the tfc.Group.* and tfc.Data.* bindings.
+  shape: group_lib.Group = dataclasses.field(default_factory=group_lib.Group)
   data: inputs.Data = dataclasses.field(default_factory=inputs.Data)
   model_fn: Callable[[], keras.Model] = ctr.ctr_model
   task: Optional[tasks_lib.Task] = None
@@ -105,14 +112,15 @@ class TrainConfig:
   temperature: float = 1.0
   label_smoothing: float = 0.0
   smoothing_prior: str = "uniform"
-  checkpoint_every_steps: int = 500
+  # Made when the config is: the Checkpoints of the tfc.Checkpoints.* bindings.
+  checkpoints: checkpointing.Checkpoints = dataclasses.field(
+      default_factory=checkpointing.Checkpoints)
   summary_every_steps: int = 50
   seed: int = 0
   save_eval_predictions: bool = False
   prediction_batches: Optional[int] = None
   prediction_history: bool = False
   fusion: str = "none"
-  allreduce_dtype: str = "float32"
   jit_compile: bool = False
   intra_op_threads: int = 0
   inter_op_threads: int = 0
@@ -144,22 +152,31 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
   and every task before it trains.
   """
   _validate(group, num_groups, config.exchanges, exchange_dir, config.optimizer)
-  _validate_comm(config.strategy, config.fusion, config.allreduce_dtype)
+  _check_parts(config)
+  fusion_lib.check_mode(config.fusion, "trainer.train.fusion", config.shape.asynchronous)
   _validate_numbers(train_steps=config.train_steps, steps_per_epoch=config.steps_per_epoch,
-                    steps_per_execution=config.steps_per_execution,
-                    checkpoint_every_steps=config.checkpoint_every_steps)
+                    steps_per_execution=config.steps_per_execution)
   teacher_spec.check(config.teachers.precision, config.teacher_fn is not None,
                      factory_name="trainer.train.teacher_fn")
   exchange = exchange_for(config, exchange_dir or "", group, num_groups)  # checks itself
   if exchange is not None:
-    exchange.check_strategy(config.strategy == "parameter_server")
-  if config.max_wall_seconds is not None and config.strategy == "multi_worker_mirrored":
+    exchange.check_strategy(config.shape.asynchronous)
+  if config.max_wall_seconds is not None and config.shape.strategy == "multi_worker_mirrored":
     raise ConfigurationError("trainer.train.max_wall_seconds cannot end a multi_worker_mirrored "
                              "group (its workers would wait for the chief): unbind it")
-  if not isinstance(config.data, inputs.Data):
-    raise ConfigurationError(f"trainer.train.data={config.data!r} is not a tfc.Data: bind "
-                             "@tfc.Data() (its fields as tfc.Data.<field>) or leave it unbound")
   config.data.check()
+
+
+def _check_parts(config: TrainConfig) -> None:
+  """Raises ConfigurationError for a part bound to something other than its config class (each
+  part checks its own values)."""
+  for name, kind in (("shape", group_lib.Group), ("data", inputs.Data),
+                     ("checkpoints", checkpointing.Checkpoints)):
+    if not isinstance(getattr(config, name), kind):
+      raise ConfigurationError(
+          f"trainer.train.{name}={getattr(config, name)!r} is not a tfc.{kind.__name__}: bind "
+          f"@tfc.{kind.__name__}() (its fields as tfc.{kind.__name__}.<field>) or leave it "
+          "unbound")
 
 
 def exchange_for(config: TrainConfig, directory: str, group: int, num_groups: int,
@@ -210,18 +227,6 @@ def _validate_numbers(**values: int) -> None:
   for name, value in values.items():
     if value < 1:
       raise ConfigurationError(f"trainer.train.{name}={value} must be >= 1")
-
-
-def _validate_comm(strategy: str, fusion: str, allreduce_dtype: str) -> None:
-  fusion_lib.check_mode(fusion, "trainer.train.fusion", strategy == "parameter_server")
-  if allreduce_dtype not in comm.DTYPES:
-    raise ConfigurationError(f"trainer.train.allreduce_dtype={allreduce_dtype!r} is not one of "
-                             f"{sorted(comm.DTYPES)}")
-  if allreduce_dtype != "float32" and strategy not in ("mirrored", "multi_worker_mirrored"):
-    raise ConfigurationError(
-        f"trainer.train.allreduce_dtype={allreduce_dtype!r} needs a synchronous group "
-        f"(strategy='multi_worker_mirrored' or 'mirrored'); strategy={strategy!r} has no "
-        "gradient all-reduce")
 
 
 def _validate(group: int, num_groups: int, exchanges: bool, exchange_dir: Optional[str],

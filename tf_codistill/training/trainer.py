@@ -79,7 +79,7 @@ class GroupTrainer:
     self.exchange = (train_config.exchange_for(config, self.shared_exchange, group, num_groups)
                      if config.exchanges else None)
     self.distills = self.exchange is not None and self.exchange.distill
-    self.info = strategies.task_info(config.strategy)
+    self.info = strategies.task_info(config.shape.strategy)
 
   def run(self) -> Dict[str, float]:
     """Trains (or, on a parameter-server worker or ps task, serves until stopped)."""
@@ -89,12 +89,12 @@ class GroupTrainer:
       strategies.serve(self.info, strategies.server_config(self.config.inter_op_threads,
                                                            self.config.intra_op_threads))
       return {}
-    distribution = strategies.make_strategy(self.config.strategy)
+    distribution = strategies.make_strategy(self.config.shape.strategy)
     if self.config.data.batch_size % distribution.num_replicas_in_sync:
       raise ConfigurationError(
           f"tfc.Data.batch_size={self.config.data.batch_size} (the global batch) must be "
           f"divisible by the {distribution.num_replicas_in_sync} replicas of strategy "
-          f"{self.config.strategy!r}")
+          f"{self.config.shape.strategy!r}")
     keras.utils.set_random_seed(self.config.seed * 7919 + self.group)
     tf.io.gfile.makedirs(self.model_dir)
     start = time.time()
@@ -144,8 +144,8 @@ class GroupTrainer:
       raise ConfigurationError(f"trainer.train.label_smoothing/smoothing_prior: {e}") from None
     with distribution.scope():
       student = config.model_fn()
-      reducer = (comm.GradientReducer(config.allreduce_dtype)
-                 if config.allreduce_dtype != "float32" else None)
+      reducer = (comm.GradientReducer(config.shape.allreduce_dtype)
+                 if config.shape.allreduce_dtype != "float32" else None)
       model = CodistillModel(
           student, exchange=self.exchange_config(data.input_spec),
           teachers=train_config.teachers(config, student),
@@ -199,7 +199,7 @@ class GroupTrainer:
                                 data.probe, callbacks.summary_writer, local))
     except NonFiniteLossError as e:
       raise NonFiniteLossError(results_lib.non_finite_message(
-          str(e), self.model_dir, self.exchange_dir, self.group, config.strategy,
+          str(e), self.model_dir, self.exchange_dir, self.group, config.shape.strategy,
           self.distills and self.info.is_chief), e.step) from None
     return history
 

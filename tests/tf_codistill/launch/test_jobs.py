@@ -11,7 +11,7 @@ from tf_codistill import errors
 from tf_codistill import layout
 from tf_codistill.launch import gin_config as config
 from tf_codistill.launch import jobs
-from tf_codistill.launch import launcher
+from tf_codistill.training import group as group_lib
 from tf_codistill.training import train_config as train_config_lib
 
 
@@ -33,13 +33,26 @@ def _suite(tmp_path):
   return str(suite)
 
 
+def test_the_launchers_flags_override_the_group_bindings(tmp_path):
+  bindings = ["tfc.Group.strategy = 'parameter_server'", "tfc.Group.workers_per_group = 2",
+              "tfc.Group.ps_per_group = 1"]
+  bound = jobs.prepare_job(str(tmp_path / "bound"), 2, gin_files=[_suite(tmp_path)],
+                           gin_bindings=bindings)
+  assert bound.shape == group_lib.Group("parameter_server", 2, 1)
+  gin.clear_config()
+  flagged = jobs.prepare_job(str(tmp_path / "flagged"), 2, gin_files=[_suite(tmp_path)],
+                             gin_bindings=bindings, workers_per_group=3)
+  assert flagged.shape == group_lib.Group("parameter_server", 3, 1)
+  assert "Group.workers_per_group = 3" in open(flagged.config_file).read()
+
+
 def test_the_job_config_alone_gives_every_task_the_checked_configuration(tmp_path, monkeypatch):
   job = jobs.prepare_job(str(tmp_path / "job"), 2, gin_files=[_suite(tmp_path)],
                          gin_bindings=["trainer.train.train_steps = 300"],
                          strategy="parameter_server", workers_per_group=1, ps_per_group=1,
                          teacher_graph="ring")
   assert job.config_file == os.path.abspath(layout.job_config(str(tmp_path / "job")))
-  assert job.shape == launcher.GroupShape("parameter_server", workers=1, ps=1)
+  assert job.shape == group_lib.Group("parameter_server", workers_per_group=1, ps_per_group=1)
   text = open(job.config_file).read()
   assert "include" not in text  # self-contained: a task does not look for the user's files
   gin.clear_config()
@@ -54,7 +67,7 @@ def test_the_job_config_alone_gives_every_task_the_checked_configuration(tmp_pat
   assert without_parser(parsed) == without_parser(job.train_config)
   assert (parsed.learning_rate, parsed.data.batch_size, parsed.train_steps) == (0.004, 64, 300)
   exchange = train_config_lib.exchange_for(parsed, "/tmp/exchange", 0, 2)
-  assert (parsed.strategy, exchange.teacher_graph, exchange.distill) == ("parameter_server",
+  assert (parsed.shape.strategy, exchange.teacher_graph, exchange.distill) == ("parameter_server",
                                                                          "ring", True)
 
 

@@ -15,38 +15,27 @@ from tf_codistill import layout
 from tf_codistill.errors import ConfigurationError
 from tf_codistill.launch import gin_config as config
 from tf_codistill.launch import launcher
+from tf_codistill.training import group as group_lib
 from tf_codistill.training import strategies
+from tf_codistill.training import train_config
 
 import testing_utils
 
 REPO = testing_utils.REPO
 
 
-@pytest.mark.parametrize("strategy,workers,ps,message", [
-    ("one_device", 1, 0, "--workers_per_group and --ps_per_group must be 0"),
-    ("mirrored", 0, 1, "--workers_per_group and --ps_per_group must be 0"),
-    ("multi_worker_mirrored", 1, 1, "--ps_per_group must be 0"),
-    ("parameter_server", 0, 1, "--workers_per_group >= 1"),
-    ("parameter_server", 2, 0, "--ps_per_group >= 1"),
-    ("horovod", 0, 0, "is not one of"),
-])
-def test_group_shape_rejects_impossible_clusters(strategy, workers, ps, message):
-  with pytest.raises(ValueError, match=message):
-    launcher.GroupShape(strategy, workers, ps)
-
-
 def test_cluster_spec_uses_distinct_free_ports_on_localhost_only():
-  spec = launcher.cluster_spec(launcher.GroupShape("parameter_server", 3, 2))
+  spec = launcher.cluster_spec(group_lib.Group("parameter_server", 3, 2))
   assert {k: len(v) for k, v in spec.items()} == {"chief": 1, "worker": 3, "ps": 2}
   addresses = [a for tasks in spec.values() for a in tasks]
   assert all(a.startswith("127.0.0.1:") for a in addresses)
   assert len(set(addresses)) == len(addresses)
-  assert launcher.cluster_spec(launcher.GroupShape("one_device")) == {}
+  assert launcher.cluster_spec(group_lib.Group("one_device")) == {}
 
 
 def test_groups_of_one_launch_never_share_a_port():
   taken = set()
-  shape = launcher.GroupShape("parameter_server", 4, 2)
+  shape = group_lib.Group("parameter_server", 4, 2)
   ports = [int(a.rsplit(":", 1)[1]) for _ in range(20)
            for tasks in launcher.cluster_spec(shape, taken).values() for a in tasks]
   assert len(ports) == 20 * 7 and len(set(ports)) == len(ports) and taken == set(ports)
@@ -55,7 +44,7 @@ def test_groups_of_one_launch_never_share_a_port():
 
 
 def test_every_task_resolves_its_role_from_the_generated_tf_config():
-  shape = launcher.GroupShape("parameter_server", 2, 1)
+  shape = group_lib.Group("parameter_server", 2, 1)
   spec = launcher.cluster_spec(shape)
   roles = {task: strategies.task_info("parameter_server",
                                       {"cluster": spec,
@@ -88,18 +77,21 @@ def test_sync_and_async_configs_give_the_group_shape(name, strategy, workers, ps
   gin.clear_config()
   try:
     config.parse_gin([os.path.join(REPO, "gin", "criteo", f"{name}.gin")])
-    assert gin.query_parameter("trainer.train.strategy") == strategy
+    assert train_config.TrainConfig().shape == group_lib.Group(strategy, workers, ps)
     assert gin.query_parameter("tfc.Data.batch_size") == batch
-    assert launcher.group_shape(strategy) == launcher.GroupShape(strategy, workers, ps)
     if name.startswith("codistill"):
       assert gin.query_parameter("trainer.train.exchange").selector == "tfc.Exchange"
     else:  # trains alone: the trainer's default
       with pytest.raises(ValueError, match="no value bound for parameter 'exchange'"):
         gin.query_parameter("trainer.train.exchange")
-    # Explicit arguments (the launcher's flags) override the gin bindings.
-    assert launcher.group_shape(strategy, workers_per_group=5).workers == 5
   finally:
     gin.clear_config()
+
+
+def test_launch_refuses_a_parameter_server_group_without_workers_or_ps(tmp_path):
+  with pytest.raises(ConfigurationError, match="needs tfc.Group.workers_per_group >= 1"):
+    launcher.launch(str(tmp_path / "m"), 1, shape=group_lib.Group("parameter_server"))
+  assert not os.path.exists(tmp_path / "m")
 
 
 def test_launch_with_impossible_shape_is_a_usage_error_naming_the_flag(tmp_path):
@@ -108,8 +100,8 @@ def test_launch_with_impossible_shape_is_a_usage_error_naming_the_flag(tmp_path)
        f"--gin_file={REPO}/gin/criteo/async_2workers.gin", "--ps_per_group=0"],
       capture_output=True, text=True, cwd=REPO, timeout=120)
   assert proc.returncode == 2  # a configuration error: one line, exit status 2
-  assert "--strategy=parameter_server needs --workers_per_group >= 1 and --ps_per_group >= 1" \
-      in proc.stderr
+  assert ("tfc.Group.strategy='parameter_server' needs tfc.Group.workers_per_group >= 1 and "
+          "ps_per_group >= 1 (--workers_per_group, --ps_per_group)") in proc.stderr
   assert not glob.glob(f"{tmp_path}/m/group_*")
 
 

@@ -9,5 +9,5 @@ from tf_codistill.optim import comm
 def test_one_replica_reduces_nothing_and_bad_dtypes_name_the_binding():
   grads = [tf.constant([1.0, 2.0]), None]
   assert comm.GradientReducer("float16").reduce(grads) == grads
-  with pytest.raises(ValueError, match=r"trainer.train.allreduce_dtype='int8' is not one of"):
+  with pytest.raises(ValueError, match=r"tfc.Group.allreduce_dtype='int8' is not one of"):
     comm.GradientReducer("int8")

@@ -11,6 +11,8 @@ import tf_keras as keras
 from tf_codistill.exchange import publishing
 from tf_codistill.optim import fused_models
 from tf_codistill.optim import fusion
+from tf_codistill.training import checkpointing
+from tf_codistill.training import group as group_lib
 from tf_codistill.training import inputs
 from tf_codistill.training import trainer
 from tf_codistill.training.model import CodistillModel
@@ -156,15 +158,13 @@ def test_unsupported_optimizers_and_modes_are_refused():
   assert fused_models.fuse(model, "none") is model and "train_step" not in model.__dict__
 
 
-def test_trainer_refuses_bad_fusion_and_comm_bindings(tmp_path):
+def test_trainer_refuses_bad_fusion_bindings(tmp_path):
   files = dict(data=inputs.Data(train_files=["x"], eval_files=["y"]))
   with pytest.raises(trainer.ConfigurationError, match="trainer.train.fusion='fast'"):
     trainer.train(str(tmp_path), fusion="fast", **files)
-  with pytest.raises(trainer.ConfigurationError,
-                     match="allreduce_dtype='float16' needs a synchronous group"):
-    trainer.train(str(tmp_path), allreduce_dtype="float16", **files)
   with pytest.raises(trainer.ConfigurationError, match="fusion='forward' cannot run under"):
-    trainer.train(str(tmp_path), fusion="forward", strategy="parameter_server", **files)
+    trainer.train(str(tmp_path), fusion="forward",
+                  shape=group_lib.Group("parameter_server", 1, 1), **files)
 
 
 @pytest.mark.parametrize("mode", ["forward"])
@@ -175,7 +175,8 @@ def test_trainer_with_fusion_exports_the_weights_of_unfused_training(tmp_path, c
         model_dir, data=inputs.Data(
             train_files=[f"{criteo_dir}/train-*"], eval_files=[f"{criteo_dir}/eval-*"],
             dataset_fn=lambda *a, **k: _criteo(*a, **k), batch_size=64, shuffle_buffer=1),
-        model_fn=_ctr, train_steps=12, steps_per_epoch=6, checkpoint_every_steps=4, eval_steps=2,
+        model_fn=_ctr, train_steps=12, steps_per_epoch=6, eval_steps=2,
+        checkpoints=checkpointing.Checkpoints(every_steps=4),
         fusion=fusion_mode, verbose=0)
     reader = tf.train.load_checkpoint(os.path.join(model_dir, "export", "variables", "variables"))
     return results, sorted((k, reader.get_tensor(k)) for k in reader.get_variable_to_shape_map()

@@ -1,5 +1,6 @@
-"""EpochCheckpoint: parameter-server groups' checkpoints, kept and restored like
-CheckpointManager's, saved through one traced function (no ps memory growth per save)."""
+"""tfc.Checkpoints, checked when made; EpochCheckpoint: parameter-server groups' checkpoints,
+kept and restored like CheckpointManager's, saved through one traced function (no ps memory
+growth per save)."""
 
 
 import numpy as np
@@ -7,10 +8,17 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tf_codistill.errors import ConfigurationError
 from tf_codistill.training import checkpointing
 
 from testing_utils import run_ps_coordinator
 from testing_utils import small_net
+
+
+@pytest.mark.parametrize("field", ["every_steps", "max_to_keep"])
+def test_intervals_and_counts_below_one_are_refused_naming_the_setting(field):
+  with pytest.raises(ConfigurationError, match=f"tfc.Checkpoints.{field}=0 must be >= 1"):
+    checkpointing.Checkpoints(**{field: 0})
 
 
 def _compiled(seed=0):

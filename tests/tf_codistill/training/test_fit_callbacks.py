@@ -13,6 +13,7 @@ from tf_codistill.models import ctr
 from tf_codistill.optim import fused_models
 from tf_codistill.training import checkpointing
 from tf_codistill.training import fit_callbacks
+from tf_codistill.training import group as group_lib
 from tf_codistill.training import inputs
 from tf_codistill.training import monitoring
 from tf_codistill.training import step_timing
@@ -51,9 +52,10 @@ def _kinds(objects):
 
 
 def test_synchronous_chief_guards_before_backup_and_limits_steps_last(built):
-  callbacks = _build(built, CHIEF)
+  callbacks = _build(built, CHIEF, checkpoints=checkpointing.Checkpoints(every_steps=40))
   kinds = _kinds(callbacks.fit)
   assert kinds[:2] == [step_hooks.NonFiniteGuard, fused_models.BackupAndRestore]
+  assert callbacks.fit[1].save_freq == 40
   assert kinds[-1] is step_hooks.StepLimit
   assert monitoring.LocalEvaluation in kinds and monitoring.ProgressLog in kinds
   assert _kinds(callbacks.hooks) == [monitoring.Heartbeat, monitoring.StepSummaries,
@@ -62,16 +64,18 @@ def test_synchronous_chief_guards_before_backup_and_limits_steps_last(built):
 
 
 def test_parameter_server_chief_runs_the_guard_first_in_the_polling_thread(built):
-  callbacks = _build(built, PS_CHIEF, strategy="parameter_server")
+  callbacks = _build(built, PS_CHIEF, shape=group_lib.Group("parameter_server", 1, 1),
+                     checkpoints=checkpointing.Checkpoints(max_to_keep=3))
   assert _kinds(callbacks.hooks)[0] is step_hooks.NonFiniteGuard
   kinds = _kinds(callbacks.fit)
   assert kinds[0] is checkpointing.EpochCheckpoint and step_hooks.NonFiniteGuard not in kinds
+  assert callbacks.fit[0].max_to_keep == 3
   assert step_timing.ClosureTimer in kinds and kinds[-1] is step_hooks.StepLimit
   assert isinstance(callbacks.step_timer, step_timing.ClosureTimer)
 
 
 def test_a_worker_that_is_not_the_chief_only_guards_backs_up_and_counts(built):
-  callbacks = _build(built, MWM_WORKER, strategy="multi_worker_mirrored")
+  callbacks = _build(built, MWM_WORKER, shape=group_lib.Group("multi_worker_mirrored", 1))
   assert _kinds(callbacks.fit) == [step_hooks.NonFiniteGuard, fused_models.BackupAndRestore,
                                    step_hooks.StepLimit]
   assert callbacks.hooks == [] and callbacks.summary_writer is None

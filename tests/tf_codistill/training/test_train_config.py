@@ -10,6 +10,8 @@ from tf_codistill import errors
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.launch import gin_config
 from tf_codistill.teachers import spec as teacher_spec
+from tf_codistill.training import checkpointing
+from tf_codistill.training import group as group_lib
 from tf_codistill.training import inputs
 from tf_codistill.training import train_config
 
@@ -19,6 +21,11 @@ FILES = dict(data=DATA)
 
 def _data(**settings):
   return {"data": dataclasses.replace(DATA, **settings)}
+
+
+def _group(strategy):
+  """A group of ``strategy`` with the fewest tasks it can have."""
+  return group_lib.Group(strategy, *((1, 1) if strategy == "parameter_server" else (0, 0)))
 
 
 def _exchange(**settings):
@@ -41,16 +48,17 @@ def _exchange(**settings):
     (_exchange(publish_every_steps=0), {}, r"tfc.Exchange.publish_every_steps=0 must be >= 1"),
     (_exchange(keep_last=0), {}, r"tfc.Exchange.keep_last=0 must be >= 1"),
     (_exchange(poll_interval_s=0.0), {}, r"tfc.Exchange.poll_interval_s=0.0 must be"),
-    ({**_exchange(wait_for_first_teachers_s=5.0), "strategy": "parameter_server"}, {},
+    ({**_exchange(wait_for_first_teachers_s=5.0), "shape": _group("parameter_server")}, {},
      r"tfc.Exchange.wait_for_first_teachers_s cannot hold a ParameterServerStrategy group .* "
      r"set it to 0"),
-    ({"strategy": "multi_worker_mirrored", "max_wall_seconds": 60.0}, {},
+    ({"shape": _group("multi_worker_mirrored"), "max_wall_seconds": 60.0}, {},
      r"max_wall_seconds cannot end a multi_worker_mirrored group"),
     (_exchange(teacher_graph="star"), {}, r"tfc.Exchange: teacher_graph='star'"),
     ({"exchange": exchange_config.Exchange("/tmp/exchange", 0)}, {},
      r"trainer.train.exchange=.* must make the exchange of each group: bind @tfc.Exchange"),
     ({"fusion": "fast"}, {}, r"trainer.train.fusion='fast'"),
-    ({"allreduce_dtype": "float16"}, {}, r"allreduce_dtype='float16' needs a synchronous group"),
+    ({"shape": "mirrored"}, {}, r"trainer.train.shape='mirrored' is not a tfc.Group"),
+    ({"checkpoints": 500}, {}, r"trainer.train.checkpoints=500 is not a tfc.Checkpoints"),
     (_data(train_files=[]), {}, r"tfc.Data.train_files is empty: bind it"),
     (_data(eval_files=[]), {}, r"tfc.Data.eval_files is empty: bind it"),
 ])
@@ -64,9 +72,9 @@ def test_validate_names_the_setting_that_cannot_work(settings, where, message):
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored", "multi_worker_mirrored",
                                       "parameter_server"])
 def test_the_defaults_with_files_are_valid_under_every_strategy(strategy):
-  config = train_config.TrainConfig(strategy=strategy, **FILES)
+  config = train_config.TrainConfig(shape=_group(strategy), **FILES)
   train_config.validate(config, group=0, num_groups=1, exchange_dir=None)
-  codistilling = train_config.TrainConfig(strategy=strategy, **_exchange(), **FILES)
+  codistilling = train_config.TrainConfig(shape=_group(strategy), **_exchange(), **FILES)
   train_config.validate(codistilling, group=1, num_groups=2, exchange_dir="/tmp/exchange")
 
 
@@ -105,6 +113,7 @@ def _clean_gin():
     ("trainer.train.teacher_precision = 'int8'", "tfc.TeacherSpec.precision"),
     ("trainer.train.train_files = ['x']", "tfc.Data.train_files .the data is tfc.Data's"),
     ("trainer.train.data_split = 'same'", "tfc.Data.split"),
+    ("trainer.train.checkpoint_every_steps = 100", "tfc.Checkpoints.every_steps"),
 ])
 def test_a_moved_gin_setting_is_an_error_naming_where_it_went(_clean_gin, old, new):
   with pytest.raises(errors.ConfigurationError, match=f"is now {new}"):
@@ -113,7 +122,8 @@ def test_a_moved_gin_setting_is_an_error_naming_where_it_went(_clean_gin, old, n
 
 def test_every_new_name_of_a_moved_setting_exists():
   owners = {"trainer.train": train_config.TrainConfig, "tfc.Exchange": exchange_config.Exchange,
-            "tfc.TeacherSpec": teacher_spec.TeacherSpec, "tfc.Data": inputs.Data}
+            "tfc.TeacherSpec": teacher_spec.TeacherSpec, "tfc.Data": inputs.Data,
+            "tfc.Group": group_lib.Group, "tfc.Checkpoints": checkpointing.Checkpoints}
   for new, _ in train_config.RENAMED.values():
     owner, _, field = new.partition(" ")[0].rpartition(".")
     assert field in {f.name for f in dataclasses.fields(owners[owner])}, new
@@ -125,10 +135,15 @@ def test_the_nested_settings_come_from_their_own_bindings(_clean_gin):
                             "tfc.Exchange.teacher_graph = 'ring'",
                             "tfc.TeacherSpec.precision = 'bfloat16'",
                             "tfc.Data.train_files = ['t']", "tfc.Data.eval_files = ['e']",
-                            "tfc.Data.batch_size = 96", "tfc.Data.split = 'same'"])
+                            "tfc.Data.batch_size = 96", "tfc.Data.split = 'same'",
+                            "tfc.Group.strategy = 'mirrored'",
+                            "tfc.Group.allreduce_dtype = 'bfloat16'",
+                            "tfc.Checkpoints.every_steps = 70"])
   from_gin = train_config.from_bindings()
   assert from_gin.data == inputs.Data(train_files=["t"], eval_files=["e"], batch_size=96,
                                       split="same")
+  assert from_gin.shape == group_lib.Group("mirrored", allreduce_dtype="bfloat16")
+  assert from_gin.checkpoints == checkpointing.Checkpoints(every_steps=70, max_to_keep=2)
   assert from_gin.data.shard(1, 2) == (0, 1)  # 'same': every group reads all the files
   config = train_config.from_bindings(**FILES)
   exchange = train_config.exchange_for(config, "/tmp/exchange", 2, 3)

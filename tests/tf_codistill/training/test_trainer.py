@@ -16,6 +16,7 @@ from tf_codistill.errors import ConfigurationError
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.models import ctr
+from tf_codistill.training import checkpointing
 from tf_codistill.training import inputs
 from tf_codistill.training import train_config
 from tf_codistill.training import trainer
@@ -35,7 +36,7 @@ def test_train_steps_are_honoured_when_not_a_whole_number_of_epochs(tmp_path, cr
       model_fn=functools.partial(ctr.ctr_model, num_buckets=1000, embedding_dim=4,
                                  hidden_units=(16,)),
       train_steps=70, steps_per_epoch=30, eval_steps=2,
-      checkpoint_every_steps=30, verbose=0)
+      checkpoints=checkpointing.Checkpoints(every_steps=30), verbose=0)
   assert results["steps"] == 70
   with open(layout.RunDir(model_dir).progress) as f:
     assert [json.loads(line)["step"] for line in f] == [30, 60, 70]
@@ -54,7 +55,7 @@ def test_results_say_how_much_training_data_the_group_read(tmp_path, criteo_dir)
       model_fn=functools.partial(ctr.ctr_model, num_buckets=1000, embedding_dim=4,
                                  hidden_units=(16,)),
       train_steps=20, steps_per_epoch=20, eval_steps=1,
-      checkpoint_every_steps=20, verbose=0)
+      checkpoints=checkpointing.Checkpoints(every_steps=20), verbose=0)
   assert results["batch_size"] == 32 and results["data_split"] == "disjoint"
   assert results["tensorflow"] == tf.__version__  # which TF a figure was taken on
   assert results["train_examples"] == 20 * 32 and results["train_targets"] == 20 * 32
@@ -69,7 +70,8 @@ def test_a_codistilling_group_publishes_and_writes_what_its_exchange_did(tmp_pat
                                  hidden_units=(16,)),
       exchange=functools.partial(exchange_config.Exchange, publish_every_steps=10),
       train_steps=30,
-      steps_per_epoch=30, eval_steps=1, checkpoint_every_steps=30, verbose=0)
+      steps_per_epoch=30, eval_steps=1, checkpoints=checkpointing.Checkpoints(every_steps=30),
+      verbose=0)
   # No peer ever published: the group trained on its task loss and published on its cadence.
   assert results["teacher_loads"] == 0 and results["teacher_groups"] == [1]
   assert results["publishes"] >= 1 and results["publish_failures"] == 0
@@ -101,7 +103,7 @@ def test_a_bound_raw_parser_exports_serving_raw_and_a_mismatched_one_stops_befor
       model_fn=functools.partial(ctr.ctr_model, num_buckets=1000, embedding_dim=4,
                                  hidden_units=(16,)),
       train_steps=10, steps_per_epoch=10, eval_steps=1,
-      checkpoint_every_steps=10, verbose=0)
+      checkpoints=checkpointing.Checkpoints(every_steps=10), verbose=0)
   model_dir = str(tmp_path / "run")
   trainer.train(model_dir, data=_data(criteo_dir, 32, raw_parser=criteo.raw_parser(1000)),
                 **settings)

@@ -362,7 +362,8 @@ def resolve(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequen
 def _cpus_needed(arm: spec.Arm) -> int:
   """CPUs one seed of ``arm`` takes when runs are pinned: one per process of each group it
   trains (one for a single-process group, one per task of a group's cluster)."""
-  processes = len(arm.shape.tasks()) if arm.shape.is_cluster else 1
+  shape = arm.shape  # a Group, made (and checked) on each access
+  processes = len(shape.tasks()) if shape.is_cluster else 1
   return {"train": arm.num_groups * processes, "offline_distill": 1}.get(arm.kind, 0)
 
 

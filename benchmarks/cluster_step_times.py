@@ -495,8 +495,8 @@ def _check(groups: Sequence[str], launches: int, window_pairs: int, loader_nice:
 def measure_step_times(ctx: registry.Context, batch_size: int = 256, num_buckets: int = 20_000,
                        steps: int = 300, rounds: int = 4, launches: int = 3,
                        refresh_every_steps: int = 100, window_pairs: int = 15,
-                       poll_interval_s: float = exchange_config.Exchange.poll_interval_s,
-                       loader_nice: int = exchange_config.Exchange.loader_nice,
+                       poll_interval_s: float = tfc.Exchange.poll_interval_s,
+                       loader_nice: int = tfc.Exchange.loader_nice,
                        teacher_form: str = "stacked",
                        groups: Sequence[str] = ("parameter_server", "multi_worker_mirrored")
                        ) -> dict:

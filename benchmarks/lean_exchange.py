@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Sequence
 import numpy as np
 import tf_keras as keras
 
+import tf_codistill as tfc
 from benchmarks import models
 from benchmarks import traffic
 from data_pipelines import criteo
@@ -37,17 +38,17 @@ from tf_codistill.exchange import weight_codecs
 from tf_codistill.models import ctr
 
 FORMATS = {
-    "saved_model": lean_versions.PublishFormat(),
-    "float32": lean_versions.PublishFormat("float32"),
-    "bfloat16": lean_versions.PublishFormat("bfloat16"),
-    "int8": lean_versions.PublishFormat("int8"),
-    "float32_deltas": lean_versions.PublishFormat("float32", row_deltas=True),
-    "bfloat16_deltas": lean_versions.PublishFormat("bfloat16", row_deltas=True),
-    "int8_deltas": lean_versions.PublishFormat("int8", row_deltas=True),
-    "int8_deltas_w100": lean_versions.PublishFormat("int8", row_deltas=True, whole_every=100),
-    "int8_tolerant05_w100": lean_versions.PublishFormat("int8", row_deltas=True, whole_every=100,
+    "saved_model": tfc.PublishFormat(),
+    "float32": tfc.PublishFormat("float32"),
+    "bfloat16": tfc.PublishFormat("bfloat16"),
+    "int8": tfc.PublishFormat("int8"),
+    "float32_deltas": tfc.PublishFormat("float32", row_deltas=True),
+    "bfloat16_deltas": tfc.PublishFormat("bfloat16", row_deltas=True),
+    "int8_deltas": tfc.PublishFormat("int8", row_deltas=True),
+    "int8_deltas_w100": tfc.PublishFormat("int8", row_deltas=True, whole_every=100),
+    "int8_tolerant05_w100": tfc.PublishFormat("int8", row_deltas=True, whole_every=100,
                                                         row_tolerance=0.05),
-    "int8_tolerant20_w100": lean_versions.PublishFormat("int8", row_deltas=True, whole_every=100,
+    "int8_tolerant20_w100": tfc.PublishFormat("int8", row_deltas=True, whole_every=100,
                                                         row_tolerance=0.2),
 }
 
@@ -80,7 +81,7 @@ def train_snapshots(data_dir: str, steps: int, batch: int, every: int, num_bucke
   return model, snapshots.taken, float(history.history["loss"][-1])
 
 
-def _publish_all(model: keras.Model, fmt: lean_versions.PublishFormat, steps: Sequence[int],
+def _publish_all(model: keras.Model, fmt: tfc.PublishFormat, steps: Sequence[int],
                  snapshots: Dict[int, List[np.ndarray]], exchange_dir: str) -> dict:
   """Publishes the snapshots of ``steps`` in ``fmt``; sizes of whole and delta versions, and
   the seconds to write and to read back each."""
@@ -113,7 +114,7 @@ def _publish_all(model: keras.Model, fmt: lean_versions.PublishFormat, steps: Se
           "read_seconds_median": statistics.median(read_s) if read_s else None}
 
 
-def _check_read_back(fmt: lean_versions.PublishFormat, arrays: Sequence[np.ndarray],
+def _check_read_back(fmt: tfc.PublishFormat, arrays: Sequence[np.ndarray],
                      weights: Sequence[np.ndarray]) -> None:
   """What a reader rebuilt is this step's weights: exactly (float32, exact deltas), or within
   the format's row tolerance plus int8 rounding, per row."""

@@ -197,13 +197,25 @@ def settle(allow_load: bool, max_wait_s: float = 180.0, poll_s: float = 5.0,
   return load, True
 
 
+@dataclasses.dataclass(frozen=True)
+class Quiet:
+  """How a benchmark waits for a quiet machine, before it starts and before each run of a suite
+  that starts alone: up to ``settle_s`` for the load to fall (``settle``), and whether it may go
+  on above it (``allow_load``: its figures are then marked). Tests set ``settle_s`` to 0."""
+  allow_load: bool = False
+  settle_s: float = 180.0
+
+  def settle(self, what: str, log: Callable[[str], None] = print) -> tuple:
+    """``settle`` under this policy: (load, above)."""
+    return settle(self.allow_load, max_wait_s=self.settle_s, what=what, log=log)
+
+
 @contextlib.contextmanager
-def exclusive(name: str, allow_load: bool = False, max_wait_s: float = 180.0
-              ) -> Iterator[Session]:
+def exclusive(name: str, quiet: Quiet = Quiet()) -> Iterator[Session]:
   """The machine to one benchmark: the exclusive lock, then a settled load (see ``settle``)."""
   with hold(name):
-    load, _ = settle(allow_load, max_wait_s=max_wait_s, what=name)
-    yield Session(name=name, allow_load=allow_load, load_before=load, cores=cores())
+    load, _ = quiet.settle(what=name)
+    yield Session(name=name, allow_load=quiet.allow_load, load_before=load, cores=cores())
 
 
 class CpuPool:

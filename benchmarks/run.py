@@ -44,9 +44,9 @@ flags.DEFINE_string("child", None, "Internal: run one part of the benchmark in t
 flags.DEFINE_bool("allow_load", False,
                   "Measure even when the 1-minute load average stays above the number of cores; "
                   "every figure taken so is marked in the results.")
-flags.DEFINE_float("settle_s", 180.0, "How long to wait, before the benchmark starts, for the "
-                   "1-minute load average to fall to the number of cores (0: not at all, e.g. in "
-                   "tests).")
+flags.DEFINE_float("settle_s", 180.0, "How long to wait, before the benchmark starts and before "
+                   "each run of a suite that starts alone, for the 1-minute load average to fall "
+                   "to the number of cores (0: not at all, e.g. in tests).")
 FLAGS = flags.FLAGS
 
 
@@ -68,11 +68,16 @@ def _command(name: str, extra: List[str] = ()) -> str:
       + list(extra))
 
 
+def _quiet() -> machine.Quiet:
+  """How long to wait for a quiet machine, and whether to go on without one (the flags)."""
+  return machine.Quiet(allow_load=FLAGS.allow_load, settle_s=FLAGS.settle_s)
+
+
 def _parse_gin(what: str, files: List[str]) -> None:
-  from tf_codistill.launch import gin_config  # pylint: disable=g-import-not-at-top
+  import tf_codistill as tfc  # pylint: disable=g-import-not-at-top
   try:
-    gin_config.parse_gin(files, FLAGS.gin_bindings)
-  except gin_config.ConfigError as e:
+    tfc.parse_gin(files, FLAGS.gin_bindings)
+  except tfc.ConfigurationError as e:
     raise app.UsageError(f"{what}: {e}") from None
 
 
@@ -116,8 +121,7 @@ def run_registered(name: str) -> None:
     summary = benchmark.measure(ctx)
   else:
     try:
-      with machine.exclusive(f"benchmarks.run {name}", FLAGS.allow_load,
-                             max_wait_s=FLAGS.settle_s) as session:
+      with machine.exclusive(f"benchmarks.run {name}", _quiet()) as session:
         summary = benchmark.measure(ctx)
         summary["machine"] = session.record()
     except (machine.MachineBusy, machine.MachineLoaded) as e:
@@ -157,11 +161,10 @@ def run_suite(name: str) -> None:
     if FLAGS.report_only:
       summary = runner.summarize_recorded(suite, paths)
     else:
-      with machine.exclusive(f"benchmarks.run {suite.name}", FLAGS.allow_load,
-                             max_wait_s=FLAGS.settle_s):
+      with machine.exclusive(f"benchmarks.run {suite.name}", _quiet()):
         summary = runner.run_suite(suite, paths, force=FLAGS.force,
                                    progress=lambda line: print(line, flush=True),
-                                   allow_load=FLAGS.allow_load, only=FLAGS.arms)
+                                   quiet=_quiet(), only=FLAGS.arms)
   except (machine.MachineBusy, machine.MachineLoaded) as e:
     raise app.UsageError(str(e)) from None
   if summary is None:

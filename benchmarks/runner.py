@@ -2,7 +2,7 @@
 
 A suite (suite_spec.py) is a gin file (``benchmarks/suites/<name>.gin``) binding ``bench.Suite``:
 a list of ``bench.Arm``s, each a gin config of the trainer (files + bindings) run for a number of
-seeds through ``launcher.launch``, exactly as a user would. Besides trained arms there are arms
+seeds through ``tfc.launch``, exactly as a user would. Besides trained arms there are arms
 computed from other arms' runs: ``ensemble`` (average of the predictions of ``ensemble_size``
 seeds of ``source_arm``) and ``offline_distill`` (a student that distills from ``source_arm``'s
 trained model, published once into the exchange as a frozen peer: classic two-phase
@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+import tf_codistill as tfc
 from benchmarks import machine
 from benchmarks import protocol
 from benchmarks import reuse
@@ -45,7 +46,6 @@ from tf_codistill import metrics
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.launch import demo
 from tf_codistill.launch import gin_config as config
-from tf_codistill.launch import launcher
 
 T = TypeVar("T")
 # ----------------------------------------------------------------------------------------------
@@ -237,11 +237,11 @@ def _launch(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int, d
               + [f"trainer.train.seed = {seed}", "trainer.train.save_eval_predictions = True",
                  f"trainer.train.prediction_history = {suite.prediction_history}",
                  "trainer.train.verbose = 0"] + threads)
-  return launcher.launch(model_dir, num_groups or arm.num_groups, exchange_dir=exchange_dir,
-                         gin_files=[gin_path(p) for p in arm.gin_files], gin_bindings=bindings,
-                         shape=arm.shape, groups=groups, pin_groups=pin,
-                         # A run restarted from a checkpoint is not the run its curve claims.
-                         max_restarts=0)
+  return tfc.launch(model_dir, num_groups or arm.num_groups, exchange_dir=exchange_dir,
+                    gin_files=[gin_path(p) for p in arm.gin_files], gin_bindings=bindings,
+                    shape=arm.shape, groups=groups, pin_groups=pin,
+                    # A run restarted from a checkpoint is not the run its curve claims.
+                    max_restarts=0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -383,12 +383,12 @@ def _at_once(fn: Callable[[T], object], items: Sequence[T], workers: int) -> Non
 
 
 def run_arm(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequence[str],
-            force: bool = False, progress: Callable[[str], None] = print, allow_load: bool = False,
-            cpus: Optional[machine.CpuPool] = None) -> bool:
+            force: bool = False, progress: Callable[[str], None] = print,
+            quiet: machine.Quiet = machine.Quiet(), cpus: Optional[machine.CpuPool] = None) -> bool:
   """Runs every seed of ``arm`` (or reuses the recorded runs) and records them, with churn.
 
-  Before each training run the machine must be quiet (machine.settle: the 1-minute load at most
-  the number of cores, or ``allow_load``, and then the run is marked). With ``cpus`` every group
+  Before each training run the machine must be quiet (``quiet``: the 1-minute load at most the
+  number of cores, or ``quiet.allow_load``, and then the run is marked). With ``cpus`` every group
   runs pinned to a CPU of its own, and seeds go on at once while CPUs are free. Returns whether
   it ran (False: reused).
   """
@@ -407,7 +407,7 @@ def run_arm(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequen
   recording = threading.Lock()
 
   def run_seed(seed: int) -> None:
-    _run_seed(arm, suite, paths, data, seed, allow_load, progress, cpus)
+    _run_seed(arm, suite, paths, data, seed, quiet, progress, cpus)
     with recording:  # each pair's churn as soon as both runs are there
       _churn(arm, paths, suite)
 
@@ -420,7 +420,7 @@ def run_arm(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequen
 
 
 def _run_seed(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequence[str],
-              seed: int, allow_load: bool, progress: Callable[[str], None],
+              seed: int, quiet: machine.Quiet, progress: Callable[[str], None],
               cpus: Optional[machine.CpuPool]) -> None:
   """Trains (or computes) one seed of ``arm`` and records it, on CPUs of its own from ``cpus``."""
   start = time.time()
@@ -433,8 +433,7 @@ def _run_seed(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequ
       # was judged quiet when the suite started and is judged again whenever a run starts alone.
       load, above = machine.load_1m(), False
     else:
-      load, above = machine.settle(allow_load, what=f"{suite.name}/{arm.name} seed {seed}",
-                                   log=progress)
+      load, above = quiet.settle(what=f"{suite.name}/{arm.name} seed {seed}", log=progress)
     load = {"load_avg_1m_before": load, "started_above_nproc_load": above,
             "cpu_model": machine.cpu_model(),
             "beside_sibling_run": cpus is not None and cpus.in_use()}
@@ -839,7 +838,7 @@ def check_arm_names(suite: spec.Suite, names: Sequence[str]) -> None:
 
 
 def run_suite(suite: spec.Suite, paths: spec.RunPaths, force: bool = False,
-              progress: Callable[[str], None] = print, allow_load: bool = False,
+              progress: Callable[[str], None] = print, quiet: machine.Quiet = machine.Quiet(),
               only: Optional[Sequence[str]] = None) -> Optional[dict]:
   """Runs (or reuses) every arm, then writes summary.json and returns it. With ``only`` (arm
   names) runs just those arms (a suite too long for one session goes on arm by arm) and
@@ -863,7 +862,7 @@ def run_suite(suite: spec.Suite, paths: spec.RunPaths, force: bool = False,
   def run_one(arm: spec.Arm) -> None:
     # An arm built from a source arm that was just rerun is rerun too.
     if run_arm(arm, suite, paths, data, force=force or arm.source_arm in ran, progress=progress,
-               allow_load=allow_load, cpus=cpus):
+               quiet=quiet, cpus=cpus):
       ran.add(arm.name)
 
   def run(arms: Sequence[spec.Arm]) -> None:
@@ -873,7 +872,7 @@ def run_suite(suite: spec.Suite, paths: spec.RunPaths, force: bool = False,
   if only is not None:
     return None
   return _write_summary(summarize(concrete, paths, record), paths, {
-      "wall_time_s": time.time() - start, "arms_run": sorted(ran), "allow_load": allow_load})
+      "wall_time_s": time.time() - start, "arms_run": sorted(ran), "allow_load": quiet.allow_load})
 
 
 def summarize_recorded(suite: spec.Suite, paths: spec.RunPaths) -> dict:

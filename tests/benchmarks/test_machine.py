@@ -52,6 +52,19 @@ def test_settle_waits_for_the_load_to_fall(monkeypatch):
   assert machine.settle(False, max_wait_s=10.0, poll_s=0.0) == (1.5, False)
 
 
+def test_quiet_waits_as_long_as_it_says_and_no_longer(monkeypatch):
+  monkeypatch.setattr(machine, "load_1m", lambda: 5.0)
+  monkeypatch.setattr(machine, "cores", lambda: 2)
+  waited = []
+  monkeypatch.setattr(machine.time, "sleep", waited.append)
+  lines = []
+  start = time.time()
+  assert machine.Quiet(allow_load=True, settle_s=0).settle("run", log=lines.append) == (5.0, True)
+  assert not waited and time.time() - start < 1 and "run starts at load 5.00" in lines[0]
+  with pytest.raises(machine.MachineLoaded, match="run: .* after waiting 0 s"):
+    machine.Quiet(settle_s=0).settle("run")
+
+
 def test_cpu_pool_pins_each_holder_to_cpus_nobody_else_holds():
   cpus = sorted(os.sched_getaffinity(0))
   pool = machine.CpuPool(cpus[:1] * 1)  # one CPU: holders take turns

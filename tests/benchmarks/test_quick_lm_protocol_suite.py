@@ -20,7 +20,7 @@ def test_lm_protocol_suite_builds_its_corpus_and_accounts_for_every_token(tmp_pa
     debian_fixtures.make_deb(str(debs), package, files)
   results, work = tmp_path / "results", tmp_path / "work"
   command = [sys.executable, "-m", "benchmarks.run", "quick_lm_protocol",
-             f"--results_dir={results}", f"--work_dir={work}", "--allow_load",
+             f"--results_dir={results}", f"--work_dir={work}", "--allow_load", "--settle_s=0",
              f"--gin_bindings=bench.Suite.debs_dir = '{debs}'"]
   proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)
   assert proc.returncode == 0, proc.stderr[-4000:]

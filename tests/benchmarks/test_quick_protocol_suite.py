@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 def test_protocol_suite_finds_b_star_tunes_and_reports_goals_with_intervals(tmp_path):
   results, work = tmp_path / "results", tmp_path / "work"
   command = [sys.executable, "-m", "benchmarks.run", "quick_protocol",
-             f"--results_dir={results}", f"--work_dir={work}", "--allow_load"]
+             f"--results_dir={results}", f"--work_dir={work}", "--allow_load", "--settle_s=0"]
   proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
   assert proc.returncode == 0, proc.stderr[-4000:]
   summary = json.loads((results / "quick_protocol" / "summary.json").read_text())

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 def test_quick_suite_writes_every_arm_goals_report_and_plots(tmp_path):
   results, work = tmp_path / "results", tmp_path / "work"
   command = [sys.executable, "-m", "benchmarks.run", "quick", f"--results_dir={results}",
-             f"--work_dir={work}", "--allow_load"]  # the tests themselves load the machine
+             f"--work_dir={work}", "--allow_load", "--settle_s=0"]  # the tests load the machine
   proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)
   assert proc.returncode == 0, proc.stderr[-4000:]
   with open(results / "quick" / "summary.json") as f:

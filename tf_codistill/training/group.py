@@ -13,6 +13,7 @@ from tf_codistill import errors
 
 KINDS = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
 ALLREDUCE_DTYPES = ("bfloat16", "float16", "float32")  # optim/comm.py's DTYPES
+MAX_CONNECTION_TIMEOUT_S = 2**31 // 1000  # TCP_USER_TIMEOUT is an int of milliseconds
 
 
 @gin.configurable(module="tfc")
@@ -27,12 +28,16 @@ class Group:
   trains too: ``workers_per_group + 1`` replicas; a parameter-server chief only coordinates),
   ``ps_per_group`` the parameter servers: the tasks a launcher starts (under a cluster manager
   the tasks are its replicas, read from TF_CONFIG). ``allreduce_dtype`` is the precision of a
-  synchronous group's gradient all-reduce (optim/comm.py). Checked when made.
+  synchronous group's gradient all-reduce (optim/comm.py). ``connection_timeout_s``: how long a
+  connection between the tasks may go unanswered (a network partition) before it is dropped,
+  which costs the group a restart (training/connections.py; gRPC's own is 20 s; 0 keeps it).
+  Checked when made.
   """
   strategy: str = "one_device"
   workers_per_group: int = 0
   ps_per_group: int = 0
   allreduce_dtype: str = "float32"
+  connection_timeout_s: float = 120.0
 
   def __post_init__(self):
     refuse = errors.ConfigurationError
@@ -49,6 +54,9 @@ class Group:
     if self.workers_per_group < 0 or self.ps_per_group < 0:
       raise refuse("tfc.Group.workers_per_group and ps_per_group (--workers_per_group, "
                    "--ps_per_group) must be >= 0")
+    if not 0 <= self.connection_timeout_s <= MAX_CONNECTION_TIMEOUT_S:
+      raise refuse(f"tfc.Group.connection_timeout_s={self.connection_timeout_s} must be in [0, "
+                   f"{MAX_CONNECTION_TIMEOUT_S}] seconds (0: gRPC's own 20 s)")
     if self.allreduce_dtype not in ALLREDUCE_DTYPES:
       raise refuse(f"tfc.Group.allreduce_dtype={self.allreduce_dtype!r} is not one of "
                    f"{list(ALLREDUCE_DTYPES)}")

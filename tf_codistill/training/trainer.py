@@ -30,6 +30,7 @@ from tf_codistill.exchange import publishing
 from tf_codistill.optim import comm
 from tf_codistill.step_hooks import current_step
 from tf_codistill.training import codistill_hooks
+from tf_codistill.training import connections
 from tf_codistill.training import fit_callbacks
 from tf_codistill.training import inputs
 from tf_codistill.training import results as results_lib
@@ -80,6 +81,7 @@ class GroupTrainer:
                      if config.exchanges else None)
     self.distills = self.exchange is not None and self.exchange.distill
     self.info = strategies.task_info(config.shape.strategy)
+    self.connection_timeout: Optional[connections.ConnectionTimeout] = None
 
   def run(self) -> Dict[str, float]:
     """Trains (or, on a parameter-server worker or ps task, serves until stopped)."""
@@ -122,6 +124,9 @@ class GroupTrainer:
       if config.exchanges:
         exchange.check_writable(exchange.group_dir(self.shared_exchange, self.group),
                                 "--exchange_dir")
+    if config.shape.is_cluster and config.shape.connection_timeout_s:
+      self.connection_timeout = connections.ConnectionTimeout(
+          config.shape.connection_timeout_s).start()
     if config.intra_op_threads:
       tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
     if config.inter_op_threads:

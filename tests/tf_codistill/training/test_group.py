@@ -45,6 +45,14 @@ def test_an_allreduce_precision_needs_a_synchronous_group(strategy, dtype, messa
   assert group_lib.Group("mirrored", allreduce_dtype="bfloat16").allreduce_dtype == "bfloat16"
 
 
+@pytest.mark.parametrize("seconds", [-1, 2**31])
+def test_a_connection_timeout_outside_what_tcp_holds_is_refused(seconds):
+  with pytest.raises(ConfigurationError, match=rf"tfc.Group.connection_timeout_s={seconds} must "
+                                               r"be in \[0, 2147483\] seconds"):
+    group_lib.Group("parameter_server", 1, 1, connection_timeout_s=seconds)
+  assert group_lib.Group("parameter_server", 1, 1, connection_timeout_s=0).connection_timeout_s == 0
+
+
 def test_the_precisions_are_the_ones_the_reducer_knows():
   assert sorted(group_lib.ALLREDUCE_DTYPES) == sorted(comm.DTYPES)
 

@@ -47,9 +47,9 @@ FORMATS = {
     "int8_deltas": tfc.PublishFormat("int8", row_deltas=True),
     "int8_deltas_w100": tfc.PublishFormat("int8", row_deltas=True, whole_every=100),
     "int8_tolerant05_w100": tfc.PublishFormat("int8", row_deltas=True, whole_every=100,
-                                                        row_tolerance=0.05),
+                                              row_tolerance=0.05),
     "int8_tolerant20_w100": tfc.PublishFormat("int8", row_deltas=True, whole_every=100,
-                                                        row_tolerance=0.2),
+                                              row_tolerance=0.2),
 }
 
 

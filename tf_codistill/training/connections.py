@@ -23,7 +23,7 @@ from absl import logging
 _FD_DIR = "/proc/self/fd"
 
 
-def tcp_socket_fds() -> Iterator[int]:
+def socket_fds() -> Iterator[int]:
   """This process's open file descriptors that are sockets (of any kind)."""
   try:
     names = os.listdir(_FD_DIR)
@@ -70,7 +70,7 @@ class ConnectionTimeout:
 
   def apply(self) -> int:
     """Sets every TCP socket open now; how many needed it."""
-    changed = sum(set_user_timeout(fd, self.timeout_ms) for fd in tcp_socket_fds())
+    changed = sum(set_user_timeout(fd, self.timeout_ms) for fd in socket_fds())
     self.changed += changed
     return changed
 

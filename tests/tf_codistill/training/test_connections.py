@@ -90,7 +90,7 @@ address = sys.argv[1]
 tf.distribute.Server(tf.train.ClusterSpec({"worker": [address]}), job_name="worker",
                      task_index=0, start=True)
 connections.ConnectionTimeout(77).apply()
-for fd in connections.tcp_socket_fds():
+for fd in connections.socket_fds():
   sock = socket.socket(fileno=fd)
   try:
     if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:

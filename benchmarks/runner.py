@@ -99,30 +99,40 @@ def corpus_manifest(suite: spec.Suite, data_root: str, build: bool = True,
                       debs_dir=suite.debs_dir, pinned_to=recorded, **options)
 
 
-def data_bindings(suite: spec.Suite, data_root: str, pinned_to: Optional[str] = None) -> List[str]:
+def data_bindings(suite: spec.Suite, data_root: str, pinned_to: Optional[str] = None,
+                  prepare_data: bool = True) -> List[str]:
   """Prepares the suite's data under ``data_root`` (reused when there; a corpus built from the
-  packages the manifest at ``pinned_to`` records, where it exists) and binds its files."""
+  packages the manifest at ``pinned_to`` records, where it exists) and binds its files. Without
+  ``prepare_data`` only binds them (what reads recorded runs needs no corpus built); generated
+  CTR data is made either way (seconds)."""
   if suite.data in spec.CORPORA:
-    corpus_manifest(suite, data_root, pinned_to=pinned_to)
+    if prepare_data:
+      corpus_manifest(suite, data_root, pinned_to=pinned_to)
     tokens = os.path.join(data_root, suite.data, "tokens")
     return [f"tfc.Data.train_files = ['{tokens}/train-*']",
             f"tfc.Data.eval_files = ['{tokens}/{suite.eval_pattern}']"]
   if suite.data in ("kjv", "fashion_mnist", "adult"):
     data_dir = os.path.join(data_root, suite.data)
-    if suite.data == "kjv":
-      from data_pipelines import text_lm  # pylint: disable=g-import-not-at-top
-      text_lm.prepare(data_dir, vocab_size=suite.vocab_size)
-    elif suite.data == "fashion_mnist":
-      from data_pipelines import images  # pylint: disable=g-import-not-at-top
-      images.convert_fashion_mnist(data_dir)
-    else:
-      from data_pipelines import adult  # pylint: disable=g-import-not-at-top
-      adult.prepare(data_dir)
+    if prepare_data:
+      _prepare_files(suite, data_dir)
     return [f"tfc.Data.train_files = ['{data_dir}/train-*']",
             f"tfc.Data.eval_files = ['{data_dir}/eval-*']"]
   data_dir = os.path.join(data_root, f"criteo_like_{suite.train_rows}_{suite.eval_rows}")
   train, evaluation = demo.sample_data(data_dir, suite.train_rows, suite.eval_rows)
   return [f"tfc.Data.train_files = {train!r}", f"tfc.Data.eval_files = {evaluation!r}"]
+
+
+def _prepare_files(suite: spec.Suite, data_dir: str) -> None:
+  """The KJV, Fashion-MNIST or Adult files of ``suite`` under ``data_dir`` (kept when there)."""
+  if suite.data == "kjv":
+    from data_pipelines import text_lm  # pylint: disable=g-import-not-at-top
+    text_lm.prepare(data_dir, vocab_size=suite.vocab_size)
+  elif suite.data == "fashion_mnist":
+    from data_pipelines import images  # pylint: disable=g-import-not-at-top
+    images.convert_fashion_mnist(data_dir)
+  else:
+    from data_pipelines import adult  # pylint: disable=g-import-not-at-top
+    adult.prepare(data_dir)
 
 
 def _config_path(arm: spec.Arm, paths: spec.RunPaths) -> str:
@@ -879,8 +889,8 @@ def summarize_recorded(suite: spec.Suite, paths: spec.RunPaths) -> dict:
   """summary.json again from the recorded runs alone (trains nothing; every run must be there)."""
   # Data bindings only name tuning runs (their digest); other suites need no data prepared.
   tuned = suite.scaling_arm or any(a.tune_learning_rate for a in suite.arms)
-  concrete, record = prepare(suite, paths, data_bindings(suite, paths.data_dir,
-                                                          paths.corpus_manifest) if tuned else [])
+  concrete, record = prepare(suite, paths, data_bindings(
+      suite, paths.data_dir, paths.corpus_manifest, prepare_data=False) if tuned else [])
   return _write_summary(summarize(concrete, paths, record), paths, {"report_only": True})
 
 

@@ -803,15 +803,24 @@ def prepare(suite: spec.Suite, paths: spec.RunPaths, data: Sequence[str],
             run: Optional[RunFn] = None, only: Optional[Sequence[str]] = None
             ) -> Tuple[spec.Suite, dict]:
   """The suite as it runs (B* substituted, learning rates tuned) and the record of how: with
-  ``run``, each arm's tuning runs and then the arm itself are run in order (only the arms named
-  in ``only``, when given: the others must be recorded as far as those need them); without it,
-  every run must be recorded already."""
+  ``run``, each arm's tuning runs and then the arm itself are run (only the arms named in
+  ``only``, when given: the others must be recorded as far as those need them), arms that need
+  nothing run before them handed to ``run`` together (it runs them at once where it can);
+  without it, every run must be recorded already."""
   scaled = scaling(suite, paths, data, run)
   if scaled is None and suite.b_star is not None:
     scaled = {"b_star": suite.b_star, "given": True}
-  arms, tuning = [], {}
+  arms, tuning, pending = [], {}, []
+
+  def run_pending() -> None:
+    if pending and run is not None:
+      run(list(pending))
+    pending.clear()
+
   for arm in suite.arms:
     arm_run = run if only is None or arm.name in only else None
+    if arm.source_arm in {a.name for a in pending}:
+      run_pending()  # the arm it is built from runs first
     if arm.learning_rate_from:
       if arm.learning_rate_from not in tuning:
         raise ValueError(f"arm {arm.name!r}: learning_rate_from={arm.learning_rate_from!r} is not "
@@ -822,8 +831,9 @@ def prepare(suite: spec.Suite, paths: spec.RunPaths, data: Sequence[str],
     if choice:
       tuning[arm.name] = choice
     if arm_run is not None:
-      arm_run([concrete])
+      pending.append(concrete)
     arms.append(concrete)
+  run_pending()
   record = {"scaling": scaled, "tuning": tuning, "learning_rates": list(suite.learning_rates),
             "tuning_seed": suite.tuning_seed} if (scaled or tuning) else None
   return dataclasses.replace(suite, arms=arms), record

@@ -347,11 +347,12 @@ def markdown_table(summary_json: dict) -> str:
       for name, row in summary_json["summary"].items()])
 
 
-@gin.configurable("net_fault_trials", module="bench", denylist=["ctx"])
+@gin.configurable("net_fault_trials", module="bench", denylist=["ctx", "run_missing"])
 def measure_trials(ctx: registry.Context, trials: int = 5, cases: Sequence[str] = tuple(CASES),
                    train_steps: int = 240, steps_per_epoch: int = 40,
-                   stall_timeout_s: float = 120.0) -> dict:
-  """Every trial (cases interleaved, seed by seed) and a summary per case.
+                   stall_timeout_s: float = 120.0, run_missing: bool = True) -> dict:
+  """Every trial (cases interleaved, seed by seed) and a summary per case (with ``run_missing``
+  False: of the trials recorded so far, running none; ``missing`` lists the others).
 
   Args:
     ctx: the run's context (data and the trials' model directories go under its work_dir).
@@ -365,19 +366,20 @@ def measure_trials(ctx: registry.Context, trials: int = 5, cases: Sequence[str] 
   if unknown:
     raise ValueError(f"bench.net_fault_trials.cases: {unknown} are not among {sorted(CASES)}")
   reason = netfaults.unavailable()
-  if reason:
+  if reason and run_missing:
     raise RuntimeError(f"network faults cannot be made here: {reason}")
-  data = fault_trials.ensure_data(os.path.join(ctx.work_dir, "data"))
+  data = os.path.join(ctx.work_dir, "data")
   settings = {"train_steps": train_steps, "steps_per_epoch": steps_per_epoch,
               "stall_timeout_s": stall_timeout_s}
   result = trials_lib.run_interleaved(
       ctx, list(cases), trials, settings,
-      lambda name, seed: run_trial(name, seed, ctx.work_dir, data, train_steps, steps_per_epoch,
-                                   stall_timeout_s),
+      lambda name, seed: run_trial(name, seed, ctx.work_dir, fault_trials.ensure_data(data),
+                                   train_steps, steps_per_epoch, stall_timeout_s),
       lambda name, seed: [os.path.join(ctx.work_dir, f"{name}_{seed}{suffix}")
-                          for suffix in ("", ".exchange", ".exchange_backing")])
+                          for suffix in ("", ".exchange", ".exchange_backing")], run_missing)
   result.update(stall_timeout_s=stall_timeout_s, summary=summarize(result["trials"]))
-  ctx.progress(markdown_table(result))
+  if run_missing:
+    ctx.progress(markdown_table(result))
   return result
 
 
@@ -389,5 +391,6 @@ def _tables(summary: dict) -> List[str]:
 
 BENCHMARK = registry.Benchmark(
     "net_fault_trials", measure_trials, tables=_tables,
+    recorded=lambda ctx: measure_trials(ctx, run_missing=False),
     failure=trials_lib.failure("hung or did not finish"),
     title="Network fault trials: partitions, packet loss and latency on local clusters")

@@ -68,10 +68,18 @@ def measured_section(faults_path: str = FAULTS_SUMMARY,
   if os.path.exists(net_path):
     net = machine.read_json(net_path)
     parts.append(net_fault_trials.markdown_table(net))
-    parts.append(
-        f"Network fault trials: `{net['command']}`, {net['started_utc']}, {net['wall_s'] / 60:.0f} "
-        f"min, {net['cpus']} CPUs, load average at the end {net['load_avg_at_end'][0]:.1f}, stall "
-        f"watchdog {net['stall_timeout_s']:g} s.")
+    if net.get("complete", True):
+      parts.append(
+          f"Network fault trials: `{net['command']}`, {net['started_utc']}, "
+          f"{net['wall_s'] / 60:.0f} min, {net['cpus']} CPUs, load average at the end "
+          f"{net['load_avg_at_end'][0]:.1f}, stall watchdog {net['stall_timeout_s']:g} s.")
+    else:
+      parts.append(
+          f"Network fault trials, **in progress**: {len(net['trials'])} trials recorded, "
+          f"{len(net['missing'])} not yet (the table counts the recorded ones); "
+          f"`{net['command']}`, {net['wall_s'] / 60:.0f} min of trials so far, stall watchdog "
+          f"{net['stall_timeout_s']:g} s; each trial's load before it and at its end is in its "
+          "record (`benchmarks/results/net_fault_trials/trials/`).")
   return "\n\n".join(parts) if parts else "(no measurements yet)"
 
 

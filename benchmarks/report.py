@@ -409,12 +409,26 @@ def machine_lines(summary: dict) -> List[str]:
   return lines
 
 
+def in_progress_lines(summary: dict) -> List[str]:
+  """What a summary of a benchmark still running across sessions lacks (none when complete):
+  its figures are the recorded runs', each with its own load in its record."""
+  if summary.get("complete", True):
+    return []
+  missing = summary.get("missing", [])
+  named = ", ".join(missing) if len(missing) <= 8 else "summary.json's `missing` lists them"
+  return [f"- **in progress**: {len(missing)} run(s) not recorded yet ({named}); "
+          "the figures below are those of the runs recorded so far, each run's load before "
+          "and after it in its own record (this summary was written from the records by "
+          "`--report_only`, not by a run)"]
+
+
 def write_benchmark_report(summary: dict, results_dir: str, title: str,
                            body: Sequence[str] = ()) -> str:
   """report.md of a registered benchmark: its command, machine, goals, then ``body`` (its own
   tables) and its settings; returns the path."""
   lines = [f"# {title}", "", f"`{summary.get('command', 'command not recorded')}`", ""]
-  lines += machine_lines(summary) + [""]
+  lines += in_progress_lines(summary) or machine_lines(summary)
+  lines += [""]
   rows = goal_rows(summary)
   if rows:
     lines += ["| goal figure | value | 90% interval | spread | goal | met |",

@@ -109,14 +109,14 @@ def run_registered(name: str) -> None:
   _parse_gin(name, FLAGS.gin_file)
   results_dir = os.path.join(FLAGS.results_dir, name)
   path = os.path.join(results_dir, "summary.json")
-  if FLAGS.report_only:
-    benchmark.write_report(machine.read_json(path), results_dir)
-    print(f"wrote {os.path.join(results_dir, 'report.md')} and the index {_write_index()}")
-    _write_docs(name)
-    return
   ctx = registry.Context(name=name, results_dir=results_dir,
                          work_dir=os.path.join(FLAGS.work_dir, name), command=_command(name),
                          allow_load=FLAGS.allow_load, progress=lambda s: print(s, flush=True))
+  if FLAGS.report_only:
+    benchmark.write_report(_summary_so_far(benchmark, ctx, path), results_dir)
+    print(f"wrote {os.path.join(results_dir, 'report.md')} and the index {_write_index()}")
+    _write_docs(name)
+    return
   if not benchmark.exclusive:
     summary = benchmark.measure(ctx)
   else:
@@ -136,6 +136,19 @@ def run_registered(name: str) -> None:
   if failed:
     print(f"{name}: {failed}", file=sys.stderr)
     sys.exit(1)
+
+
+def _summary_so_far(benchmark: registry.Benchmark, ctx: registry.Context, path: str) -> dict:
+  """summary.json as recorded; for a benchmark that goes on across sessions and has no complete
+  one yet, rebuilt from its records so far (running nothing) and written."""
+  summary = machine.read_json(path) if os.path.exists(path) else None
+  if benchmark.recorded is not None and (summary is None or summary.get("complete") is False):
+    summary = {**benchmark.recorded(ctx), "command": ctx.command}
+    machine.write_json(path, summary, indent=1)
+  if summary is None:
+    raise app.UsageError(f"{ctx.name}: nothing to report, {path} does not exist (run it "
+                         "without --report_only)")
+  return summary
 
 
 def run_suite(name: str) -> None:

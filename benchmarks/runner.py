@@ -99,30 +99,40 @@ def corpus_manifest(suite: spec.Suite, data_root: str, build: bool = True,
                       debs_dir=suite.debs_dir, pinned_to=recorded, **options)
 
 
-def data_bindings(suite: spec.Suite, data_root: str, pinned_to: Optional[str] = None) -> List[str]:
+def data_bindings(suite: spec.Suite, data_root: str, pinned_to: Optional[str] = None,
+                  prepare_data: bool = True) -> List[str]:
   """Prepares the suite's data under ``data_root`` (reused when there; a corpus built from the
-  packages the manifest at ``pinned_to`` records, where it exists) and binds its files."""
+  packages the manifest at ``pinned_to`` records, where it exists) and binds its files. Without
+  ``prepare_data`` only binds them (what reads recorded runs needs no corpus built); generated
+  CTR data is made either way (seconds)."""
   if suite.data in spec.CORPORA:
-    corpus_manifest(suite, data_root, pinned_to=pinned_to)
+    if prepare_data:
+      corpus_manifest(suite, data_root, pinned_to=pinned_to)
     tokens = os.path.join(data_root, suite.data, "tokens")
     return [f"tfc.Data.train_files = ['{tokens}/train-*']",
             f"tfc.Data.eval_files = ['{tokens}/{suite.eval_pattern}']"]
   if suite.data in ("kjv", "fashion_mnist", "adult"):
     data_dir = os.path.join(data_root, suite.data)
-    if suite.data == "kjv":
-      from data_pipelines import text_lm  # pylint: disable=g-import-not-at-top
-      text_lm.prepare(data_dir, vocab_size=suite.vocab_size)
-    elif suite.data == "fashion_mnist":
-      from data_pipelines import images  # pylint: disable=g-import-not-at-top
-      images.convert_fashion_mnist(data_dir)
-    else:
-      from data_pipelines import adult  # pylint: disable=g-import-not-at-top
-      adult.prepare(data_dir)
+    if prepare_data:
+      _prepare_files(suite, data_dir)
     return [f"tfc.Data.train_files = ['{data_dir}/train-*']",
             f"tfc.Data.eval_files = ['{data_dir}/eval-*']"]
   data_dir = os.path.join(data_root, f"criteo_like_{suite.train_rows}_{suite.eval_rows}")
   train, evaluation = demo.sample_data(data_dir, suite.train_rows, suite.eval_rows)
   return [f"tfc.Data.train_files = {train!r}", f"tfc.Data.eval_files = {evaluation!r}"]
+
+
+def _prepare_files(suite: spec.Suite, data_dir: str) -> None:
+  """The KJV, Fashion-MNIST or Adult files of ``suite`` under ``data_dir`` (kept when there)."""
+  if suite.data == "kjv":
+    from data_pipelines import text_lm  # pylint: disable=g-import-not-at-top
+    text_lm.prepare(data_dir, vocab_size=suite.vocab_size)
+  elif suite.data == "fashion_mnist":
+    from data_pipelines import images  # pylint: disable=g-import-not-at-top
+    images.convert_fashion_mnist(data_dir)
+  else:
+    from data_pipelines import adult  # pylint: disable=g-import-not-at-top
+    adult.prepare(data_dir)
 
 
 def _config_path(arm: spec.Arm, paths: spec.RunPaths) -> str:
@@ -793,15 +803,24 @@ def prepare(suite: spec.Suite, paths: spec.RunPaths, data: Sequence[str],
             run: Optional[RunFn] = None, only: Optional[Sequence[str]] = None
             ) -> Tuple[spec.Suite, dict]:
   """The suite as it runs (B* substituted, learning rates tuned) and the record of how: with
-  ``run``, each arm's tuning runs and then the arm itself are run in order (only the arms named
-  in ``only``, when given: the others must be recorded as far as those need them); without it,
-  every run must be recorded already."""
+  ``run``, each arm's tuning runs and then the arm itself are run (only the arms named in
+  ``only``, when given: the others must be recorded as far as those need them), arms that need
+  nothing run before them handed to ``run`` together (it runs them at once where it can);
+  without it, every run must be recorded already."""
   scaled = scaling(suite, paths, data, run)
   if scaled is None and suite.b_star is not None:
     scaled = {"b_star": suite.b_star, "given": True}
-  arms, tuning = [], {}
+  arms, tuning, pending = [], {}, []
+
+  def run_pending() -> None:
+    if pending and run is not None:
+      run(list(pending))
+    pending.clear()
+
   for arm in suite.arms:
     arm_run = run if only is None or arm.name in only else None
+    if arm.source_arm in {a.name for a in pending}:
+      run_pending()  # the arm it is built from runs first
     if arm.learning_rate_from:
       if arm.learning_rate_from not in tuning:
         raise ValueError(f"arm {arm.name!r}: learning_rate_from={arm.learning_rate_from!r} is not "
@@ -812,8 +831,9 @@ def prepare(suite: spec.Suite, paths: spec.RunPaths, data: Sequence[str],
     if choice:
       tuning[arm.name] = choice
     if arm_run is not None:
-      arm_run([concrete])
+      pending.append(concrete)
     arms.append(concrete)
+  run_pending()
   record = {"scaling": scaled, "tuning": tuning, "learning_rates": list(suite.learning_rates),
             "tuning_seed": suite.tuning_seed} if (scaled or tuning) else None
   return dataclasses.replace(suite, arms=arms), record
@@ -879,8 +899,8 @@ def summarize_recorded(suite: spec.Suite, paths: spec.RunPaths) -> dict:
   """summary.json again from the recorded runs alone (trains nothing; every run must be there)."""
   # Data bindings only name tuning runs (their digest); other suites need no data prepared.
   tuned = suite.scaling_arm or any(a.tune_learning_rate for a in suite.arms)
-  concrete, record = prepare(suite, paths, data_bindings(suite, paths.data_dir,
-                                                          paths.corpus_manifest) if tuned else [])
+  concrete, record = prepare(suite, paths, data_bindings(
+      suite, paths.data_dir, paths.corpus_manifest, prepare_data=False) if tuned else [])
   return _write_summary(summarize(concrete, paths, record), paths, {"report_only": True})
 
 

@@ -271,24 +271,26 @@ def projections(runs: Sequence[dict], curves: Dict[str, protocol.Curve],
           "common_loss": common, "rows": rows}
 
 
-def _suite(name: str, results_root: str, work_root: str
+def _suite(name: str, results_root: str, work_root: str, prepare_data: bool = True
            ) -> Tuple[spec.Suite, spec.RunPaths, List[str]]:
-  """Suite ``name`` as recorded (B* and learning rates resolved), its paths and data bindings."""
+  """Suite ``name`` as recorded (B* and learning rates resolved), its paths and data bindings
+  (its data prepared, for runs)."""
   suite = spec.load_suite([os.path.join(registry.SUITES_DIR, f"{name}.gin")])
   paths = spec.RunPaths(work_dir=os.path.join(work_root, suite.name),
                         results_dir=os.path.join(results_root, suite.name),
                         data_dir=os.path.join(work_root, "data"))
-  data = runner.data_bindings(suite, paths.data_dir, paths.corpus_manifest)
+  data = runner.data_bindings(suite, paths.data_dir, paths.corpus_manifest, prepare_data)
   concrete, _ = runner.prepare(suite, paths, data)
   return concrete, paths, data
 
 
-@gin.configurable("slow_link", module="bench", denylist=["ctx"])
+@gin.configurable("slow_link", module="bench", denylist=["ctx", "run_missing"])
 def measure_links(ctx: registry.Context, suite: str = "english_lm",
                   methods: Sequence[str] = ("sync_2b", "codistill", "diloco_h500"),
                   links: Sequence[str] = (NO_LINK, "1gbit_20ms", "100mbit_20ms"),
-                  steps: int = 300, seed: int = 0) -> dict:
-  """Every (method, link) run, links interleaved method by method, and the projections.
+                  steps: int = 300, seed: int = 0, run_missing: bool = True) -> dict:
+  """Every (method, link) run, links interleaved method by method, and the projections (with
+  ``run_missing`` False: of the runs recorded so far, running none; ``missing`` lists the rest).
 
   Args:
     ctx: the run's context (the suite's recorded results and data are found beside it).
@@ -300,20 +302,23 @@ def measure_links(ctx: registry.Context, suite: str = "english_lm",
   """
   parsed = [Link.parse(name) for name in links]
   for reason in (netfaults.unavailable(), faultfs.unavailable()):
-    if reason and any(link.bytes_per_s for link in parsed):
+    if reason and run_missing and any(link.bytes_per_s for link in parsed):
       raise RuntimeError(f"a slow link cannot be made here: {reason}")
   results_root, work_root = os.path.dirname(ctx.results_dir), os.path.dirname(ctx.work_dir)
-  concrete, paths, data = _suite(suite, results_root, work_root)
+  concrete, paths, data = _suite(suite, results_root, work_root, prepare_data=run_missing)
   arms = {a.name: a for a in concrete.arms}
   unknown = [m for m in methods if m not in arms]
   if unknown:
     raise ValueError(f"bench.slow_link.methods: {unknown} are not arms of suite {suite!r} "
                      f"({sorted(arms)})")
   settings = {"suite": suite, "steps": steps, "seed": seed}
-  runs, start = [], time.time()
+  runs, missing, start = [], [], time.time()
   for method in methods:
     for link in parsed:
       record = machine.recorded(_run_path(ctx.results_dir, method, link.name), settings)
+      if record is None and not run_missing:
+        missing.append(f"{method}_{link.name}")
+        continue
       if record is None:
         load = machine.load_1m()
         record = {**run_method(arms[method], concrete, link,
@@ -332,7 +337,8 @@ def measure_links(ctx: registry.Context, suite: str = "english_lm",
   return {"cpus": machine.cores(), "started_utc": time.strftime(
               "%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
           "suite": suite, "settings": settings, "runs": runs,
-          "projections": projections(runs, curves, concrete.sync_arms)}
+          "projections": projections(runs, curves, concrete.sync_arms),
+          "missing": missing, "complete": not missing}
 
 
 def _run_path(results_dir: str, method: str, link: str) -> str:
@@ -371,5 +377,6 @@ def _tables(summary: dict) -> List[str]:
 
 BENCHMARK = registry.Benchmark(
     "slow_link", measure_links, tables=_tables,
+    recorded=lambda ctx: measure_links(ctx, run_missing=False),
     title="Wall-clock across a slow link: sync all-reduce vs codistillation vs parameter "
           "averaging")

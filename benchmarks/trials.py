@@ -21,9 +21,14 @@ from benchmarks import standalone
 
 def run_interleaved(ctx: registry.Context, cases: Sequence[str], trials: int, settings: dict,
                     run_one: Callable[[str, int], dict],
-                    scratch: Callable[[str, int], Sequence[str]]) -> dict:
+                    scratch: Callable[[str, int], Sequence[str]], run_missing: bool = True
+                    ) -> dict:
   """Every (case, seed) trial, recorded or run now (``run_one(case, seed)``, its ``scratch``
-  folders removed after); the run's record, its trials under ``trials``."""
+  folders removed after); the run's record, its trials under ``trials``. With ``run_missing``
+  False nothing runs: the record of the trials recorded so far, the others listed under
+  ``missing`` (``complete`` says whether there are any)."""
+  if not run_missing:
+    return _recorded_so_far(ctx, cases, trials, settings)
   records, start = [], time.time()
   sources = standalone.source_digest(("tf_codistill",))
   for seed in range(trials):
@@ -42,7 +47,22 @@ def run_interleaved(ctx: registry.Context, cases: Sequence[str], trials: int, se
   return {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
           "wall_s": round(sum(t["wall_s"] for t in records), 1),
           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
-          "trials": records}
+          "trials": records, "missing": [], "complete": True}
+
+
+def _recorded_so_far(ctx: registry.Context, cases: Sequence[str], trials: int,
+                     settings: dict) -> dict:
+  """The record of the trials recorded under ``settings``, and which are missing."""
+  records, missing = [], []
+  for seed in range(trials):
+    for case in cases:
+      record = machine.recorded(_path(ctx.results_dir, case, seed), settings)
+      if record is None:
+        missing.append(f"{case}_{seed}")
+      else:
+        records.append(record)
+  return {"cpus": os.cpu_count(), "wall_s": round(sum(t["wall_s"] for t in records), 1),
+          "trials": records, "missing": missing, "complete": not missing}
 
 
 def _path(results_dir: str, case: str, seed: int) -> str:

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from benchmarks import fault_trials
+from benchmarks import net_fault_trials
 from benchmarks import registry
 from benchmarks import reliability_doc
 from benchmarks import soak
@@ -139,6 +140,20 @@ def test_fault_summary_and_doc_section(tmp_path):
   text = (tmp_path / "soak" / "report.md").read_text()
   assert "| case | trials | outcome |" in text and "| soak: 2-way codistillation" in text
   assert "| group_0/chief_0 | " in text and "| 0 | 3796 | 10.0 |" in text
+
+
+def test_network_trials_in_progress_are_shown_as_such(tmp_path):
+  trial = {"case": "cut_worker_5s", "seed": 0, "wall_s": 120.0, "ok": True, "finished": True,
+           "restarts_used": 0, "hung": False, "recovery_s": 2.0, "steps_during_fault": 10}
+  net = {"command": "python -m benchmarks.run net_fault_trials", "cpus": 2, "wall_s": 120.0,
+         "trials": [trial], "missing": ["cut_ps_5s_0"], "complete": False,
+         "stall_timeout_s": 120.0, "summary": net_fault_trials.summarize([trial])}
+  (tmp_path / "n.json").write_text(json.dumps(net))
+  text = reliability_doc.measured_section(str(tmp_path / "none.json"), [],
+                                          str(tmp_path / "n.json"))
+  assert "| worker cut off for 5 s, then healed" in text
+  assert ("Network fault trials, **in progress**: 1 trials recorded, 1 not yet (the table counts "
+          "the recorded ones); `python -m benchmarks.run net_fault_trials`, 2 min") in text
 
 
 def test_bad_kinds_are_refused_before_anything_runs(tmp_path):

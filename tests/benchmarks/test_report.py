@@ -58,6 +58,18 @@ def test_a_registered_benchmarks_report_has_its_command_machine_goals_body_and_s
   assert "| a | b |" in text and "| steps | `10` |" in text
 
 
+def test_a_summary_written_from_the_records_so_far_says_it_is_in_progress(tmp_path):
+  summary = {"command": "python -m benchmarks.run x", "complete": False,
+             "missing": ["m_none", "m_1gbit"]}
+  text = open(report.write_benchmark_report(summary, str(tmp_path / "x"), "X", ["| a |"])).read()
+  assert "- **in progress**: 2 run(s) not recorded yet (m_none, m_1gbit);" in text
+  assert "machine load not recorded" not in text and "| a |" in text
+  many = {**summary, "missing": [f"t_{k}" for k in range(20)]}
+  text = open(report.write_benchmark_report(many, str(tmp_path / "y"), "Y")).read()
+  assert "20 run(s) not recorded yet (summary.json's `missing` lists them)" in text
+  assert report.in_progress_lines({"complete": True}) == report.in_progress_lines({}) == []
+
+
 def test_loss_against_bytes_plots_measured_arms_and_counted_all_reduce(tmp_path):
   def arm(loss, sent, params=4000):
     return {"best_val_loss": {"mean": loss}, "bytes_sent_per_step": sent and {"mean": sent},

@@ -133,3 +133,24 @@ def test_arms_names_a_suites_arms_only(tmp_path):
   measuring = _run("fusion", f"--results_dir={tmp_path}", "--arms=codistill")
   assert measuring.returncode != 0 and "--arms is for suites" in measuring.stderr
   assert not (tmp_path / "quick").exists()
+
+
+@pytest.mark.e2e
+def test_report_only_writes_an_in_progress_summary_from_the_records_so_far(tmp_path):
+  settings = {"train_steps": 240, "steps_per_epoch": 40, "stall_timeout_s": 120.0}
+  machine.write_json(str(tmp_path / "net_fault_trials" / "trials" / "cut_worker_5s_0.json"), {
+      "case": "cut_worker_5s", "seed": 0, "wall_s": 50.0, "ok": True, "finished": True,
+      "restarts_used": 0, "hung": False, "recovery_s": 2.0, "steps_during_fault": 10,
+      "settings": settings})
+  done = _run("net_fault_trials", f"--results_dir={tmp_path}", "--report_only",
+              "--gin_bindings=bench.net_fault_trials.cases = ['cut_worker_5s', 'cut_ps_5s']",
+              "--gin_bindings=bench.net_fault_trials.trials = 1")
+  assert done.returncode == 0, done.stderr
+  summary = json.loads((tmp_path / "net_fault_trials" / "summary.json").read_text())
+  assert summary["complete"] is False and summary["missing"] == ["cut_ps_5s_0"]
+  assert summary["command"].startswith("python -m benchmarks.run net_fault_trials")
+  text = (tmp_path / "net_fault_trials" / "report.md").read_text()
+  assert "**in progress**: 1 run(s) not recorded yet (cut_ps_5s_0)" in text
+  assert "| worker cut off for 5 s, then healed" in text
+  nothing = _run("fusion", f"--results_dir={tmp_path}", "--report_only")
+  assert nothing.returncode != 0 and "nothing to report" in nothing.stderr, nothing.stderr

@@ -502,3 +502,22 @@ def test_only_the_named_arms_run_and_the_others_must_be_recorded(tmp_path):
   with pytest.raises(ValueError, match=r"suite 's' has no arm\(s\) \['nope'\]; its arms: "
                                        r"\['sync_b', 'codistill'\]"):
     runner.check_arm_names(suite, ["nope"])
+
+
+def test_arms_that_need_nothing_run_before_them_are_handed_to_run_together(tmp_path):
+  arms = [spec.Arm("a"), spec.Arm("b"), spec.Arm("off", kind="offline_distill", source_arm="b"),
+          spec.Arm("c")]
+  suite = spec.Suite(name="s", arms=arms)
+  paths = spec.RunPaths(str(tmp_path), str(tmp_path))
+  batches = []
+
+  def run(given):
+    batches.append([arm.name for arm in given])
+  runner.prepare(suite, paths, [], run=run)
+  assert batches == [["a", "b"], ["off", "c"]]  # 'off' is built from b's runs: b runs first
+  batches.clear()
+  runner.prepare(suite, paths, [], run=run, only=["c", "a"])
+  assert batches == [["a", "c"]]  # e.g. --arms=c,a: both at once, in the suite's order
+  batches.clear()
+  runner.prepare(suite, paths, [], run=None)
+  assert batches == []

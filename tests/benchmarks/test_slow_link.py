@@ -59,6 +59,29 @@ def clean_gin():
   gin.clear_config()
 
 
+@pytest.mark.skipif(not os.path.isdir(os.path.join(registry.RESULTS_DIR, "english_lm", "runs")),
+                    reason="the committed results are not here (Bazel runfiles hold the code)")
+def test_the_committed_runs_so_far_are_summarized_without_running_or_building_data(clean_gin):
+  # The suite's recorded tuning runs are named with the data paths they read: the work root is
+  # the one they were taken under, and nothing may be made there.
+  with open(os.path.join(registry.RESULTS_DIR, "english_lm", "runs", "sync_2b",
+                         "config.json")) as f:
+    tokens = json.load(f)["data"][0].split("'")[1]
+  root = tokens.split(f"{os.sep}data{os.sep}")[0]
+  existed = os.path.exists(root)
+  ctx = registry.Context(name="slow_link",
+                         results_dir=os.path.join(registry.RESULTS_DIR, "slow_link"),
+                         work_dir=os.path.join(root, "slow_link"), command="test")
+  so_far = slow_link.BENCHMARK.recorded(ctx)
+  recorded = {f"{r['method']}_{r['link']}" for r in so_far["runs"]}
+  assert recorded and so_far["complete"] is False and "codistill_none" in so_far["missing"]
+  assert recorded.isdisjoint(so_far["missing"])
+  assert len(recorded) + len(so_far["missing"]) == 9  # 3 methods x 3 links by default
+  assert [row["method"] for row in so_far["projections"]["rows"]] == [
+      r["method"] for r in so_far["runs"]]
+  assert os.path.exists(root) == existed
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(_UNAVAILABLE is not None, reason=str(_UNAVAILABLE))
 def test_sync_and_codistillation_across_a_capped_link(tmp_path, clean_gin):

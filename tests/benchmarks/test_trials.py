@@ -91,3 +91,33 @@ def test_net_fault_trials_keep_a_trial_recorded_under_their_settings_stall_timeo
   summary = net_fault_trials.measure_trials(ctx, trials=1, cases=["cut_worker_5s"])
   assert summary["trials"] == [recorded] and summary["stall_timeout_s"] == 120.0
   assert summary["summary"]["cut_worker_5s"]["finished"] == 1
+
+
+def test_without_running_the_record_holds_the_recorded_trials_and_names_the_rest(tmp_path):
+  ctx = _ctx(tmp_path)
+  _run(ctx)
+  os.remove(tmp_path / "r" / "trials" / "a_1.json")
+  ran = []
+  so_far = trials.run_interleaved(ctx, ["a", "b"], 2, SETTINGS, lambda *trial: ran.append(trial),
+                                  lambda *_: [], run_missing=False)
+  assert ran == [] and so_far["missing"] == ["a_1"] and so_far["complete"] is False
+  assert [(t["case"], t["seed"]) for t in so_far["trials"]] == [("a", 0), ("b", 0), ("b", 1)]
+  assert so_far["wall_s"] == 30.0 and not os.path.exists(tmp_path / "r" / "trials" / "a_1.json")
+  whole = trials.run_interleaved(ctx, ["b"], 2, SETTINGS, lambda *trial: ran.append(trial),
+                                 lambda *_: [], run_missing=False)
+  assert ran == [] and whole["complete"] is True and whole["missing"] == []
+
+
+def test_net_fault_trials_so_far_need_no_network_faults_and_make_no_data(tmp_path):
+  ctx = _ctx(tmp_path)
+  settings = {"train_steps": 240, "steps_per_epoch": 40, "stall_timeout_s": 120.0}
+  recorded = {"case": "cut_worker_5s", "seed": 0, "wall_s": 50.0, "ok": True, "finished": True,
+              "restarts_used": 0, "hung": False, "recovery_s": 2.0, "steps_during_fault": 10,
+              "settings": settings}
+  machine.write_json(str(tmp_path / "r" / "trials" / "cut_worker_5s_0.json"), recorded)
+  so_far = net_fault_trials.BENCHMARK.recorded(ctx)
+  assert so_far["trials"] == [recorded] and so_far["complete"] is False
+  assert len(so_far["missing"]) == 5 * len(net_fault_trials.CASES) - 1
+  assert "cut_worker_5s_0" not in so_far["missing"] and "cut_ps_30s_4" in so_far["missing"]
+  assert so_far["summary"]["cut_worker_5s"]["finished"] == 1 and len(so_far["summary"]) == 1
+  assert not os.path.exists(tmp_path / "w")

@@ -116,6 +116,7 @@ def _cases() -> Dict[str, Case]:
 
 
 CASES = _cases()
+_ORDER = {name: k for k, name in enumerate(CASES)}
 
 
 def trial_command(case: Case, model_dir: str, data_dir: str, train_steps: int,
@@ -344,7 +345,8 @@ def markdown_table(summary_json: dict) -> str:
       [CASES[name].describe(), row["trials"], row["finished"], row["without_restart"],
        row["restarts_used"], row["steps_during_fault"],
        trials_lib.spread_cell(row["recovery_s"], ".1f"), row["hangs"]]
-      for name, row in summary_json["summary"].items()])
+      # In CASES' order (a summary.json read back has its keys sorted).
+      for name, row in sorted(summary_json["summary"].items(), key=lambda item: _ORDER[item[0]])])
 
 
 @gin.configurable("net_fault_trials", module="bench", denylist=["ctx", "run_missing"])

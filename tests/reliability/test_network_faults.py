@@ -1,5 +1,5 @@
 """Network and exchange faults on real local clusters (benchmarks/net_fault_trials): a
-parameter-server worker and a synchronous group's worker cut off for 5 seconds, a worker whose
+parameter server cut off for 30 seconds, a synchronous group's worker for 5, a worker whose
 every connection is 200 ms slower each way for the whole run, and the exchange directory of a
 2-way codistillation job stalled for 30 seconds. Each finishes its steps within its bound, without
 a hang and without a group restart (a synchronous group's coordination service waits
@@ -39,8 +39,10 @@ def _trial(work, case, restarts=0):
   return record
 
 
-def test_a_parameter_server_worker_cut_off_for_5_seconds_costs_no_restart(work):
-  record = _trial(work, "cut_worker_5s")
+def test_a_parameter_server_cut_off_for_30_seconds_costs_no_restart(work):
+  # gRPC's servers drop a connection unanswered for 20 s (the first request after the heal was
+  # reset and the group restarted); tfc.Group.connection_timeout_s (120 s) holds it.
+  record = _trial(work, "cut_ps_30s")
   assert record["packets_dropped"] >= 1, record  # the cut was real
   assert record["recovery_s"] is not None, record  # the group stepped again after the heal
 

@@ -27,13 +27,14 @@ def run_interleaved(ctx: registry.Context, cases: Sequence[str], trials: int, se
   folders removed after); the run's record, its trials under ``trials``. With ``run_missing``
   False nothing runs: the record of the trials recorded so far, the others listed under
   ``missing`` (``complete`` says whether there are any)."""
-  if not run_missing:
-    return _recorded_so_far(ctx, cases, trials, settings)
-  records, start = [], time.time()
-  sources = standalone.source_digest(("tf_codistill",))
+  records, missing, start = [], [], time.time()
+  sources = standalone.source_digest(("tf_codistill",)) if run_missing else None
   for seed in range(trials):
     for case in cases:
       record = machine.recorded(_path(ctx.results_dir, case, seed), settings)
+      if record is None and not run_missing:
+        missing.append(f"{case}_{seed}")
+        continue
       if record is None:
         load = os.getloadavg()[0]
         record = {**run_one(case, seed), "settings": settings, "library_sources": sources,
@@ -43,26 +44,14 @@ def run_interleaved(ctx: registry.Context, cases: Sequence[str], trials: int, se
         for folder in scratch(case, seed):
           shutil.rmtree(folder, ignore_errors=True)
       records.append(record)
-      ctx.progress(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}))
-  return {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
-          "wall_s": round(sum(t["wall_s"] for t in records), 1),
-          "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
-          "trials": records, "missing": [], "complete": True}
-
-
-def _recorded_so_far(ctx: registry.Context, cases: Sequence[str], trials: int,
-                     settings: dict) -> dict:
-  """The record of the trials recorded under ``settings``, and which are missing."""
-  records, missing = [], []
-  for seed in range(trials):
-    for case in cases:
-      record = machine.recorded(_path(ctx.results_dir, case, seed), settings)
-      if record is None:
-        missing.append(f"{case}_{seed}")
-      else:
-        records.append(record)
-  return {"cpus": os.cpu_count(), "wall_s": round(sum(t["wall_s"] for t in records), 1),
-          "trials": records, "missing": missing, "complete": not missing}
+      if run_missing:
+        ctx.progress(json.dumps({k: v for k, v in record.items() if k != "stderr_tail"}))
+  result = {"cpus": os.cpu_count(), "wall_s": round(sum(t["wall_s"] for t in records), 1),
+            "trials": records, "missing": missing, "complete": not missing}
+  if run_missing:  # a run's own record: when it started and the load it left
+    result.update(load_avg_at_end=os.getloadavg(),
+                  started_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)))
+  return result
 
 
 def _path(results_dir: str, case: str, seed: int) -> str:

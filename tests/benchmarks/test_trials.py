@@ -78,16 +78,21 @@ def test_fault_trials_keep_a_trial_recorded_under_their_settings(tmp_path):
   assert summary["summary"]["worker"]["finished"] == 1 and summary["wall_s"] == 30.0
 
 
+def _recorded_net_trial(tmp_path):
+  """A net_fault_trials trial recorded under the default settings, as a run writes it."""
+  recorded = {"case": "cut_worker_5s", "seed": 0, "wall_s": 50.0, "ok": True, "finished": True,
+              "restarts_used": 0, "hung": False, "recovery_s": 2.0, "steps_during_fault": 10,
+              "settings": {"train_steps": 240, "steps_per_epoch": 40, "stall_timeout_s": 120.0}}
+  machine.write_json(str(tmp_path / "r" / "trials" / "cut_worker_5s_0.json"), recorded)
+  return recorded
+
+
 @pytest.mark.skipif(net_fault_trials.netfaults.unavailable() is not None,
                     reason=str(net_fault_trials.netfaults.unavailable()))
 def test_net_fault_trials_keep_a_trial_recorded_under_their_settings_stall_timeout_included(
     tmp_path):
   ctx = _ctx(tmp_path)
-  settings = {"train_steps": 240, "steps_per_epoch": 40, "stall_timeout_s": 120.0}
-  recorded = {"case": "cut_worker_5s", "seed": 0, "wall_s": 50.0, "ok": True, "finished": True,
-              "restarts_used": 0, "hung": False, "recovery_s": 2.0, "steps_during_fault": 10,
-              "settings": settings}
-  machine.write_json(str(tmp_path / "r" / "trials" / "cut_worker_5s_0.json"), recorded)
+  recorded = _recorded_net_trial(tmp_path)
   summary = net_fault_trials.measure_trials(ctx, trials=1, cases=["cut_worker_5s"])
   assert summary["trials"] == [recorded] and summary["stall_timeout_s"] == 120.0
   assert summary["summary"]["cut_worker_5s"]["finished"] == 1
@@ -110,11 +115,7 @@ def test_without_running_the_record_holds_the_recorded_trials_and_names_the_rest
 
 def test_net_fault_trials_so_far_need_no_network_faults_and_make_no_data(tmp_path):
   ctx = _ctx(tmp_path)
-  settings = {"train_steps": 240, "steps_per_epoch": 40, "stall_timeout_s": 120.0}
-  recorded = {"case": "cut_worker_5s", "seed": 0, "wall_s": 50.0, "ok": True, "finished": True,
-              "restarts_used": 0, "hung": False, "recovery_s": 2.0, "steps_during_fault": 10,
-              "settings": settings}
-  machine.write_json(str(tmp_path / "r" / "trials" / "cut_worker_5s_0.json"), recorded)
+  recorded = _recorded_net_trial(tmp_path)
   so_far = net_fault_trials.BENCHMARK.recorded(ctx)
   assert so_far["trials"] == [recorded] and so_far["complete"] is False
   assert len(so_far["missing"]) == 5 * len(net_fault_trials.CASES) - 1

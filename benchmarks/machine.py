@@ -21,6 +21,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import threading
@@ -64,6 +65,17 @@ def cpu_model() -> str:
         if line.lower().startswith("model name"):
           return line.split(":", 1)[1].strip()
   return platform.processor() or platform.machine() or "unknown"
+
+
+def code_commit() -> Optional[str]:
+  """The git commit of the checkout these benchmarks run from (None outside a git checkout):
+  a run that goes on across sessions records each part's."""
+  with contextlib.suppress(OSError, subprocess.SubprocessError):
+    done = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse",
+                           "HEAD"], capture_output=True, text=True, timeout=30)
+    if done.returncode == 0:
+      return done.stdout.strip()
+  return None
 
 
 def tensorflow_version() -> str:

@@ -2,7 +2,7 @@
 
 A suite (suite_spec.py) is a gin file (``benchmarks/suites/<name>.gin``) binding ``bench.Suite``:
 a list of ``bench.Arm``s, each a gin config of the trainer (files + bindings) run for a number of
-seeds through ``tfc.launch``, exactly as a user would. Besides trained arms there are arms
+seeds through ``tfc.launch_groups``, exactly as a user would. Besides trained arms there are arms
 computed from other arms' runs: ``ensemble`` (average of the predictions of ``ensemble_size``
 seeds of ``source_arm``) and ``offline_distill`` (a student that distills from ``source_arm``'s
 trained model, published once into the exchange as a frozen peer: classic two-phase
@@ -235,23 +235,69 @@ def check_same_corpus(suite: spec.Suite, paths: spec.RunPaths) -> None:
 def _launch(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int, data: Sequence[str],
             *, exchange_dir: Optional[str] = None, extra: Sequence[str] = (),
             num_groups: Optional[int] = None, groups: Optional[Sequence[int]] = None,
-            pin: bool = False) -> Dict[int, str]:
+            pin: bool = False, part: Optional[dict] = None) -> Dict[int, str]:
   """Trains one seed of ``arm`` (its groups, or ``groups`` of ``num_groups``); ``pin``: each group
-  on its own share of the CPUs this thread may use (machine.CpuPool.take)."""
+  on its own share of the CPUs this thread may use (machine.CpuPool.take). With ``part`` (the
+  machine's load as it starts) a stopped run of the seed goes on from its checkpoints, where the
+  suite resumes runs (``Suite.resume_every_steps``); every other run starts over."""
   model_dir = paths.run_dir(arm.name, seed)
-  shutil.rmtree(model_dir, ignore_errors=True)
+  resumed = stopped_run(arm, suite, paths, seed) if part is not None else {}
+  if not resumed:
+    shutil.rmtree(model_dir, ignore_errors=True)
+  if part is not None and suite.resume_every_steps:
+    _add_part(model_dir, resumed, part)
   threads = ([f"trainer.train.intra_op_threads = {suite.threads_per_group}",
               f"trainer.train.inter_op_threads = {suite.threads_per_group}"]
              if suite.threads_per_group else [])
+  checkpoints = ([f"tfc.Checkpoints.every_steps = {suite.resume_every_steps}"]
+                 if suite.resume_every_steps else [])
   bindings = (list(suite.common_bindings) + list(arm.gin_bindings) + list(data) + list(extra)
               + [f"trainer.train.seed = {seed}", "trainer.train.save_eval_predictions = True",
                  f"trainer.train.prediction_history = {suite.prediction_history}",
-                 "trainer.train.verbose = 0"] + threads)
-  return tfc.launch(model_dir, num_groups or arm.num_groups, exchange_dir=exchange_dir,
-                    gin_files=[gin_path(p) for p in arm.gin_files], gin_bindings=bindings,
-                    shape=arm.shape, groups=groups, pin_groups=pin,
-                    # A run restarted from a checkpoint is not the run its curve claims.
-                    max_restarts=0)
+                 "trainer.train.verbose = 0"] + threads + checkpoints)
+  return tfc.launch_groups(model_dir, num_groups or arm.num_groups, exchange_dir=exchange_dir,
+                           gin_files=[gin_path(p) for p in arm.gin_files], gin_bindings=bindings,
+                           shape=arm.shape, groups=groups, pin_groups=pin,
+                           # A fault is not resumed in the same run (a stop between sessions
+                           # is, where the suite says so: stopped_run).
+                           max_restarts=0)
+
+
+PARTS_FILE = "bench_parts.json"  # in a seed's run folder: when each part of a resumed run began
+
+
+def stopped_run(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths,
+                seed: int) -> Dict[int, int]:
+  """{group: the step it resumes from} for a stopped run of ``arm``'s ``seed`` that the suite
+  resumes (``Suite.resume_every_steps``); empty when the seed starts over."""
+  if not suite.resume_every_steps or arm.kind != "train":
+    return {}
+  model_dir = paths.run_dir(arm.name, seed)
+  steps = {g: tfc.resume_step(layout.group_dir(model_dir, g)) for g in range(arm.num_groups)}
+  return steps if any(steps.values()) else {}
+
+
+def _add_part(model_dir: str, resumed: Mapping[int, int], load: Mapping[str, Any]) -> None:
+  """Records that a part of the run starts now, from ``resumed``'s steps, at ``load``."""
+  path = os.path.join(model_dir, PARTS_FILE)
+  parts = machine.read_json(path).get("parts", []) if resumed and os.path.exists(path) else []
+  part = {"from_step": {str(g): s for g, s in sorted(resumed.items())},
+          "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+          "commit": machine.code_commit(),
+          **{k: load[k] for k in ("load_avg_1m_before", "started_above_nproc_load",
+                                  "beside_sibling_run") if k in load}}
+  machine.write_json(path, {"parts": parts + [part]}, indent=1)
+
+
+def _parts(model_dir: str) -> dict:
+  """For a run resumed after a stop: its parts, and the load as its worst part's."""
+  path = os.path.join(model_dir, PARTS_FILE)
+  parts = machine.read_json(path).get("parts", []) if os.path.exists(path) else []
+  if len(parts) < 2:
+    return {}
+  return {"parts": parts,
+          "load_avg_1m_before": max(p.get("load_avg_1m_before") or 0.0 for p in parts),
+          "started_above_nproc_load": any(p.get("started_above_nproc_load") for p in parts)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -449,7 +495,12 @@ def _run_seed(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequ
             "beside_sibling_run": cpus is not None and cpus.in_use()}
     with cpus.take(_cpus_needed(arm)) if cpus else contextlib.nullcontext():
       if arm.kind == "train":
-        dirs = _launch(arm, suite, paths, seed, data, pin=cpus is not None)
+        resumed = stopped_run(arm, suite, paths, seed)
+        if resumed:
+          progress(f"[{suite.name}] {arm.name} seed {seed}: resuming its stopped run from its "
+                   f"checkpoints (group: step {resumed})")
+        dirs = _launch(arm, suite, paths, seed, data, pin=cpus is not None, part=load)
+        load = {**load, **_parts(paths.run_dir(arm.name, seed))}
         results = [_record_run(arm, suite, paths, seed, g, dirs[g], load) for g in sorted(dirs)]
       else:
         results = [_offline_distill(arm, suite, paths, seed, data, load, pin=cpus is not None)]

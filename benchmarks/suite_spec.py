@@ -167,6 +167,11 @@ class Suite:
       on its own CPUs. Only for suites whose figures count steps, not seconds.
     tensorflow: the TensorFlow version every run must use (a suite whose recorded runs were taken
       on one version keeps it when the default install moves on); run_suite refuses another.
+    resume_every_steps: runs checkpoint every that many steps (``tfc.Checkpoints.every_steps``,
+      not part of an arm's configuration: it changes no step), and a seed whose run was stopped
+      (killed, a session's end) goes on from its groups' newest checkpoints, its input past the
+      batches it read (``tfc.Checkpoints.resume_input``), instead of starting over. Each part's
+      start (step, load) is recorded with the run (``parts``). None: every run starts over.
   """
   name: str
   arms: Sequence[Arm]
@@ -201,6 +206,7 @@ class Suite:
   tune_ahead: bool = False
   debs_dir: Optional[str] = None
   tensorflow: Optional[str] = None
+  resume_every_steps: Optional[int] = None
 
   def __post_init__(self):
     if self.data not in DATA_KINDS:

@@ -22,11 +22,12 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
   binaries run it (gin-configurable: ``trainer.train.*``); ``tfc.Data``: what it reads (files,
   parser, global batch, split between groups; ``tfc.Data.*``); ``tfc.Group``: its shape
   (strategy, tasks, gradient all-reduce; ``tfc.Group.*``); ``tfc.Checkpoints``: when it
-  checkpoints (``tfc.Checkpoints.*``).
+  checkpoints (``tfc.Checkpoints.*``) and whether a restart resumes its input too;
+  ``tfc.resume_step``: the step a stopped group's run resumes from.
 * ``tfc.launch_job``: n groups on this machine, each a local TF cluster in a private network
   namespace, their configuration checked once, supervised and restarted after faults (what
-  ``tf-codistill-launch`` runs); ``tfc.launch``: the same without the checks, for a group shape
-  and gin configuration already known to be valid.
+  ``tf-codistill-launch`` runs); ``tfc.launch_groups``: the same without the checks, for a
+  group shape and gin configuration already known to be valid.
 * ``tfc.parse_gin``: gin files and bindings parsed, every bound value checked against its type.
 * ``tfc.run_demo``: the README's demo (a small 2-way job and its baseline, on generated data).
 * ``tfc.ConfigurationError``, ``tfc.DataError``, ``tfc.NonFiniteLossError``,
@@ -60,9 +61,10 @@ _PUBLIC = {
     "Data": "tf_codistill.training.inputs",
     "Group": "tf_codistill.training.group",
     "Checkpoints": "tf_codistill.training.checkpointing",
+    "resume_step": "tf_codistill.training.checkpointing",
     "train": "tf_codistill.training.trainer",
     "GroupTrainer": "tf_codistill.training.trainer",
-    "launch": "tf_codistill.launch.launcher",
+    "launch_groups": "tf_codistill.launch.launcher",
     "launch_job": "tf_codistill.launch.jobs",
     "GroupFailedError": "tf_codistill.launch.launcher",
     "ConfigurationError": "tf_codistill.errors",

@@ -134,3 +134,11 @@ def test_json_is_written_whole_into_a_new_directory(tmp_path):
     machine.write_json(path, {"a": object()})
   assert os.listdir(tmp_path / "new") == ["summary.json"]
   assert json.load(open(path)) == {"a": [1, 2], "b": 1}  # the previous summary is intact
+
+
+def test_the_code_commit_is_this_checkouts_head(tmp_path):
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  head = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True)
+  if head.returncode:
+    pytest.skip(f"not a git checkout here: {head.stderr.strip()}")
+  assert machine.code_commit() == head.stdout.strip()

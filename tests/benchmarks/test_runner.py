@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from benchmarks import machine
 from benchmarks import reuse
 from benchmarks import runner
 from benchmarks import suite_spec as spec
@@ -214,6 +215,42 @@ def test_a_stopped_arm_resumes_seed_by_seed_and_a_changed_one_starts_over(tmp_pa
   changed = spec.Suite(name="s", arms=[arm], common_bindings=["trainer.train.train_steps = 20"])
   assert runner._seeds_to_run(arm, paths, reuse.arm_config(arm, changed, data)) == [0, 1, 2]
   assert not os.path.exists(paths.result("a", 0, 0))
+
+
+def _checkpoint(directory, step):
+  """A real checkpoint of a model whose optimizer has taken ``step`` steps."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras as keras  # pylint: disable=g-import-not-at-top
+  optimizer = keras.optimizers.SGD()
+  optimizer.iterations.assign(step)
+  model = tf.Module()
+  model.w = tf.Variable(1.0)
+  tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer), directory,
+                             max_to_keep=1).save()
+
+
+def test_a_stopped_run_resumes_from_its_checkpoints_and_records_its_parts(tmp_path):
+  paths, arm, suite, _, _ = _one_arm(tmp_path, seeds=1)
+  arm = dataclasses.replace(arm, num_groups=2)
+  resuming = dataclasses.replace(suite, arms=[arm], resume_every_steps=30)
+  model_dir = paths.run_dir("a", 0)
+  assert runner.stopped_run(arm, resuming, paths, 0) == {}  # nothing ran: it starts over
+  runner._add_part(model_dir, {}, {"load_avg_1m_before": 0.4, "started_above_nproc_load": False})
+  _checkpoint(os.path.join(model_dir, "group_0", "backup", "chief"), 60)
+  _checkpoint(os.path.join(model_dir, "group_1", "backup", "chief"), 30)
+  assert runner.stopped_run(arm, resuming, paths, 0) == {0: 60, 1: 30}
+  assert runner.stopped_run(arm, suite, paths, 0) == {}  # a suite that does not resume
+  assert runner._parts(model_dir) == {}  # one part: recorded as any run
+  runner._add_part(model_dir, {0: 60, 1: 30},
+                   {"load_avg_1m_before": 1.7, "started_above_nproc_load": False})
+  parts = runner._parts(model_dir)
+  assert [p["from_step"] for p in parts["parts"]] == [{}, {"0": 60, "1": 30}]
+  assert parts["load_avg_1m_before"] == 1.7 and not parts["started_above_nproc_load"]
+  # The code each part ran: this checkout's commit.
+  assert [p["commit"] for p in parts["parts"]] == [machine.code_commit()] * 2
+  # A run that starts over forgets the parts of the one before.
+  runner._add_part(model_dir, {}, {"load_avg_1m_before": 0.1})
+  assert runner._parts(model_dir) == {}
 
 
 def test_softmax_suites_compare_class_probabilities_for_churn(tmp_path):

@@ -131,15 +131,15 @@ def test_killed_parameter_server_worker_is_rescheduled_and_training_completes(tm
   assert open(f"{group_dir}/worker_0.log").read().count("serving worker:0 of") == 2
 
 
-# A synchronous group's chief takes the path its worker (below) and the other chiefs take: the
-# launcher restarts the whole group whichever task died. It runs with --soak (56 s on 2 cores).
+# A synchronous group's chief takes the path its worker (the next test) and the other chiefs
+# take: the launcher restarts the whole group whichever task died. It runs with --soak (56 s on 2
+# cores).
 @pytest.mark.parametrize("strategy,extra,victim", [
     ("parameter_server", ["--workers_per_group=1", "--ps_per_group=1"], "chief"),
     ("one_device", [], "chief"),
     pytest.param("multi_worker_mirrored", ["--workers_per_group=1"], "chief",
                  marks=pytest.mark.soak),
-    ("multi_worker_mirrored", ["--workers_per_group=1"], "worker"),
-])
+])  # a sync group's killed worker: the next test
 def test_killed_task_restarts_its_group_from_its_last_checkpoint(tmp_path, criteo_dir, strategy,
                                                                  extra, victim):
   # The default fault policy (no --max_restarts).
@@ -166,6 +166,34 @@ def test_killed_task_restarts_its_group_from_its_last_checkpoint(tmp_path, crite
   # the kill, so less than one checkpoint interval of work was redone (from scratch: 80).
   resumed_from = steps[len(before)] - 80
   assert resumed_from >= before[-1], (before, steps)
+
+
+def test_a_synchronous_group_restarted_after_a_kill_ends_as_if_it_had_not_stopped(tmp_path,
+                                                                                  criteo_dir):
+  # The restarted group resumes its checkpoint and its input (tfc.Checkpoints.resume_input): the
+  # same batches at the same steps, so the uninterrupted run's curve and final weights.
+  def args(model_dir):
+    return launch_args(model_dir, criteo_dir, "--num_groups=1",
+                       "--strategy=multi_worker_mirrored", "--workers_per_group=1",
+                       gin="baseline.gin", bindings=["tfc.Checkpoints.every_steps = 80"])
+  whole = str(tmp_path / "whole")
+  uninterrupted = Launch(args(whole))
+  assert uninterrupted.wait(timeout=420) == 0, uninterrupted.stderr[-4000:]
+  model_dir = str(tmp_path / "job")
+  launch = Launch(args(model_dir))
+  group_dir = os.path.join(model_dir, "group_0")
+  launch.wait_for(lambda: progress_steps(group_dir), 240, "the first epoch")
+  os.kill(launch.pids[(0, "worker", 0)], signal.SIGKILL)
+  assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
+  assert ("group 0: worker:0 exited with signal SIGKILL; restarting the group from its last "
+          "checkpoint (restart 1/3)") in launch.stderr
+  restarts = [e for e in launch.events() if e["event"] == "restarted"]
+  assert [(e["task"], e["status"], e["scope"]) for e in restarts] == [("worker", -9, "group")]
+  restarted, expected = _results(model_dir, 0), _results(whole, 0)
+  assert restarted["resumed_from_step"] >= 80 and expected["resumed_from_step"] == 0
+  assert progress_steps(group_dir) == progress_steps(os.path.join(whole, "group_0"))
+  assert restarted["val_logloss"] == expected["val_logloss"]
+  assert restarted["weights_digest"] == expected["weights_digest"]
 
 
 def test_dead_group_does_not_stop_its_peer_which_reports_growing_staleness(tmp_path, criteo_dir):

@@ -34,15 +34,15 @@ _LAUNCH = """
 import json, sys
 import tf_codistill as tfc
 model_dir, gin_file, bindings = sys.argv[1].split("=", 1)[1], sys.argv[2], json.loads(sys.argv[3])
-tfc.launch(model_dir, 2, gin_files=[gin_file], gin_bindings=bindings, stall_timeout_s=20)
+tfc.launch_groups(model_dir, 2, gin_files=[gin_file], gin_bindings=bindings, stall_timeout_s=20)
 """
 
 
 def test_groups_hung_waiting_for_a_stopped_peer_dump_their_stacks_and_restart(tmp_path,
                                                                              criteo_dir):
   # Group 1 is stopped from its start: group 0 waits for its first version (alive, in Python),
-  # and neither makes progress. tfc.launch runs what it is given (launch_job and the CLI refuse
-  # a configured wait longer than the watchdog's timeout: below).
+  # and neither makes progress. tfc.launch_groups runs what it is given (launch_job and the CLI
+  # refuse a configured wait longer than the watchdog's timeout: below).
   model_dir = str(tmp_path / "job")
   args = launch_args(model_dir, criteo_dir, bindings=[
       "tfc.Exchange.wait_for_first_teachers_s = 3600.0", "trainer.train.heartbeat_every_s = 0.5"])

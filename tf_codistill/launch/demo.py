@@ -85,7 +85,8 @@ def _run_job(title: str, model_dir: str, num_groups: int, gin_file: str,
   follower = threading.Thread(target=_follow_progress, args=(labels, stop), daemon=True)
   follower.start()
   try:
-    dirs = launcher.launch(model_dir, num_groups, gin_files=[gin_file], gin_bindings=bindings)
+    dirs = launcher.launch_groups(model_dir, num_groups, gin_files=[gin_file],
+                                  gin_bindings=bindings)
   finally:
     stop.set()
     follower.join()

@@ -65,8 +65,8 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
                     stall_timeout_s=launch_options.get("stall_timeout_s",
                                                        launcher.DEFAULT_STALL_TIMEOUT_S),
                     pin_groups=bool(launch_options.get("pin_groups")))
-  return launcher.launch(model_dir, num_groups, exchange_dir=exchange_dir,
-                         gin_files=[job.config_file], shape=job.shape, **launch_options)
+  return launcher.launch_groups(model_dir, num_groups, exchange_dir=exchange_dir,
+                                gin_files=[job.config_file], shape=job.shape, **launch_options)
 
 
 def prepare_job(model_dir: str, num_groups: int, *, gin_files: Sequence[str] = (),

@@ -308,13 +308,13 @@ def private_network(isolate_network: bool = True,
   return None
 
 
-def launch(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = None,
-           gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = (),
-           shape: Optional[group_lib.Group] = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
-           on_group_failure: str = "stop_all", poll_seconds: float = 0.5,
-           groups: Optional[Sequence[int]] = None, pin_groups: bool = False,
-           isolate_network: bool = True, allow_exposed_ports: bool = False,
-           stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> Dict[int, str]:
+def launch_groups(model_dir: str, num_groups: int, *, exchange_dir: Optional[str] = None,
+                  gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = (),
+                  shape: Optional[group_lib.Group] = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
+                  on_group_failure: str = "stop_all", poll_seconds: float = 0.5,
+                  groups: Optional[Sequence[int]] = None, pin_groups: bool = False,
+                  isolate_network: bool = True, allow_exposed_ports: bool = False,
+                  stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> Dict[int, str]:
   """Runs ``num_groups`` groups of ``shape`` to completion; returns each group's model dir.
 
   ``shape`` (a ``tfc.Group``; default: one process per group) gives the tasks to start and

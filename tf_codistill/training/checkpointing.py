@@ -13,6 +13,7 @@ import tf_keras as keras
 from absl import logging
 
 from tf_codistill import errors
+from tf_codistill import layout
 from tf_codistill.step_hooks import current_step
 from tf_codistill.step_hooks import non_finite_losses
 
@@ -23,9 +24,13 @@ class Checkpoints:
   """When a group checkpoints (``tfc.Checkpoints.<field>``): single-process and synchronous
   groups every ``every_steps`` steps (tf_keras' BackupAndRestore, one kept), parameter-server
   groups at every epoch's end (``EpochCheckpoint``, the newest ``max_to_keep`` kept). A
-  restarted group resumes from its newest checkpoint. Checked when made."""
+  restarted group resumes from its newest checkpoint, and with ``resume_input`` its input too:
+  it skips the batches the checkpoint's steps read, so a stopped run goes on exactly as if it
+  had not stopped (one-process and synchronous groups; under parameter servers, whose steps go
+  to whichever worker is free, each worker skips an even share). Checked when made."""
   every_steps: int = 500
   max_to_keep: int = 2
+  resume_input: bool = True
 
   def __post_init__(self):
     for name in ("every_steps", "max_to_keep"):
@@ -102,6 +107,24 @@ class EpochCheckpoint(keras.callbacks.Callback):
     if self.before_save is not None:
       self.before_save()
     self.save(current_step(self.model))
+
+
+def newest_step(directory: str) -> int:
+  """The optimizer step of the newest checkpoint in ``directory`` (0 if there is none)."""
+  path = tf.train.latest_checkpoint(directory)
+  return (checkpoint_step(path) or 0) if path else 0
+
+
+def backup_checkpoints(backup_dir: str) -> str:
+  """Where tf_keras' BackupAndRestore(``backup_dir``) keeps the checkpoints it restores."""
+  return os.path.join(backup_dir, "chief")
+
+
+def resume_step(model_dir: str) -> int:
+  """The step a group's run in ``model_dir`` resumes from if started again (0: it starts over),
+  from its newest checkpoint (BackupAndRestore's, or a parameter-server group's own)."""
+  run = layout.RunDir(model_dir)
+  return max(newest_step(backup_checkpoints(run.backup)), newest_step(run.checkpoints))
 
 
 def checkpoint_step(path: str) -> Optional[int]:

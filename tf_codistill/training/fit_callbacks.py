@@ -31,6 +31,8 @@ class FitCallbacks:
   evaluation: monitoring.LocalEvaluation
   hooks: List[step_hooks.StepHook] = dataclasses.field(default_factory=list)  # run by fit
   initial_epoch: int = 0
+  resume_step: int = 0  # the step of the checkpoint this run resumes from (0: a fresh start)
+  progress: Optional[monitoring.ProgressLog] = None
   summary_writer: Optional[tf.summary.SummaryWriter] = None
   step_summaries: Optional[monitoring.StepSummaries] = None
   step_timer: Optional[Union[step_timing.StepTimer, step_timing.ClosureTimer]] = None
@@ -52,20 +54,24 @@ def build(config: TrainConfig, where: GroupTask, model: CodistillModel,
   evaluation = monitoring.LocalEvaluation(local, data.evaluation, where.task.task_loss(),
                                           where.task.metrics, config.eval_steps)
   callbacks = FitCallbacks(fit=[], evaluation=evaluation)
-  hooks: List[step_hooks.StepHook] = []
-  epoch_callbacks: List[keras.callbacks.Callback] = []
-  if where.info.is_chief:
-    hooks, epoch_callbacks = _chief_callbacks(config, where, local, data, callbacks)
   parameter_server = config.shape.asynchronous
+  checkpoints: keras.callbacks.Callback
   if parameter_server:
     checkpoints = checkpointing.EpochCheckpoint(
         where.run_dir.checkpoints, model, max_to_keep=config.checkpoints.max_to_keep,
         before_save=model.flush_fusion)
-    callbacks.initial_epoch = checkpoints.restore() // config.steps_per_epoch
-    epoch_callbacks.insert(0, checkpoints)
-  else:
-    epoch_callbacks.insert(0, fused_models.BackupAndRestore(
-        where.run_dir.backup, model.flush_fusion, save_freq=config.checkpoints.every_steps))
+    callbacks.resume_step = checkpoints.restore()
+    callbacks.initial_epoch = callbacks.resume_step // config.steps_per_epoch
+  else:  # fit restores it
+    checkpoints = fused_models.BackupAndRestore(
+        where.run_dir.backup, model.flush_fusion, save_freq=config.checkpoints.every_steps)
+    callbacks.resume_step = checkpointing.newest_step(
+        checkpointing.backup_checkpoints(where.run_dir.backup))
+  hooks: List[step_hooks.StepHook] = []
+  epoch_callbacks: List[keras.callbacks.Callback] = []
+  if where.info.is_chief:
+    hooks, epoch_callbacks = _chief_callbacks(config, where, local, data, callbacks)
+  epoch_callbacks.insert(0, checkpoints)
   guard = step_hooks.NonFiniteGuard()
   if parameter_server:
     # The guard runs first in fit's polling thread; it makes the driver stop training.
@@ -100,11 +106,13 @@ def _chief_callbacks(config: TrainConfig, where: GroupTask, local: publishing.Lo
     hooks.append(callbacks.step_timer)
   if config.max_wall_seconds is not None:
     hooks.append(step_hooks.WallClockLimit(config.max_wall_seconds))
+  callbacks.progress = monitoring.ProgressLog(
+      run.progress, where.group, config.train_steps,
+      rates=callbacks.step_summaries.examples_per_sec, resume_step=callbacks.resume_step)
   epoch_callbacks: List[keras.callbacks.Callback] = [
       callbacks.evaluation,
       keras.callbacks.TensorBoard(run.tensorboard, update_freq="epoch"),
-      monitoring.ProgressLog(run.progress, where.group, config.train_steps,
-                             rates=callbacks.step_summaries.examples_per_sec)]
+      callbacks.progress]
   if parameter_server:
     epoch_callbacks.append(callbacks.step_timer)
   if config.save_eval_predictions and config.prediction_history:

@@ -74,6 +74,20 @@ class GroupData:
     """Zeros of the input spec's shape: builds a model's variables without reading data."""
     return codistill_hooks.sample_batch(self.input_spec)
 
+  def resumed(self, steps: int, shared_steps: bool = False
+              ) -> Callable[..., tf.data.Dataset]:
+    """The training pipeline past the batches of its first ``steps`` steps, for a group resumed
+    from a checkpoint of step ``steps``. Each step reads one batch of every input pipeline;
+    with ``shared_steps`` (parameter servers: a step runs on whichever worker is free) each
+    pipeline skips an even share of them instead."""
+    if not steps:
+      return self.train
+
+    def dataset(context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+      pipelines = context.num_input_pipelines if context else 1
+      return self.train(context).skip(steps // pipelines if shared_steps else steps)
+    return dataset
+
   def predictions(self, batches: Optional[int]) -> tf.data.Dataset:
     """The evaluation batches whose predictions are kept (all of them when ``batches`` is None)."""
     return self.evaluation if batches is None else self.evaluation.take(batches)

@@ -170,22 +170,38 @@ class ProgressLog(keras.callbacks.Callback):
   benchmarks.
 
   ``rates`` is a list another hook appends examples/sec measurements to (StepSummaries); the
-  median of those added during the epoch is logged as ``examples_per_sec``.
+  median of those added during the epoch is logged as ``examples_per_sec``. A run resumed from
+  the checkpoint of ``resume_step`` drops the lines of later steps (their steps run again) and
+  counts its wall time on from that of the step it resumed at, so the file reads as one run.
   """
 
   def __init__(self, path: str, group: int, total_steps: int,
-               rates: Optional[List[float]] = None):
+               rates: Optional[List[float]] = None, resume_step: int = 0):
     super().__init__()
     self.path = path
     self.group = group
     self.total_steps = total_steps
     self.rates = rates
+    self.resume_step = resume_step
+    self.resumed_wall_time_s = 0.0
     self._seen_rates = 0
     self._start = time.monotonic()
 
+  def on_train_begin(self, logs=None):
+    if not tf.io.gfile.exists(self.path):
+      return
+    with tf.io.gfile.GFile(self.path) as f:
+      lines = [line for line in f if line.strip()]
+    kept = [line for line in lines if json.loads(line)["step"] <= self.resume_step]
+    if kept != lines:
+      exchange.write_atomically(self.path, "".join(kept))
+    if kept:
+      self.resumed_wall_time_s = float(json.loads(kept[-1])["wall_time_s"])
+
   def on_epoch_end(self, epoch, logs=None):
     record = {"group": self.group, "epoch": epoch + 1, "step": current_step(self.model),
-              "total_steps": self.total_steps, "wall_time_s": time.monotonic() - self._start}
+              "total_steps": self.total_steps,
+              "wall_time_s": self.resumed_wall_time_s + time.monotonic() - self._start}
     record.update(scalar_logs(logs))
     if self.rates is not None and len(self.rates) > self._seen_rates:
       record["examples_per_sec"] = float(np.median(self.rates[self._seen_rates:]))

@@ -112,8 +112,10 @@ class GroupTrainer:
                  self.info.task_id, digest)
     if not self.info.is_chief:
       return {}
+    earlier_s = callbacks.progress.resumed_wall_time_s if callbacks.progress else 0.0
     return self.finalize(model, local, data, callbacks, history,
-                         {"wall_time_s": time.time() - start, "weights_digest": digest})
+                         {"wall_time_s": earlier_s + time.time() - start,
+                          "resumed_from_step": callbacks.resume_step, "weights_digest": digest})
 
   def _prepare_process(self) -> None:
     config = self.config
@@ -190,8 +192,13 @@ class GroupTrainer:
     """``model.fit`` for exactly ``train_steps`` steps; a NaN/Inf loss raises
     NonFiniteLossError saying what was kept."""
     config = self.config
-    dataset = data.train() if self.info.task_type is None else \
-        keras.utils.experimental.DatasetCreator(data.train)
+    resumed = callbacks.resume_step if config.checkpoints.resume_input else 0
+    if resumed:
+      logging.info("group %d resumes at step %d: its input skips the batches of steps 1-%d",
+                   self.group, resumed, resumed)
+    train = data.resumed(resumed, shared_steps=config.shape.asynchronous)
+    dataset = train() if self.info.task_type is None else \
+        keras.utils.experimental.DatasetCreator(train)
     try:
       with inputs.data_errors(config.data.dataset_fn):
         epochs = max(1, -(-config.train_steps // config.steps_per_epoch))

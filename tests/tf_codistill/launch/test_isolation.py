@@ -88,7 +88,7 @@ def test_exposed_ports_only_when_allowed_and_then_with_a_warning(no_util_linux, 
 
 def test_a_negative_restart_budget_is_refused_and_the_default_survives_faults(tmp_path):
   with pytest.raises(errors.ConfigurationError, match=r"--max_restarts=-1 must be >= 0"):
-    launcher.launch(str(tmp_path), 1, max_restarts=-1)
+    launcher.launch_groups(str(tmp_path), 1, max_restarts=-1)
   assert launcher.DEFAULT_MAX_RESTARTS == 3
 
 

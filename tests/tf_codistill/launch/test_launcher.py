@@ -90,7 +90,7 @@ def test_sync_and_async_configs_give_the_group_shape(name, strategy, workers, ps
 
 def test_launch_refuses_a_parameter_server_group_without_workers_or_ps(tmp_path):
   with pytest.raises(ConfigurationError, match="needs tfc.Group.workers_per_group >= 1"):
-    launcher.launch(str(tmp_path / "m"), 1, shape=group_lib.Group("parameter_server"))
+    launcher.launch_groups(str(tmp_path / "m"), 1, shape=group_lib.Group("parameter_server"))
   assert not os.path.exists(tmp_path / "m")
 
 
@@ -191,7 +191,7 @@ def test_servers_on_this_machines_network_only_with_allow_exposed_ports(tmp_path
 
 def test_a_negative_stall_timeout_is_refused_naming_the_flag(tmp_path):
   with pytest.raises(ConfigurationError, match=r"--stall_timeout_s=-1 must be >= 0"):
-    launcher.launch(str(tmp_path / "m"), 1, stall_timeout_s=-1)
+    launcher.launch_groups(str(tmp_path / "m"), 1, stall_timeout_s=-1)
   assert not glob.glob(f"{tmp_path}/m/group_*")
 
 

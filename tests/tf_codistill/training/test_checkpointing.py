@@ -2,12 +2,15 @@
 kept and restored like CheckpointManager's, saved through one traced function (no ps memory
 growth per save)."""
 
+import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+import tf_codistill as tfc
+from tf_codistill import layout
 from tf_codistill.errors import ConfigurationError
 from tf_codistill.training import checkpointing
 
@@ -100,3 +103,17 @@ def test_saves_under_parameter_servers_leave_the_ps_memory_flat(tmp_path):
   assert report["growth_mib"] < 10, report
   assert report["traces"] == 1
   assert report["kept"] == [str(tmp_path / "ckpt" / f"ckpt-{s}") for s in (298, 299)]
+
+
+def test_the_resume_step_is_the_newest_checkpoints_optimizer_step(tmp_path):
+  run = layout.RunDir(str(tmp_path))
+  assert checkpointing.newest_step(run.checkpoints) == 0
+  assert tfc.resume_step(str(tmp_path)) == 0  # nothing to resume: it starts over
+  model = _compiled()
+  checkpoints = checkpointing.EpochCheckpoint(run.checkpoints, model)
+  for step in (30, 60):
+    model.optimizer.iterations.assign(step)
+    checkpoints.save(step)
+  assert checkpointing.newest_step(run.checkpoints) == 60
+  assert tfc.resume_step(str(tmp_path)) == 60
+  assert checkpointing.backup_checkpoints(run.backup) == os.path.join(run.backup, "chief")

@@ -74,3 +74,21 @@ def test_a_malformed_file_is_reported_at_its_first_bad_line_whatever_its_kind(tm
     with inputs.data_errors(criteo.make_dataset):
       for _ in shuffled([path], 32, seed=seed):
         pass
+
+
+def _batches(make, context=None, n=3):
+  return [[x.numpy().tolist() for x in tf.nest.flatten(features)]
+          for features, _ in make(context).take(n)]
+
+
+def test_a_resumed_pipeline_starts_at_the_batch_after_its_checkpoints_steps(criteo_dir):
+  data = inputs.build(_config(criteo_dir), 0, 1, seed=4)
+  assert data.resumed(0) is data.train
+  whole = _batches(data.train, n=8)
+  assert _batches(data.resumed(5)) == whole[5:8]
+  # Synchronous workers each read one batch a step; parameter-server workers an even share.
+  context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1,
+                                       num_replicas_in_sync=2)
+  pipeline = _batches(data.train, context, n=8)
+  assert _batches(data.resumed(4), context) == pipeline[4:7]
+  assert _batches(data.resumed(4, shared_steps=True), context) == pipeline[2:5]

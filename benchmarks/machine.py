@@ -68,13 +68,17 @@ def cpu_model() -> str:
 
 
 def code_commit() -> Optional[str]:
-  """The git commit of the checkout these benchmarks run from (None outside a git checkout):
-  a run that goes on across sessions records each part's."""
+  """The git commit of the checkout these benchmarks run from, ``+changes`` when tracked files
+  differ from it (None outside a git checkout): a run that goes on across sessions records
+  each part's."""
+  here = os.path.dirname(os.path.abspath(__file__))
   with contextlib.suppress(OSError, subprocess.SubprocessError):
-    done = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse",
-                           "HEAD"], capture_output=True, text=True, timeout=30)
-    if done.returncode == 0:
-      return done.stdout.strip()
+    head = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
+                          text=True, timeout=30)
+    changed = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, timeout=30)
+    if head.returncode == 0:
+      return head.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
   return None
 
 

@@ -34,9 +34,11 @@ a hang: the launch is stopped and the trial recorded as hung.
   python -m benchmarks.run net_fault_trials --gin_bindings='bench.net_fault_trials.trials = 2' \
       --gin_bindings="bench.net_fault_trials.cases = ['cut_worker_5s']"
 
-Each trial is recorded as it ends (``<results_dir>/trials/<case>_<seed>.json``, with the
-machine's load before and after it), and a later run with the same settings keeps it: the
-trials (hours in all, the 5-minute cuts most) go on across sessions.
+Each trial starts once the load the trial before it left has decayed (up to ``--settle_s``;
+above the cores it is refused, or with ``--allow_load`` marked), is recorded as it ends
+(``<results_dir>/trials/<case>_<seed>.json``, with the machine's load before and after it), and
+a later run with the same settings keeps it: the trials (hours in all, the 5-minute cuts most)
+go on across sessions.
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ import importlib
 import json
 import os
 import sys
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from benchmarks import machine
 
 BENCHMARKS_DIR = os.path.dirname(os.path.abspath(__file__))
 SUITES_DIR = os.path.join(BENCHMARKS_DIR, "suites")
@@ -50,6 +52,16 @@ class Context:
   command: str  # the command line that reproduces the run
   allow_load: bool = False
   progress: Callable[[str], None] = print
+  # How a benchmark of many runs (fault trials) waits for a quiet machine before each one (the
+  # --allow_load/--settle_s flags); None: it does not wait (tests, a child process).
+  quiet: Optional[machine.Quiet] = None
+
+  def settle(self, what: str) -> Tuple[float, Optional[bool]]:
+    """Before one of the benchmark's runs (``what``): waits for a quiet machine as ``quiet``
+    asks; (the 1-minute load, whether it is above the cores: None when not asked to wait)."""
+    if self.quiet is None:
+      return machine.load_1m(), None
+    return self.quiet.settle(f"{self.name} {what}", self.progress)
 
 
 @dataclasses.dataclass(frozen=True)

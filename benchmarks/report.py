@@ -141,7 +141,17 @@ def _load_lines(summary: dict) -> List[str]:
                  "their wall times and examples/s are not trustworthy")
   elif runs and not any(r.get("load_avg_1m_before") is not None for r in runs):
     lines.append("- load before each run not recorded (runs predate the load checks)")
+  resumed = [f"`{n}` seed {r.get('seed')} group {r.get('group', 0)} (from step "
+             f"{', '.join(str(_resumed_at(p, r)) for p in r['parts'][1:])})"
+             for n, a in summary["arms"].items() for r in a["runs"] if r.get("parts")]
+  if resumed:
+    lines.append(f"- resumed after a stop from their checkpoints (each part's start, commit and "
+                 f"load in its record): {', '.join(resumed)}")
   return lines + _cpu_lines(summary)
+
+
+def _resumed_at(part: dict, run: dict) -> int:
+  return part["from_step"].get(str(run.get("group", 0)), 0)
 
 
 def cpu_models(summary: dict) -> collections.Counter:

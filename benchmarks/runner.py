@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import glob
+import hashlib
 import itertools
 import json
 import os
@@ -241,11 +242,12 @@ def _launch(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int, d
   machine's load as it starts) a stopped run of the seed goes on from its checkpoints, where the
   suite resumes runs (``Suite.resume_every_steps``); every other run starts over."""
   model_dir = paths.run_dir(arm.name, seed)
-  resumed = stopped_run(arm, suite, paths, seed) if part is not None else {}
+  config = run_config_digest(arm, suite, data)
+  resumed = stopped_run(arm, suite, paths, seed, config) if part is not None else {}
   if not resumed:
     shutil.rmtree(model_dir, ignore_errors=True)
   if part is not None and suite.resume_every_steps:
-    _add_part(model_dir, resumed, part)
+    _add_part(model_dir, resumed, {**part, "config": config})
   threads = ([f"trainer.train.intra_op_threads = {suite.threads_per_group}",
               f"trainer.train.inter_op_threads = {suite.threads_per_group}"]
              if suite.threads_per_group else [])
@@ -266,33 +268,66 @@ def _launch(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int, d
 PARTS_FILE = "bench_parts.json"  # in a seed's run folder: when each part of a resumed run began
 
 
-def stopped_run(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths,
-                seed: int) -> Dict[int, int]:
+def stopped_run(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int,
+                config: str) -> Dict[int, int]:
   """{group: the step it resumes from} for a stopped run of ``arm``'s ``seed`` that the suite
-  resumes (``Suite.resume_every_steps``); empty when the seed starts over."""
+  resumes (``Suite.resume_every_steps``) and that was started under ``config``
+  (``run_config_digest``); empty when the seed starts over. Refuses a run still going on."""
   if not suite.resume_every_steps or arm.kind != "train":
     return {}
   model_dir = paths.run_dir(arm.name, seed)
   steps = {g: tfc.resume_step(layout.group_dir(model_dir, g)) for g in range(arm.num_groups)}
-  return steps if any(steps.values()) else {}
+  if not any(steps.values()):
+    return {}
+  for group in range(arm.num_groups):
+    _refuse_if_running(layout.group_run(model_dir, group).heartbeat, f"{arm.name} seed {seed}")
+  parts = _read_parts(model_dir)
+  recorded = next((p["config"] for p in reversed(parts) if p.get("config")), None)
+  return steps if recorded in (None, config) else {}
+
+
+def run_config_digest(arm: spec.Arm, suite: spec.Suite, data: Sequence[str]) -> str:
+  """A digest of what determines a run of ``arm`` (its configuration, B* and tuned rate in its
+  bindings): a stopped run resumes only under the same."""
+  config = reuse.arm_config(arm, suite, data)
+  return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _refuse_if_running(heartbeat: str, what: str, fresh_s: float = 300.0) -> None:
+  """Raises if the heartbeat of a run to resume is fresh and its process alive: two processes
+  would train the same folder (a runner killed alone leaves its tasks running)."""
+  beat = machine.read_json_or(heartbeat)
+  if not beat or time.time() - beat.get("time", 0) > fresh_s:
+    return
+  try:
+    os.kill(int(beat["pid"]), 0)
+  except (ProcessLookupError, KeyError, ValueError):
+    return
+  raise RuntimeError(f"{what} is still running: its chief (pid {beat['pid']}) wrote "
+                     f"{heartbeat} {time.time() - beat['time']:.0f} s ago; stop it (its process "
+                     f"group) before resuming the run")
+
+
+def _read_parts(model_dir: str) -> List[dict]:
+  path = os.path.join(model_dir, PARTS_FILE)
+  return machine.read_json(path).get("parts", []) if os.path.exists(path) else []
 
 
 def _add_part(model_dir: str, resumed: Mapping[int, int], load: Mapping[str, Any]) -> None:
-  """Records that a part of the run starts now, from ``resumed``'s steps, at ``load``."""
-  path = os.path.join(model_dir, PARTS_FILE)
-  parts = machine.read_json(path).get("parts", []) if resumed and os.path.exists(path) else []
+  """Records that a part of the run starts now, from ``resumed``'s steps, at ``load`` (with the
+  run's ``config`` digest)."""
+  parts = _read_parts(model_dir) if resumed else []
   part = {"from_step": {str(g): s for g, s in sorted(resumed.items())},
           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
           "commit": machine.code_commit(),
           **{k: load[k] for k in ("load_avg_1m_before", "started_above_nproc_load",
-                                  "beside_sibling_run") if k in load}}
-  machine.write_json(path, {"parts": parts + [part]}, indent=1)
+                                  "beside_sibling_run", "cpu_model", "config") if k in load}}
+  machine.write_json(os.path.join(model_dir, PARTS_FILE), {"parts": parts + [part]}, indent=1)
 
 
 def _parts(model_dir: str) -> dict:
   """For a run resumed after a stop: its parts, and the load as its worst part's."""
-  path = os.path.join(model_dir, PARTS_FILE)
-  parts = machine.read_json(path).get("parts", []) if os.path.exists(path) else []
+  parts = _read_parts(model_dir)
   if len(parts) < 2:
     return {}
   return {"parts": parts,
@@ -452,8 +487,9 @@ def run_arm(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequen
   if not force and _arm_done(arm, paths, config):
     progress(f"[{suite.name}] {arm.name}: reusing {arm.seeds} recorded run(s) (--force reruns)")
     return False
-  if force:
+  if force:  # its records, and its stopped runs (not resumed)
     shutil.rmtree(os.path.join(paths.results_dir, "runs", arm.name), ignore_errors=True)
+    shutil.rmtree(os.path.dirname(paths.run_dir(arm.name, 0)), ignore_errors=True)
   seeds = _seeds_to_run(arm, paths, config)
   if len(seeds) < arm.seeds:
     progress(f"[{suite.name}] {arm.name}: reusing {arm.seeds - len(seeds)} recorded run(s), "
@@ -495,7 +531,7 @@ def _run_seed(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequ
             "beside_sibling_run": cpus is not None and cpus.in_use()}
     with cpus.take(_cpus_needed(arm)) if cpus else contextlib.nullcontext():
       if arm.kind == "train":
-        resumed = stopped_run(arm, suite, paths, seed)
+        resumed = stopped_run(arm, suite, paths, seed, run_config_digest(arm, suite, data))
         if resumed:
           progress(f"[{suite.name}] {arm.name} seed {seed}: resuming its stopped run from its "
                    f"checkpoints (group: step {resumed})")
@@ -774,6 +810,8 @@ def _run_figures(run: dict, suite: spec.Suite, target: Optional[float]) -> dict:
           **{f"final_{k}": result.get(k) for k in ("val_auc", "val_accuracy", "val_perplexity")},
           "steps": result["steps"], "wall_time_s": result["wall_time_s"],
           **{k: result.get(k) for k in _RESULT_KEYS},
+          # A run resumed after a stop: the parts it ran in (absent for a run in one part).
+          **({"parts": result["parts"]} if result.get("parts") else {}),
           "best_val_loss": protocol.best_loss(protocol.curve_points(run["curve"], suite.loss_key)),
           "steps_to_target": steps, "wall_time_to_target_s": wall,
           "bytes_sent_per_step": bytes_sent_per_step(result), "curve": run["curve_file"]}

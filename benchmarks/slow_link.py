@@ -320,12 +320,13 @@ def measure_links(ctx: registry.Context, suite: str = "english_lm",
         missing.append(f"{method}_{link.name}")
         continue
       if record is None:
-        load = machine.load_1m()
+        load, above = ctx.settle(f"{method} over {link.name}")
         record = {**run_method(arms[method], concrete, link,
                                os.path.join(ctx.work_dir, f"{method}_{link.name}"), data, steps,
                                seed),
                   "settings": settings, "link_described": link.describe(),
-                  "load_1m_before": load, "load_1m_at_end": machine.load_1m(),
+                  "load_1m_before": load, "started_above_nproc_load": above,
+                  "load_1m_at_end": machine.load_1m(),
                   "cpu_model": machine.cpu_model(),
                   "tensorflow": machine.tensorflow_version(),
                   "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -24,9 +24,10 @@ def run_interleaved(ctx: registry.Context, cases: Sequence[str], trials: int, se
                     scratch: Callable[[str, int], Sequence[str]], run_missing: bool = True
                     ) -> dict:
   """Every (case, seed) trial, recorded or run now (``run_one(case, seed)``, its ``scratch``
-  folders removed after); the run's record, its trials under ``trials``. With ``run_missing``
-  False nothing runs: the record of the trials recorded so far, the others listed under
-  ``missing`` (``complete`` says whether there are any)."""
+  folders removed after), each on a machine as quiet as ``ctx.quiet`` asks (the trial before it
+  leaves processes whose load decays for a minute or two); the run's record, its trials under
+  ``trials``. With ``run_missing`` False nothing runs: the record of the trials recorded so
+  far, the others listed under ``missing`` (``complete`` says whether there are any)."""
   records, missing, start = [], [], time.time()
   sources = standalone.source_digest(("tf_codistill",)) if run_missing else None
   for seed in range(trials):
@@ -36,9 +37,10 @@ def run_interleaved(ctx: registry.Context, cases: Sequence[str], trials: int, se
         missing.append(f"{case}_{seed}")
         continue
       if record is None:
-        load = os.getloadavg()[0]
+        load, above = ctx.settle(f"{case} seed {seed}")
         record = {**run_one(case, seed), "settings": settings, "library_sources": sources,
-                  "load_1m_before": load, "load_1m_at_end": os.getloadavg()[0],
+                  "load_1m_before": load, "started_above_nproc_load": above,
+                  "load_1m_at_end": os.getloadavg()[0],
                   "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         machine.write_json(_path(ctx.results_dir, case, seed), record, indent=1)
         for folder in scratch(case, seed):

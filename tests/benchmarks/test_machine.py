@@ -136,9 +136,11 @@ def test_json_is_written_whole_into_a_new_directory(tmp_path):
   assert json.load(open(path)) == {"a": [1, 2], "b": 1}  # the previous summary is intact
 
 
-def test_the_code_commit_is_this_checkouts_head(tmp_path):
+def test_the_code_commit_is_this_checkouts_head_and_says_when_files_changed(tmp_path):
   repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   head = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True)
   if head.returncode:
     pytest.skip(f"not a git checkout here: {head.stderr.strip()}")
-  assert machine.code_commit() == head.stdout.strip()
+  changed = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+  assert machine.code_commit() == head.stdout.strip() + ("+changes" if changed else "")

@@ -42,6 +42,16 @@ def test_report_names_the_cpu_and_flags_runs_resumed_on_another_cpu_model():
   assert report._cpu_lines(arms({"load_avg_1m_before": 0.5})) == []
 
 
+def test_the_report_names_the_runs_resumed_after_a_stop_and_from_which_steps():
+  whole = {"seed": 0, "group": 0, "load_avg_1m_before": 0.5}
+  parts = [{"from_step": {}}, {"from_step": {"0": 1500, "1": 1350}}, {"from_step": {"0": 3000}}]
+  resumed = {"seed": 11, "group": 1, "load_avg_1m_before": 1.2, "parts": parts}
+  lines = report._load_lines({"arms": {"a": {"runs": [whole]}, "b": {"runs": [resumed]}}})
+  line, = [x for x in lines if "resumed" in x]
+  assert line.endswith("`b` seed 11 group 1 (from step 1350, 0)")
+  assert not [x for x in report._load_lines({"arms": {"a": {"runs": [whole]}}}) if "resumed" in x]
+
+
 def test_a_registered_benchmarks_report_has_its_command_machine_goals_body_and_settings(tmp_path):
   summary = {"command": "python -m benchmarks.run x", "config": {"steps": 10},
              "goals": {"ratio": 0.9}, "goal_verdicts": {"ratio": {"threshold": [">=", 0.95],

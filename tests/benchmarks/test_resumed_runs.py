@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+import tf_codistill as tfc
+
 from testing_utils import REPO
 
 pytestmark = pytest.mark.e2e
@@ -48,14 +50,6 @@ def _recorded(tmp_path, name):
     return results, [json.loads(line) for line in f]
 
 
-def _progress(run_dir):
-  path = os.path.join(run_dir, "group_0", "progress.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line)["step"] for line in f if line.endswith("\n")]
-
-
 def _kill_runner_and_tasks(runner, run_dir):
   os.killpg(runner.pid, signal.SIGKILL)  # the runner and the launcher in it
   runner.wait()
@@ -77,7 +71,7 @@ def test_a_stopped_suite_run_resumes_and_records_the_uninterrupted_curve(tmp_pat
   runner = subprocess.Popen(_command(tmp_path, "stopped"), cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
   deadline = time.time() + 600
-  while not any(step >= 60 for step in _progress(run_dir)):
+  while tfc.resume_step(os.path.join(run_dir, "group_0")) < 60:  # a checkpoint at 60 or later
     assert runner.poll() is None and time.time() < deadline, "the run ended before its stop"
     time.sleep(0.05)
   _kill_runner_and_tasks(runner, run_dir)

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import threading
+import time
 
 import pytest
 
@@ -230,19 +231,35 @@ def _checkpoint(directory, step):
 
 
 def test_a_stopped_run_resumes_from_its_checkpoints_and_records_its_parts(tmp_path):
-  paths, arm, suite, _, _ = _one_arm(tmp_path, seeds=1)
+  paths, arm, suite, data, _ = _one_arm(tmp_path, seeds=1)
   arm = dataclasses.replace(arm, num_groups=2)
   resuming = dataclasses.replace(suite, arms=[arm], resume_every_steps=30)
+  config = runner.run_config_digest(arm, resuming, data)
   model_dir = paths.run_dir("a", 0)
-  assert runner.stopped_run(arm, resuming, paths, 0) == {}  # nothing ran: it starts over
-  runner._add_part(model_dir, {}, {"load_avg_1m_before": 0.4, "started_above_nproc_load": False})
+  assert runner.stopped_run(arm, resuming, paths, 0, config) == {}  # nothing ran: starts over
+  runner._add_part(model_dir, {}, {"load_avg_1m_before": 0.4, "started_above_nproc_load": False,
+                                   "config": config})
   _checkpoint(os.path.join(model_dir, "group_0", "backup", "chief"), 60)
   _checkpoint(os.path.join(model_dir, "group_1", "backup", "chief"), 30)
-  assert runner.stopped_run(arm, resuming, paths, 0) == {0: 60, 1: 30}
-  assert runner.stopped_run(arm, suite, paths, 0) == {}  # a suite that does not resume
+  assert runner.stopped_run(arm, resuming, paths, 0, config) == {0: 60, 1: 30}
+  assert runner.stopped_run(arm, suite, paths, 0, config) == {}  # a suite that does not resume
+  # A run started under another configuration (e.g. the suite's steps changed) starts over.
+  changed = dataclasses.replace(resuming, common_bindings=["trainer.train.train_steps = 20"])
+  other = runner.run_config_digest(arm, changed, data)
+  assert other != config and runner.stopped_run(arm, changed, paths, 0, other) == {}
+  # A run whose chief is alive (a runner killed alone leaves its tasks running) is refused.
+  heartbeat = os.path.join(model_dir, "group_1", "heartbeat.json")
+  with open(heartbeat, "w") as f:
+    json.dump({"step": 31, "time": time.time(), "pid": os.getpid()}, f)
+  with pytest.raises(RuntimeError, match="a seed 0 is still running"):
+    runner.stopped_run(arm, resuming, paths, 0, config)
+  with open(heartbeat, "w") as f:  # an old heartbeat: its run is over
+    json.dump({"step": 31, "time": time.time() - 3600, "pid": os.getpid()}, f)
+  assert runner.stopped_run(arm, resuming, paths, 0, config) == {0: 60, 1: 30}
   assert runner._parts(model_dir) == {}  # one part: recorded as any run
   runner._add_part(model_dir, {0: 60, 1: 30},
-                   {"load_avg_1m_before": 1.7, "started_above_nproc_load": False})
+                   {"load_avg_1m_before": 1.7, "started_above_nproc_load": False,
+                    "config": config})
   parts = runner._parts(model_dir)
   assert [p["from_step"] for p in parts["parts"]] == [{}, {"0": 60, "1": 30}]
   assert parts["load_avg_1m_before"] == 1.7 and not parts["started_above_nproc_load"]

@@ -1,5 +1,6 @@
 """Fault trials go on across sessions: recorded trials are kept, the rest run, cases interleaved."""
 
+import dataclasses
 import json
 import os
 
@@ -122,3 +123,21 @@ def test_net_fault_trials_so_far_need_no_network_faults_and_make_no_data(tmp_pat
   assert "cut_worker_5s_0" not in so_far["missing"] and "cut_ps_30s_4" in so_far["missing"]
   assert so_far["summary"]["cut_worker_5s"]["finished"] == 1 and len(so_far["summary"]) == 1
   assert not os.path.exists(tmp_path / "w")
+
+
+def test_each_trial_waits_for_a_quiet_machine_and_records_whether_it_got_one(tmp_path,
+                                                                             monkeypatch):
+  monkeypatch.setattr(machine, "load_1m", lambda: machine.cores() + 1.5)
+  loaded = dataclasses.replace(_ctx(tmp_path), quiet=machine.Quiet(allow_load=True, settle_s=0))
+  _, result = _run(loaded)
+  assert [t["started_above_nproc_load"] for t in result["trials"]] == [True] * 4
+  assert result["trials"][0]["load_1m_before"] == machine.cores() + 1.5
+  # Not allowed above the cores: no trial runs, none is recorded.
+  strict = dataclasses.replace(_ctx(tmp_path / "strict"),
+                               quiet=machine.Quiet(allow_load=False, settle_s=0))
+  with pytest.raises(machine.MachineLoaded, match="t a seed 0"):
+    _run(strict)
+  assert not os.path.exists(tmp_path / "strict" / "r" / "trials")
+  # Without a policy (tests, children) it does not wait and marks nothing.
+  _, result = _run(_ctx(tmp_path / "free"))
+  assert {t["started_above_nproc_load"] for t in result["trials"]} == {None}

@@ -9,6 +9,7 @@ import socket
 
 import pytest
 
+import tf_codistill as tfc
 from tf_codistill import layout
 
 from testing_utils import TRANSIENT_PS_FAULTS
@@ -148,24 +149,21 @@ def test_killed_task_restarts_its_group_from_its_last_checkpoint(tmp_path, crite
                               *extra, gin="baseline.gin",
                               bindings=["tfc.Checkpoints.every_steps = 80"]))
   group_dir = os.path.join(model_dir, "group_0")
-  launch.wait_for(lambda: progress_steps(group_dir), 240, "the first epoch")
+  launch.wait_for(lambda: tfc.resume_step(group_dir), 240, "the first checkpoint")
   first_pid = launch.pids[(0, victim, 0)]
   os.kill(first_pid, signal.SIGKILL)
-  before = progress_steps(group_dir)  # epochs (and their checkpoints) finished before the kill
+  saved = tfc.resume_step(group_dir)  # the newest checkpoint when the task died
   assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
   assert (f"group 0: {victim}:0 exited with signal SIGKILL; restarting the group from its last "
           "checkpoint (restart 1/3)") in launch.stderr
   restarts = [e for e in launch.events() if e["event"] == "restarted"]
   assert [(e["task"], e["status"], e["scope"]) for e in restarts] == [(victim, -9, "group")]
   assert launch.pids[(0, victim, 0)] != first_pid
+  # The restarted group resumed from the newest checkpoint (less than one checkpoint interval
+  # of work redone), and its progress log reads as one run: each evaluation once.
   assert _results(model_dir, 0)["steps"] == 240
-  steps = progress_steps(group_dir)
-  assert steps[:len(before)] == before and steps[-1] == 240
-  # The restarted chief resumed from the checkpoint of the last finished epoch or a later one:
-  # its first epoch ends one interval (80 steps) after a step >= the last one logged before
-  # the kill, so less than one checkpoint interval of work was redone (from scratch: 80).
-  resumed_from = steps[len(before)] - 80
-  assert resumed_from >= before[-1], (before, steps)
+  assert _results(model_dir, 0)["resumed_from_step"] == saved >= 80
+  assert progress_steps(group_dir) == [80, 160, 240]
 
 
 def test_a_synchronous_group_restarted_after_a_kill_ends_as_if_it_had_not_stopped(tmp_path,
@@ -182,7 +180,7 @@ def test_a_synchronous_group_restarted_after_a_kill_ends_as_if_it_had_not_stoppe
   model_dir = str(tmp_path / "job")
   launch = Launch(args(model_dir))
   group_dir = os.path.join(model_dir, "group_0")
-  launch.wait_for(lambda: progress_steps(group_dir), 240, "the first epoch")
+  launch.wait_for(lambda: tfc.resume_step(group_dir), 240, "the first checkpoint")
   os.kill(launch.pids[(0, "worker", 0)], signal.SIGKILL)
   assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
   assert ("group 0: worker:0 exited with signal SIGKILL; restarting the group from its last "

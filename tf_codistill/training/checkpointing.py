@@ -14,6 +14,7 @@ from absl import logging
 
 from tf_codistill import errors
 from tf_codistill import layout
+from tf_codistill.optim import fused_models
 from tf_codistill.step_hooks import current_step
 from tf_codistill.step_hooks import non_finite_losses
 
@@ -25,9 +26,11 @@ class Checkpoints:
   groups every ``every_steps`` steps (tf_keras' BackupAndRestore, one kept), parameter-server
   groups at every epoch's end (``EpochCheckpoint``, the newest ``max_to_keep`` kept). A
   restarted group resumes from its newest checkpoint, and with ``resume_input`` its input too:
-  it skips the batches the checkpoint's steps read, so a stopped run goes on exactly as if it
-  had not stopped (one-process and synchronous groups; under parameter servers, whose steps go
-  to whichever worker is free, each worker skips an even share). Checked when made."""
+  it skips the batches the checkpoint's steps read, so a stopped one-process or synchronous
+  group without dropout goes on exactly as if it had not stopped (dropout's random state is not
+  checkpointed). Under parameter servers, whose steps go to whichever worker is free, each
+  worker skips an even share (a batch may be read twice or left out), and a worker restarted
+  alone reads on from where its pipeline began. Checked when made."""
   every_steps: int = 500
   max_to_keep: int = 2
   resume_input: bool = True
@@ -107,6 +110,53 @@ class EpochCheckpoint(keras.callbacks.Callback):
     if self.before_save is not None:
       self.before_save()
     self.save(current_step(self.model))
+
+
+class StepBackup(fused_models.BackupAndRestore):
+  """tf_keras' BackupAndRestore (single-process and synchronous groups) made to resume a run
+  exactly, every ``every_steps`` optimizer steps:
+
+  * a backup due at an epoch's last step is written at the epoch's end, after the callbacks
+    placed before it (evaluation, progress log), so a run stopped during an evaluation resumes
+    before it and evaluates again instead of losing that point of its curve;
+  * it records an execution's last step (tf_keras records its first, so with
+    ``steps_per_execution`` > 1 a resumed run would take steps again), and counts steps, not
+    executions;
+  * the backup outlives ``fit``: ``remove_backup`` deletes it once the run's results are written
+    (a run stopped while it finishes resumes at its end instead of starting over).
+  """
+
+  def __init__(self, backup_dir: str, flush: Callable[[], None], every_steps: int):
+    super().__init__(backup_dir, flush, save_freq=every_steps, delete_checkpoint=False)
+    self.every_steps = every_steps
+    self._saved_step = 0
+    self._due = False
+
+  def on_train_begin(self, logs=None):
+    super().on_train_begin(logs)  # restores the newest backup
+    self._saved_step = current_step(self.model)
+
+  def on_train_batch_end(self, batch, logs=None):
+    self._training_state._ckpt_saved_batch.assign(batch)
+    self._training_state.backup_if_preempted()
+    step = current_step(self.model)
+    if step // self.every_steps > self._saved_step // self.every_steps:
+      self._saved_step = step
+      if batch + 1 >= self.params.get("steps", batch + 2):
+        self._due = True  # the epoch's last step: written at its end
+      else:
+        self._backup(epoch=self._current_epoch, batch=batch)
+
+  def on_epoch_end(self, epoch, logs=None):
+    if self._due:
+      self._due = False
+      self._backup(epoch=epoch)
+
+
+def remove_backup(backup_dir: str) -> None:
+  """Deletes a finished run's StepBackup checkpoints."""
+  if tf.io.gfile.exists(backup_dir):
+    tf.io.gfile.rmtree(backup_dir)
 
 
 def newest_step(directory: str) -> int:

@@ -12,7 +12,6 @@ import tf_keras as keras
 from tf_codistill import layout
 from tf_codistill import step_hooks
 from tf_codistill.exchange import publishing
-from tf_codistill.optim import fused_models
 from tf_codistill.training import checkpointing
 from tf_codistill.training import monitoring
 from tf_codistill.training import results as results_lib
@@ -63,15 +62,17 @@ def build(config: TrainConfig, where: GroupTask, model: CodistillModel,
     callbacks.resume_step = checkpoints.restore()
     callbacks.initial_epoch = callbacks.resume_step // config.steps_per_epoch
   else:  # fit restores it
-    checkpoints = fused_models.BackupAndRestore(
-        where.run_dir.backup, model.flush_fusion, save_freq=config.checkpoints.every_steps)
+    checkpoints = checkpointing.StepBackup(where.run_dir.backup, model.flush_fusion,
+                                           config.checkpoints.every_steps)
     callbacks.resume_step = checkpointing.newest_step(
         checkpointing.backup_checkpoints(where.run_dir.backup))
   hooks: List[step_hooks.StepHook] = []
   epoch_callbacks: List[keras.callbacks.Callback] = []
   if where.info.is_chief:
     hooks, epoch_callbacks = _chief_callbacks(config, where, local, data, callbacks)
-  epoch_callbacks.insert(0, checkpoints)
+  # After the evaluation and the progress log: a checkpoint at an epoch's end exists only once
+  # that epoch's evaluation does, so a resumed run's curve has every point.
+  epoch_callbacks.append(checkpoints)
   guard = step_hooks.NonFiniteGuard()
   if parameter_server:
     # The guard runs first in fit's polling thread; it makes the driver stop training.

@@ -165,14 +165,27 @@ class StepSummaries(StepHook):
           self._counted[name] = value
 
 
+def _step_of(line: str, otherwise: int) -> int:
+  """The step of a progress line; ``otherwise`` for a line cut short (not whole JSON, or
+  without its newline)."""
+  if not line.endswith("\n"):
+    return otherwise
+  try:
+    return int(json.loads(line)["step"])
+  except (ValueError, KeyError, TypeError):
+    return otherwise
+
+
 class ProgressLog(keras.callbacks.Callback):
   """Appends one JSON line per epoch (step, wall time, metrics) to ``path`` for launchers and
   benchmarks.
 
   ``rates`` is a list another hook appends examples/sec measurements to (StepSummaries); the
   median of those added during the epoch is logged as ``examples_per_sec``. A run resumed from
-  the checkpoint of ``resume_step`` drops the lines of later steps (their steps run again) and
-  counts its wall time on from that of the step it resumed at, so the file reads as one run.
+  the checkpoint of ``resume_step`` drops the lines of later steps (their steps run again) and a
+  line a stop cut short, and counts its wall time on from that of the step it resumed at, so
+  the file reads as one run (its wall time is the parts', each from its process's start: the
+  time from a part's last evaluation to its stop is not in it).
   """
 
   def __init__(self, path: str, group: int, total_steps: int,
@@ -192,7 +205,7 @@ class ProgressLog(keras.callbacks.Callback):
       return
     with tf.io.gfile.GFile(self.path) as f:
       lines = [line for line in f if line.strip()]
-    kept = [line for line in lines if json.loads(line)["step"] <= self.resume_step]
+    kept = [line for line in lines if _step_of(line, self.resume_step + 1) <= self.resume_step]
     if kept != lines:
       exchange.write_atomically(self.path, "".join(kept))
     if kept:

@@ -117,3 +117,30 @@ def test_the_resume_step_is_the_newest_checkpoints_optimizer_step(tmp_path):
   assert checkpointing.newest_step(run.checkpoints) == 60
   assert tfc.resume_step(str(tmp_path)) == 60
   assert checkpointing.backup_checkpoints(run.backup) == os.path.join(run.backup, "chief")
+
+
+def test_step_backups_count_steps_wait_for_the_epochs_end_and_outlive_fit(tmp_path):
+  model = small_net()
+  model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", steps_per_execution=2)
+  backup_dir = str(tmp_path / "backup")
+  flushed = []
+  backup = checkpointing.StepBackup(backup_dir, lambda: flushed.append(1), every_steps=3)
+  newest = checkpointing.backup_checkpoints(backup_dir)
+  seen_at_epoch_end = []  # what a callback before the backup (the evaluation) sees
+  before = keras.callbacks.LambdaCallback(
+      on_epoch_end=lambda epoch, logs: seen_at_epoch_end.append(checkpointing.newest_step(newest)))
+  data = tf.data.Dataset.from_tensors((tf.ones([4, 4]), tf.ones([4, 1]))).repeat()
+  model.fit(data, epochs=2, steps_per_epoch=6, callbacks=[before, backup], verbose=0)
+  # Executions end at steps 2, 4, 6 | 8, 10, 12; backups every 3 steps: at 4, at 6 (the epoch's
+  # last step: after the callbacks before it), at 10, at 12 (the same).
+  assert seen_at_epoch_end == [4, 10]
+  assert checkpointing.newest_step(newest) == 12 and len(flushed) == 4
+  assert tfc.resume_step(str(tmp_path)) == 12  # kept after fit: remove_backup deletes it
+  # A backup records the execution's last step within its epoch (step 12 is batch 5 of epoch 1;
+  # tf_keras records the first, 4), so a resumed fit goes on at the next step, not at steps it
+  # has taken.
+  reader = tf.train.load_checkpoint(
+      [p for p in tf.train.get_checkpoint_state(newest).all_model_checkpoint_paths][0])
+  assert reader.get_tensor("ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE") == 5  # step 12
+  checkpointing.remove_backup(backup_dir)
+  assert tfc.resume_step(str(tmp_path)) == 0

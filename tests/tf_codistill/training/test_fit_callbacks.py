@@ -10,7 +10,6 @@ import tensorflow as tf
 from data_pipelines import criteo
 from tf_codistill import step_hooks
 from tf_codistill.models import ctr
-from tf_codistill.optim import fused_models
 from tf_codistill.training import checkpointing
 from tf_codistill.training import fit_callbacks
 from tf_codistill.training import group as group_lib
@@ -51,13 +50,16 @@ def _kinds(objects):
   return [type(o) for o in objects]
 
 
-def test_synchronous_chief_guards_before_backup_and_limits_steps_last(built):
+def test_synchronous_chief_guards_first_backs_up_after_evaluating_and_limits_steps_last(built):
   callbacks = _build(built, CHIEF, checkpoints=checkpointing.Checkpoints(every_steps=40))
   kinds = _kinds(callbacks.fit)
-  assert kinds[:2] == [step_hooks.NonFiniteGuard, fused_models.BackupAndRestore]
-  assert callbacks.fit[1].save_freq == 40
-  assert kinds[-1] is step_hooks.StepLimit
-  assert monitoring.LocalEvaluation in kinds and monitoring.ProgressLog in kinds
+  assert kinds[0] is step_hooks.NonFiniteGuard
+  assert kinds[-2:] == [checkpointing.StepBackup, step_hooks.StepLimit]
+  assert callbacks.fit[-2].every_steps == 40
+  # A checkpoint at an epoch's end comes after its evaluation and progress line.
+  assert kinds.index(monitoring.LocalEvaluation) < kinds.index(checkpointing.StepBackup)
+  assert kinds.index(monitoring.ProgressLog) < kinds.index(checkpointing.StepBackup)
+  assert callbacks.progress is callbacks.fit[kinds.index(monitoring.ProgressLog)]
   assert _kinds(callbacks.hooks) == [monitoring.Heartbeat, monitoring.StepSummaries,
                                      step_timing.StepTimer]
   assert callbacks.summary_writer is not None and callbacks.initial_epoch == 0
@@ -68,15 +70,16 @@ def test_parameter_server_chief_runs_the_guard_first_in_the_polling_thread(built
                      checkpoints=checkpointing.Checkpoints(max_to_keep=3))
   assert _kinds(callbacks.hooks)[0] is step_hooks.NonFiniteGuard
   kinds = _kinds(callbacks.fit)
-  assert kinds[0] is checkpointing.EpochCheckpoint and step_hooks.NonFiniteGuard not in kinds
-  assert callbacks.fit[0].max_to_keep == 3
-  assert step_timing.ClosureTimer in kinds and kinds[-1] is step_hooks.StepLimit
+  assert kinds[-2:] == [checkpointing.EpochCheckpoint, step_hooks.StepLimit]
+  assert step_hooks.NonFiniteGuard not in kinds
+  assert callbacks.fit[-2].max_to_keep == 3
+  assert step_timing.ClosureTimer in kinds
   assert isinstance(callbacks.step_timer, step_timing.ClosureTimer)
 
 
 def test_a_worker_that_is_not_the_chief_only_guards_backs_up_and_counts(built):
   callbacks = _build(built, MWM_WORKER, shape=group_lib.Group("multi_worker_mirrored", 1))
-  assert _kinds(callbacks.fit) == [step_hooks.NonFiniteGuard, fused_models.BackupAndRestore,
+  assert _kinds(callbacks.fit) == [step_hooks.NonFiniteGuard, checkpointing.StepBackup,
                                    step_hooks.StepLimit]
   assert callbacks.hooks == [] and callbacks.summary_writer is None
 

@@ -30,7 +30,9 @@ class Checkpoints:
   group without dropout goes on exactly as if it had not stopped (dropout's random state is not
   checkpointed). Under parameter servers, whose steps go to whichever worker is free, each
   worker skips an even share (a batch may be read twice or left out), and a worker restarted
-  alone reads on from where its pipeline began. Checked when made."""
+  alone reads on from where its pipeline began. A finished run keeps its last checkpoint: started
+  again in the same model directory it resumes at its end (trains nothing, evaluates and exports
+  again); train again in a new one. Checked when made."""
   every_steps: int = 500
   max_to_keep: int = 2
   resume_input: bool = True
@@ -122,8 +124,9 @@ class StepBackup(fused_models.BackupAndRestore):
   * it records an execution's last step (tf_keras records its first, so with
     ``steps_per_execution`` > 1 a resumed run would take steps again), and counts steps, not
     executions;
-  * the backup outlives ``fit``: ``remove_backup`` deletes it once the run's results are written
-    (a run stopped while it finishes resumes at its end instead of starting over).
+  * the backup outlives ``fit``, as parameter-server groups' checkpoints do: a run stopped while
+    it finishes (or a group of a job whose other groups were stopped) resumes at its end,
+    evaluating and exporting again, instead of training from the start.
   """
 
   def __init__(self, backup_dir: str, flush: Callable[[], None], every_steps: int):
@@ -151,12 +154,6 @@ class StepBackup(fused_models.BackupAndRestore):
     if self._due:
       self._due = False
       self._backup(epoch=epoch)
-
-
-def remove_backup(backup_dir: str) -> None:
-  """Deletes a finished run's StepBackup checkpoints."""
-  if tf.io.gfile.exists(backup_dir):
-    tf.io.gfile.rmtree(backup_dir)
 
 
 def newest_step(directory: str) -> int:

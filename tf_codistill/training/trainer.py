@@ -29,7 +29,6 @@ from tf_codistill.exchange import directory as exchange
 from tf_codistill.exchange import publishing
 from tf_codistill.optim import comm
 from tf_codistill.step_hooks import current_step
-from tf_codistill.training import checkpointing
 from tf_codistill.training import codistill_hooks
 from tf_codistill.training import connections
 from tf_codistill.training import fit_callbacks
@@ -250,8 +249,6 @@ class GroupTrainer:
         **results_lib.consumed(config.data.batch_size, config.data.split, step,
                                data.evaluation)})
     exchange.write_atomically(run.results, json.dumps(results, indent=2, sort_keys=True))
-    if not config.shape.asynchronous:
-      checkpointing.remove_backup(run.backup)  # the run is whole: run again, it starts over
     if config.save_step_timeline and callbacks.step_timer is not None:
       exchange.write_atomically(run.step_timeline, json.dumps(
           callbacks.step_timer.timeline(results_lib.windows(model.exchange_hooks))))

@@ -135,12 +135,10 @@ def test_step_backups_count_steps_wait_for_the_epochs_end_and_outlive_fit(tmp_pa
   # last step: after the callbacks before it), at 10, at 12 (the same).
   assert seen_at_epoch_end == [4, 10]
   assert checkpointing.newest_step(newest) == 12 and len(flushed) == 4
-  assert tfc.resume_step(str(tmp_path)) == 12  # kept after fit: remove_backup deletes it
+  assert tfc.resume_step(str(tmp_path)) == 12  # kept after fit: run again, it resumes at its end
   # A backup records the execution's last step within its epoch (step 12 is batch 5 of epoch 1;
   # tf_keras records the first, 4), so a resumed fit goes on at the next step, not at steps it
   # has taken.
   reader = tf.train.load_checkpoint(
       [p for p in tf.train.get_checkpoint_state(newest).all_model_checkpoint_paths][0])
   assert reader.get_tensor("ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE") == 5  # step 12
-  checkpointing.remove_backup(backup_dir)
-  assert tfc.resume_step(str(tmp_path)) == 0

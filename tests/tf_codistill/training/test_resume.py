@@ -18,9 +18,12 @@ from testing_utils import train_args
 pytestmark = pytest.mark.e2e
 
 STEPS, EPOCH = 160, 20
+# 4 steps per execution: tf_keras' own backup records an execution's first step, so a resumed
+# run would take steps again (one step per execution: the cluster and suite resume tests).
 SETTINGS = ("tfc.Data.batch_size = 64", f"trainer.train.train_steps = {STEPS}",
             f"trainer.train.steps_per_epoch = {EPOCH}", f"tfc.Checkpoints.every_steps = {EPOCH}",
-            "trainer.train.eval_steps = 4", "trainer.train.seed = 3")
+            "trainer.train.eval_steps = 4", "trainer.train.seed = 3",
+            "trainer.train.steps_per_execution = 4")
 
 
 def _command(criteo_dir, model_dir, *bindings):
@@ -62,27 +65,15 @@ def _stopped_and_resumed(criteo_dir, model_dir, stop_after_step, *bindings):
 
 @pytest.fixture(scope="module")
 def uninterrupted(criteo_dir, tmp_path_factory):
-  """The uninterrupted run's results and curve, per extra bindings."""
-  runs = {}
-
-  def run(*bindings):
-    if bindings not in runs:
-      model_dir = str(tmp_path_factory.mktemp("uninterrupted"))
-      subprocess.run(_command(criteo_dir, model_dir, *bindings), check=True,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
-      runs[bindings] = _results(model_dir)
-    return runs[bindings]
-  return run
+  model_dir = str(tmp_path_factory.mktemp("uninterrupted"))
+  subprocess.run(_command(criteo_dir, model_dir), check=True, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.PIPE, timeout=300)
+  return (*_results(model_dir), model_dir)
 
 
-# 4 steps per execution: tf_keras' own backup would record an execution's first step and take
-# steps again after a resume.
-@pytest.mark.parametrize("steps_per_execution", [1, 4])
-def test_a_killed_run_resumed_equals_the_uninterrupted_run(criteo_dir, tmp_path, uninterrupted,
-                                                           steps_per_execution):
-  executions = f"trainer.train.steps_per_execution = {steps_per_execution}"
-  results, curve = _stopped_and_resumed(criteo_dir, str(tmp_path / "m"), 3 * EPOCH, executions)
-  expected_results, expected_curve = uninterrupted(executions)
+def test_a_killed_run_resumed_equals_the_uninterrupted_run(criteo_dir, tmp_path, uninterrupted):
+  results, curve = _stopped_and_resumed(criteo_dir, str(tmp_path / "m"), 3 * EPOCH)
+  expected_results, expected_curve, _ = uninterrupted
   assert expected_results["resumed_from_step"] == 0
   assert 3 * EPOCH <= results["resumed_from_step"] < STEPS
   assert results["resumed_from_step"] % EPOCH == 0
@@ -100,12 +91,24 @@ def test_a_killed_run_resumed_equals_the_uninterrupted_run(criteo_dir, tmp_path,
 
 def test_without_resume_input_the_resumed_run_reads_its_first_batches_again(
     criteo_dir, tmp_path, uninterrupted):
-  executions = "trainer.train.steps_per_execution = 1"
-  results, curve = _stopped_and_resumed(criteo_dir, str(tmp_path / "m"), 3 * EPOCH, executions,
+  results, curve = _stopped_and_resumed(criteo_dir, str(tmp_path / "m"), 3 * EPOCH,
                                         "tfc.Checkpoints.resume_input = False")
-  expected_results, expected_curve = uninterrupted(executions)
+  expected_results, expected_curve, _ = uninterrupted
   resumed = results["resumed_from_step"]
   assert resumed >= 3 * EPOCH
   before = [r["val_loss"] for r in curve if r["step"] <= resumed]
   assert before == [r["val_loss"] for r in expected_curve if r["step"] <= resumed]
   assert results["weights_digest"] != expected_results["weights_digest"]
+
+
+def test_a_finished_run_started_again_resumes_at_its_end(criteo_dir, uninterrupted):
+  # Its last checkpoint is kept (as a stopped job's finished groups need): it trains nothing and
+  # writes the same results again.
+  expected_results, expected_curve, model_dir = uninterrupted
+  assert tfc.resume_step(model_dir) == STEPS
+  subprocess.run(_command(criteo_dir, model_dir), check=True, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.PIPE, timeout=300)
+  results, curve = _results(model_dir)
+  assert results["resumed_from_step"] == STEPS and results["steps"] == STEPS
+  assert results["weights_digest"] == expected_results["weights_digest"]
+  assert curve == expected_curve

@@ -236,18 +236,18 @@ def check_same_corpus(suite: spec.Suite, paths: spec.RunPaths) -> None:
 def _launch(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int, data: Sequence[str],
             *, exchange_dir: Optional[str] = None, extra: Sequence[str] = (),
             num_groups: Optional[int] = None, groups: Optional[Sequence[int]] = None,
-            pin: bool = False, part: Optional[dict] = None) -> Dict[int, str]:
+            pin: bool = False, resumed: Optional[Mapping[int, int]] = None,
+            part: Optional[dict] = None) -> Dict[int, str]:
   """Trains one seed of ``arm`` (its groups, or ``groups`` of ``num_groups``); ``pin``: each group
-  on its own share of the CPUs this thread may use (machine.CpuPool.take). With ``part`` (the
-  machine's load as it starts) a stopped run of the seed goes on from its checkpoints, where the
-  suite resumes runs (``Suite.resume_every_steps``); every other run starts over."""
+  on its own share of the CPUs this thread may use (machine.CpuPool.take). A stopped run goes on
+  from its checkpoints when ``resumed`` (``stopped_run``) names their steps, and every other run
+  starts over; where the suite resumes runs, ``part`` (the machine's load as it starts, the
+  run's configuration digest) is recorded as the start of a part."""
   model_dir = paths.run_dir(arm.name, seed)
-  config = run_config_digest(arm, suite, data)
-  resumed = stopped_run(arm, suite, paths, seed, config) if part is not None else {}
   if not resumed:
     shutil.rmtree(model_dir, ignore_errors=True)
   if part is not None and suite.resume_every_steps:
-    _add_part(model_dir, resumed, {**part, "config": config})
+    _add_part(model_dir, resumed or {}, part)
   threads = ([f"trainer.train.intra_op_threads = {suite.threads_per_group}",
               f"trainer.train.inter_op_threads = {suite.threads_per_group}"]
              if suite.threads_per_group else [])
@@ -531,11 +531,13 @@ def _run_seed(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequ
             "beside_sibling_run": cpus is not None and cpus.in_use()}
     with cpus.take(_cpus_needed(arm)) if cpus else contextlib.nullcontext():
       if arm.kind == "train":
-        resumed = stopped_run(arm, suite, paths, seed, run_config_digest(arm, suite, data))
+        config = run_config_digest(arm, suite, data)
+        resumed = stopped_run(arm, suite, paths, seed, config)
         if resumed:
           progress(f"[{suite.name}] {arm.name} seed {seed}: resuming its stopped run from its "
                    f"checkpoints (group: step {resumed})")
-        dirs = _launch(arm, suite, paths, seed, data, pin=cpus is not None, part=load)
+        dirs = _launch(arm, suite, paths, seed, data, pin=cpus is not None, resumed=resumed,
+                       part={**load, "config": config})
         load = {**load, **_parts(paths.run_dir(arm.name, seed))}
         results = [_record_run(arm, suite, paths, seed, g, dirs[g], load) for g in sorted(dirs)]
       else:

@@ -50,11 +50,15 @@ class Context:
   results_dir: str  # <results root>/<name>: summary.json, report.md, plots
   work_dir: str  # <work root>/<name>: data, runs, anything a rerun may reuse
   command: str  # the command line that reproduces the run
-  allow_load: bool = False
   progress: Callable[[str], None] = print
   # How a benchmark of many runs (fault trials) waits for a quiet machine before each one (the
   # --allow_load/--settle_s flags); None: it does not wait (tests, a child process).
   quiet: Optional[machine.Quiet] = None
+
+  @property
+  def allow_load(self) -> bool:
+    """Whether the benchmark was asked to go on above the cores' load (--allow_load)."""
+    return self.quiet is not None and self.quiet.allow_load
 
   def settle(self, what: str) -> Tuple[float, Optional[bool]]:
     """Before one of the benchmark's runs (``what``): waits for a quiet machine as ``quiet``

@@ -111,7 +111,7 @@ def run_registered(name: str) -> None:
   path = os.path.join(results_dir, "summary.json")
   ctx = registry.Context(name=name, results_dir=results_dir,
                          work_dir=os.path.join(FLAGS.work_dir, name), command=_command(name),
-                         allow_load=FLAGS.allow_load, progress=lambda s: print(s, flush=True),
+                         progress=lambda s: print(s, flush=True),
                          quiet=_quiet())
   if FLAGS.report_only:
     benchmark.write_report(_summary_so_far(benchmark, ctx, path), results_dir)

@@ -43,7 +43,6 @@ from benchmarks import protocol
 from benchmarks import reuse
 from benchmarks import suite_spec as spec
 from tf_codistill import layout
-from tf_codistill import metrics
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.launch import demo
 from tf_codistill.launch import gin_config as config
@@ -703,7 +702,7 @@ def _churn(arm: spec.Arm, paths: spec.RunPaths, suite: spec.Suite) -> Optional[d
     with np.load(paths.predictions(arm.name, seed, 0)) as npz:
       preds[seed] = npz["probs"]
   for a, b in new:
-    pairs[(a, b)] = {"seeds": [a, b], **metrics.churn(preds[a], preds[b], suite.output)}
+    pairs[(a, b)] = {"seeds": [a, b], **tfc.churn(preds[a], preds[b], suite.output)}
   history = suite.prediction_history and arm.kind != "ensemble"  # ensembles keep final ones
   for pair in _independent_pairs(arm):
     if pair not in curves and set(pair) <= set(present) and history:
@@ -745,7 +744,7 @@ def _churn_curve(arm: spec.Arm, paths: spec.RunPaths, suite: spec.Suite,
         probs.append(npz["probs"])
     points.append({"step": step,
                    "loss": float(np.mean([seed_losses[step] for seed_losses in losses])),
-                   **metrics.churn(probs[0], probs[1], suite.output)})
+                   **tfc.churn(probs[0], probs[1], suite.output)})
   return sorted(points, key=lambda p: p["step"])
 
 

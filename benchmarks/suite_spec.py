@@ -28,7 +28,7 @@ import tf_codistill as tfc
 # Imported for its gin configurables: the goal figures a Suite binds.
 from benchmarks import goal_figures  # noqa: F401  # pylint: disable=unused-import
 from tf_codistill import layout
-from tf_codistill import metrics
+from tf_codistill import losses
 from tf_codistill.launch import gin_config
 
 ARM_KINDS = ("train", "ensemble", "offline_distill")
@@ -211,9 +211,9 @@ class Suite:
   def __post_init__(self):
     if self.data not in DATA_KINDS:
       raise ValueError(f"suite {self.name!r}: data={self.data!r} is not one of {DATA_KINDS}")
-    if self.output not in metrics.losses.OUTPUTS:
+    if self.output not in losses.OUTPUTS:
       raise ValueError(f"suite {self.name!r}: output={self.output!r} is not one of "
-                       f"{metrics.losses.OUTPUTS}")
+                       f"{losses.OUTPUTS}")
     names = [arm.name for arm in self.arms]
     if len(set(names)) != len(names):
       raise ValueError(f"suite {self.name!r}: arm names repeat: {names}")

@@ -14,7 +14,7 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
   outer Nesterov step, or local SGD), beside or instead of distillation (``Exchange.averaging``).
 * ``tfc.prediction_churn``: how much two models' predictions on a dataset differ;
   ``tfc.predict_probabilities`` and ``tfc.pairwise_churn`` do it for SavedModels (exports or
-  exchange versions).
+  exchange versions); ``tfc.churn``: the same figures for two arrays of predicted probabilities.
 * ``tfc.export``: writes a model as a SavedModel with the serving signature peers and servers
   read, and with ``raw_parser`` (e.g. ``criteo.raw_parser``) a ``serving_raw`` signature that
   parses raw lines inside the model; ``tfc.raw_lines``: batches of raw lines to predict on.
@@ -49,6 +49,7 @@ _PUBLIC = {
     "PublishFormat": "tf_codistill.exchange.lean_versions",
     "ParameterAveraging": "tf_codistill.exchange.averaging",
     "AveragingError": "tf_codistill.exchange.averaging",
+    "churn": "tf_codistill.metrics",
     "prediction_churn": "tf_codistill.metrics",
     "predict_probabilities": "tf_codistill.metrics",
     "pairwise_churn": "tf_codistill.metrics",

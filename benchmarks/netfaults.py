@@ -28,6 +28,7 @@ cgroup v2 hierarchy; ``unavailable()`` says what is missing.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import os
@@ -119,15 +120,25 @@ class _Cgroup:
     """The nftables match of packets of sockets made in this cgroup."""
     return f'socket cgroupv2 level 1 "{os.path.relpath(self.path, CGROUP_ROOT)}"'
 
-  def release(self) -> None:
-    """Moves every process in it back to the victim's cgroup and removes it."""
-    with open(os.path.join(self.path, "cgroup.procs")) as f:
-      pids = f.read().split()
-    for pid in pids:
-      with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-        with open(os.path.join(self._mount, self._home.lstrip("/"), "cgroup.procs"), "w") as f:
-          f.write(pid)
-    os.rmdir(self.path)
+  def release(self, timeout_s: float = 5.0) -> None:
+    """Moves every process in it back to the victim's cgroup and removes it. A process it
+    started meanwhile, or one the kernel still counts while it exits, keeps the cgroup busy for
+    a moment: moved and tried again, for up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+      with open(os.path.join(self.path, "cgroup.procs")) as f:
+        pids = f.read().split()
+      for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+          with open(os.path.join(self._mount, self._home.lstrip("/"), "cgroup.procs"), "w") as f:
+            f.write(pid)
+      try:
+        os.rmdir(self.path)
+        return
+      except OSError as e:
+        if e.errno != errno.EBUSY or time.monotonic() > deadline:
+          raise
+      time.sleep(0.05)
 
 
 class Fault:

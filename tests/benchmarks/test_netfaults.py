@@ -2,6 +2,7 @@
 connection and makes none until healed, a lossy process drops packets that TCP resends, and a
 delayed process answers a round trip no sooner than twice the delay."""
 
+import errno
 import json
 import os
 import subprocess
@@ -221,3 +222,39 @@ def test_faults_are_only_made_inside_a_private_namespace(namespace):
   faults, _, _ = namespace
   with pytest.raises(netfaults.NetFaultError, match=f"not in the namespace of pid {faults.pid}"):
     faults.cut_off(os.getpid())
+
+
+def test_a_fault_cgroup_still_busy_for_a_moment_is_removed_once_free(monkeypatch):
+  # The kernel can count a moved process in the cgroup for a moment (EBUSY on rmdir): release
+  # tries again instead of leaving the fault half healed; a cgroup busy for good is an error.
+  sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  name, rmdir, calls = f"tfc_test_busy_{os.getpid()}", os.rmdir, []
+
+  def busy_twice(path):
+    calls.append(path)
+    if len(calls) <= 2:
+      raise OSError(errno.EBUSY, "Device or resource busy", path)
+    rmdir(path)
+
+  def always_busy(path):
+    raise OSError(errno.EBUSY, "Device or resource busy", path)
+
+  path = None
+  try:
+    cgroup = netfaults._Cgroup(sleeper.pid, name)
+    path = cgroup.path
+    monkeypatch.setattr(netfaults.os, "rmdir", busy_twice)
+    cgroup.release()
+    assert len(calls) == 3 and not os.path.exists(path)
+    with open(f"/proc/{sleeper.pid}/cgroup") as f:
+      assert name not in f.read()  # back in its own cgroup
+    cgroup = netfaults._Cgroup(sleeper.pid, name)
+    monkeypatch.setattr(netfaults.os, "rmdir", always_busy)
+    with pytest.raises(OSError, match="busy"):
+      cgroup.release(timeout_s=0.2)
+  finally:
+    monkeypatch.undo()
+    if path and os.path.exists(path):
+      os.rmdir(path)
+    sleeper.kill()
+    sleeper.wait()

@@ -70,9 +70,14 @@ def test_parameter_server_groups_pinned_to_one_cpu_each_train(tmp_path, criteo_d
   assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
   launch.assert_no_restarts(except_after=TRANSIENT_PS_FAULTS)
   restarted = {e["group"] for e in launch.events() if e["event"] == "restarted"}
+  # The group that finished last loaded its peer's versions (the other may finish first on a
+  # busy machine, before its peer's first version is out: no wait holds parameter servers).
+  finished = [e["group"] for e in launch.events() if e["event"] == "finished"]
+  assert sorted(finished) == [0, 1]
+  assert _results(model_dir, finished[-1])["teacher_loads"] >= 1
   for group in (0, 1):
     results = _results(model_dir, group)
-    assert results["steps"] == 160 and results["teacher_loads"] >= 1, results
+    assert results["steps"] == 160, results
     # Every step the chief scheduled on its one worker is timed from the previous step's finish
     # to its own: 160 steps, the first 5 (tracing) not counted; 1 epoch end among them.
     with open(layout.group_run(model_dir, group).step_timeline) as f:

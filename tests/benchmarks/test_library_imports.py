@@ -41,9 +41,8 @@ def _library_imports(path):
     elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tf_codistill":
       for alias in node.names:
         module = f"{node.module}.{alias.name}"
-        is_module = os.path.exists(os.path.join(REPO, *module.split("."))) or os.path.exists(
-            os.path.join(REPO, *module.split(".")) + ".py")
-        found.add(module if is_module else node.module)
+        path = os.path.join(REPO, *module.split("."))
+        found.add(module if os.path.exists(path) or os.path.exists(path + ".py") else node.module)
   return found
 
 

@@ -69,10 +69,11 @@ def test_parameter_server_groups_pinned_to_one_cpu_each_train(tmp_path, criteo_d
   assert pinned == {(g, t, 0): {cpus[g]} for g in (0, 1) for t in ("chief", "worker", "ps")}
   assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
   launch.assert_no_restarts(except_after=TRANSIENT_PS_FAULTS)
-  restarted = {e["group"] for e in launch.events() if e["event"] == "restarted"}
+  events = launch.events()
+  restarted = {e["group"] for e in events if e["event"] == "restarted"}
   # The group that finished last loaded its peer's versions (the other may finish first on a
   # busy machine, before its peer's first version is out: no wait holds parameter servers).
-  finished = [e["group"] for e in launch.events() if e["event"] == "finished"]
+  finished = [e["group"] for e in events if e["event"] == "finished"]
   assert sorted(finished) == [0, 1]
   assert _results(model_dir, finished[-1])["teacher_loads"] >= 1
   for group in (0, 1):

@@ -57,6 +57,7 @@ from benchmarks import registry
 from benchmarks import standalone
 from benchmarks import trials as trials_lib
 from tf_codistill import layout
+from tf_codistill.launch import launcher
 
 KINDS = ("worker", "ps", "chief", "group", "sync_chief", "sync_worker")
 
@@ -199,7 +200,10 @@ def _verdict(kind: str, kill: _Kill, recovery: dict, launch: standalone.Launch, 
       progress_s=_round(progress_s),
       recovery_s=_round(None if restart_s is None or progress_s is None
                         else max(restart_s, progress_s)),
-      launcher_restarted=restarted, restarts_used=len(restarts), finished=finished_ok,
+      launcher_restarted=restarted, restarts_used=len(restarts),
+      restart_events=[{k: e.get(k) for k in ("group", "task", "index", "status", "scope")}
+                      for e in restarts],
+      finished=finished_ok,
       resumed_correctly=resumed_ok,
       ok=bool(finished_ok and resumed_ok and restarted and progress_s is not None
               and restart_s is not None))
@@ -243,8 +247,12 @@ def run_trial(kind: str, seed: int, work_dir: str, data_dir: str, train_steps: i
   record["final_steps"] = {str(g): (r or {}).get("steps") for g, r in finished.items()}
   record.update(_verdict(kind, kill, recovery, launch, code, finished, train_steps,
                          steps_per_epoch))
-  if not record["ok"]:
-    record["stderr_tail"] = launch.stderr[-3000:]
+  if not record["ok"] or record["restarts_used"] != 1:
+    record["stderr_tail"] = launch.stderr[-3000:] + "".join(
+        f"\n--- group {e['group']} {e['task']}:{e['index']} (tail) ---\n"
+        + launcher.log_tail(layout.group_run(model_dir, e["group"]).task_log(e["task"],
+                                                                            e["index"]), 40)
+        for e in record["restart_events"])
   return record
 
 

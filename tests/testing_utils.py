@@ -3,6 +3,7 @@ lines, small Keras nets, and directories a write really fails in (unwritable, fu
 
 import contextlib
 import glob
+import json
 import os
 import re
 import shutil
@@ -338,6 +339,24 @@ class Launch(standalone.Launch):
     tails = "".join(f"\n--- {path} (tail) ---\n{launcher.log_tail(path, 80)}"
                     for path in logs)
     raise AssertionError(f"{message}\nlauncher stderr (tail):\n{self.stderr[-3000:]}{tails}")
+
+  def assert_restart_scopes(self, expected):
+    """Fails, with every restart event and the tail of each restarted task's log, unless the
+    launcher's restarts had exactly the scopes ``expected`` ('task' or 'group'), in order."""
+    from tf_codistill import layout
+    restarts = [e for e in self.events() if e["event"] == "restarted"]
+    if [e["scope"] for e in restarts] == list(expected):
+      return
+    shown = []
+    for event in restarts:
+      path = layout.group_run(self.model_dir, event["group"]).task_log(event["task"],
+                                                                      event["index"])
+      with open(path, errors="replace") as f:
+        shown.append(f"{json.dumps(event, sort_keys=True)}\n--- {path} (tail) ---\n"
+                     f"{f.read()[-4000:]}")
+    raise AssertionError(f"restart scopes {[e['scope'] for e in restarts]}, expected "
+                         f"{list(expected)}:\n" + "\n".join(shown)
+                         + f"\nlauncher stderr (tail):\n{self.stderr[-3000:]}")
 
   def assert_no_restarts(self, except_after=()):
     """Fails, with the dead task's log, if the launcher restarted anything, unless the dead

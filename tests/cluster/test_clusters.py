@@ -100,7 +100,10 @@ def test_multi_worker_mirrored_groups_load_teachers_on_every_worker(tmp_path, cr
     for task in ("chief_0", "worker_0"):
       log = open(f"{group_dir}/{task}.log").read()
       assert re.search(rf"teacher: loaded peer group {1 - group} step \d+", log), task
-      digests[task] = re.search(r"final student weights digest \(\w+:\d\): (\w+)", log).group(1)
+      digest = re.search(r"final student weights digest \(\w+:\d\): (\w+)", log)
+      assert digest, (f"group {group} {task} logged no final digest; its log (tail):\n"
+                      f"{log[-4000:]}\nlauncher stderr (tail):\n{launch.stderr[-3000:]}")
+      digests[task] = digest.group(1)
     # Synchronous replicas end bitwise identical, whatever step each refreshed its teacher at.
     assert len(set(digests.values())) == 1, digests
     results = _results(model_dir, group)
@@ -131,7 +134,7 @@ def test_killed_parameter_server_worker_is_rescheduled_and_training_completes(tm
   # one that had already bumped the step counter on the ps task may count (and apply) twice.
   assert 240 <= _results(model_dir, 0)["steps"] <= 241
   assert "group 0: worker:0 exited with signal SIGKILL; restarting it" in launch.stderr
-  assert [e["scope"] for e in launch.events() if e["event"] == "restarted"] == ["task"]
+  launch.assert_restart_scopes(["task"])
   chief_log = open(f"{group_dir}/chief_0.log").read()
   assert re.search(r"worker.*(fail|unavailable|Unavailable)", chief_log, re.I)
   # The restarted worker rejoined the cluster (its log is appended to, not replaced).

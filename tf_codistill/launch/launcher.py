@@ -17,7 +17,8 @@ Supervision:
   tasks, which serve forever) are then stopped;
 - a parameter-server worker that dies is restarted (the coordinator reschedules its steps
   meanwhile); any other failed task restarts the whole group, which resumes from its checkpoint;
-  at most ``max_restarts`` restarts per group (default ``DEFAULT_MAX_RESTARTS``);
+  at most ``max_restarts`` restarts per group (default ``DEFAULT_MAX_RESTARTS``); the tasks
+  that died within ``SETTLE_S`` of the first count as one failure (one restart);
 - a task that exits with one of ``errors.PERMANENT_EXIT_CODES`` (configuration error, bad input
   data, non-finite loss) fails its group at once: a restart would fail the same way;
 - a group out of restarts has failed: ``on_group_failure='stop_all'`` stops every group,
@@ -64,6 +65,7 @@ from tf_codistill.training import group as group_lib
 _GRACE_SECONDS = 10.0
 DEFAULT_MAX_RESTARTS = 3
 _SYNC_WORKER_FINISH_SECONDS = 60.0
+SETTLE_S = 2.0  # tasks lost to one fault (a machine, a group killed) die within this of each other
 DEFAULT_STALL_TIMEOUT_S = 1800.0
 SUSPENDED_AFTER_S = 60.0  # a poll this late: the launcher (and the job with it) was stopped
 STALLED_STATUS = -1000  # the status a stalled group's failure is recorded with (no process exit)
@@ -459,11 +461,12 @@ def _supervise(group: _Group, max_restarts: int) -> None:
     group.done = True
     group.stop_all()
     return
-  # Synchronous workers finish by themselves (status 0) just before their chief.
-  dead = [(task, proc.returncode) for task, proc in group.procs.items()
-          if proc.poll() not in (None, 0)]
-  if not dead:
+  if not _dead_tasks(group):
     return
+  # One more look a moment later sees every task one fault took, so that they cost one restart
+  # of the right scope (not a worker's restart, then the group's for its chief, gone a bit later).
+  time.sleep(SETTLE_S)
+  dead = _dead_tasks(group)
   task, status = dead[0]
   permanent = [(t, code) for t, code in dead if code in errors.PERMANENT_EXIT_CODES]
   if permanent:
@@ -478,6 +481,13 @@ def _supervise(group: _Group, max_restarts: int) -> None:
                  and all(t[0] == "worker" for t, _ in dead))
   _restart(group, task, status, f"exited with {_describe(status)}", max_restarts,
            [t for t, _ in dead] if worker_only else None)
+
+
+def _dead_tasks(group: _Group) -> List[Tuple[Tuple[str, int], int]]:
+  """The group's tasks that failed, with their exit statuses (synchronous workers finish by
+  themselves, status 0, just before their chief)."""
+  return [(task, proc.returncode) for task, proc in group.procs.items()
+          if proc.poll() not in (None, 0)]
 
 
 def _restart(group: _Group, task: Tuple[str, int], status: int, what: str, max_restarts: int,

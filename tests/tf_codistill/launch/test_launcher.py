@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import types
 
 import gin
@@ -210,3 +211,26 @@ def test_a_time_the_whole_job_was_stopped_is_not_counted_as_a_stall(tmp_path, mo
   with open(tmp_path / "events.jsonl") as f:
     (event,) = [json.loads(line) for line in f]
   assert event["event"] == "suspended" and event["seconds"] == 600.0
+
+
+def test_tasks_that_die_moments_apart_cost_one_restart_of_their_group(tmp_path):
+  # A parameter-server group of real processes (sleepers in place of training): its worker dies,
+  # then its chief half a second later, as when a machine goes down task by task.
+  shape = group_lib.Group(strategy="parameter_server", workers_per_group=2, ps_per_group=1)
+  events = launcher.EventLog(layout.launch_events(str(tmp_path)))
+  group = launcher._Group(0, 1, shape, str(tmp_path), str(tmp_path / "exchange"), [], [],
+                          set(), events)
+  group.command = [sys.executable, "-c", "import time; time.sleep(120)"]
+  try:
+    group.start_all()
+    first = dict(group.procs)
+    first[("worker", 0)].kill()
+    first[("worker", 0)].wait()
+    threading.Timer(0.5, first[("chief", 0)].kill).start()
+    launcher._supervise(group, max_restarts=3)
+    restarts = [e for e in launcher.read_events(str(tmp_path)) if e["event"] == "restarted"]
+    assert [(e["scope"], e["restart"]) for e in restarts] == [("group", 1)], restarts
+    assert all(group.procs[t].pid != first[t].pid and group.procs[t].poll() is None
+               for t in shape.tasks())
+  finally:
+    group.stop_all()

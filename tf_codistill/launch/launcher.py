@@ -461,13 +461,15 @@ def _supervise(group: _Group, max_restarts: int) -> None:
     group.done = True
     group.stop_all()
     return
-  if not _dead_tasks(group):
+  first = _dead_tasks(group)
+  if not first:
     return
   # One more look a moment later sees every task one fault took, so that they cost one restart
   # of the right scope (not a worker's restart, then the group's for its chief, gone a bit later).
+  # The cause named is a task seen dead first (the chief of a killed ps dies of it moments later).
   time.sleep(SETTLE_S)
   dead = _dead_tasks(group)
-  task, status = dead[0]
+  task, status = first[0]
   permanent = [(t, code) for t, code in dead if code in errors.PERMANENT_EXIT_CODES]
   if permanent:
     task, status = permanent[0]

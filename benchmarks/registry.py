@@ -98,7 +98,8 @@ class Benchmark:
       return
     from benchmarks import report  # pylint: disable=g-import-not-at-top
     report.write_benchmark_report(summary, results_dir, self.title or self.name,
-                                  self.tables(summary) if self.tables else ())
+                                  self.tables(summary) if self.tables else (),
+                                  holds_machine=self.exclusive)
 
 
 def check_choices(setting: str, values: Sequence, known: Sequence) -> None:

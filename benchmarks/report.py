@@ -433,11 +433,14 @@ def in_progress_lines(summary: dict) -> List[str]:
 
 
 def write_benchmark_report(summary: dict, results_dir: str, title: str,
-                           body: Sequence[str] = ()) -> str:
+                           body: Sequence[str] = (), holds_machine: bool = True) -> str:
   """report.md of a registered benchmark: its command, machine, goals, then ``body`` (its own
-  tables) and its settings; returns the path."""
+  tables) and its settings; returns the path. ``holds_machine`` False: a benchmark that runs
+  others, each holding the machine and recording its own load."""
   lines = [f"# {title}", "", f"`{summary.get('command', 'command not recorded')}`", ""]
-  lines += in_progress_lines(summary) or machine_lines(summary)
+  lines += in_progress_lines(summary) or (machine_lines(summary) if holds_machine else [
+      "- machine: each benchmark it ran held the machine alone and recorded its own load "
+      "(before / after: its table's last row)"])
   lines += [""]
   rows = goal_rows(summary)
   if rows:

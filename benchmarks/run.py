@@ -47,6 +47,8 @@ flags.DEFINE_bool("allow_load", False,
 flags.DEFINE_float("settle_s", 180.0, "How long to wait, before the benchmark starts and before "
                    "each run of a suite that starts alone, for the 1-minute load average to fall "
                    "to the number of cores (0: not at all, e.g. in tests).")
+flags.DEFINE_bool("index", True, "Rewrite <results_dir>/README.md, the index of every result "
+                  "there, after the run (--noindex: a part of another benchmark's results).")
 FLAGS = flags.FLAGS
 
 
@@ -197,6 +199,8 @@ def run_suite(name: str) -> None:
 
 
 def _write_index() -> str:
+  if not FLAGS.index:
+    return "(not rewritten: --noindex)"
   from benchmarks import results_index  # pylint: disable=g-import-not-at-top
   return results_index.write_index(FLAGS.results_dir)
 

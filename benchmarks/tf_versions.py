@@ -66,7 +66,8 @@ def run_all(ctx: registry.Context, pythons: Sequence[str], benchmarks: Sequence[
       command = registry.command(name, BENCHMARKS[name], python=python,
                                  results_dir=os.path.join(ctx.results_dir, f"tf{version}"),
                                  work_dir=os.path.join(ctx.work_dir, f"tf{version}"))
-      command += ["--allow_load"] if ctx.allow_load else []
+      # Parts of this benchmark's results: no results index of their own.
+      command += ["--noindex"] + (["--allow_load"] if ctx.allow_load else [])
       ctx.progress(f"[tf_versions] TF {version}: {' '.join(command)}")
       subprocess.run(command, check=True)
   return versions

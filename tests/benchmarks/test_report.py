@@ -66,6 +66,12 @@ def test_a_registered_benchmarks_report_has_its_command_machine_goals_body_and_s
   assert "**taken on a loaded machine**" in text
   assert "| `ratio` | 0.9000 |  | n/a | >= 0.95 | **no** |" in text
   assert "| a | b |" in text and "| steps | `10` |" in text
+  # A benchmark that runs others (each holding the machine) says where their loads are.
+  runs_others = {"command": "python -m benchmarks.run y"}
+  text = open(report.write_benchmark_report(runs_others, str(tmp_path / "y"), "Y",
+                                            holds_machine=False)).read()
+  assert "- machine: each benchmark it ran held the machine alone" in text
+  assert "machine load not recorded" not in text
 
 
 def test_a_summary_written_from_the_records_so_far_says_it_is_in_progress(tmp_path):

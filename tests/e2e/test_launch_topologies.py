@@ -19,7 +19,10 @@ def test_three_groups_in_a_ring_learn_from_their_predecessor_only(tmp_path, crit
   model_dir = str(tmp_path / "job")
   args = launch_args(model_dir, criteo_dir, "--num_groups=3", "--teacher_graph=ring",
                      bindings=["trainer.train.train_steps = 120",
-                               "trainer.train.steps_per_epoch = 40"])
+                               "trainer.train.steps_per_epoch = 40",
+                               # On a busy machine a group could finish before its predecessor's
+                               # first version: each waits for it (as the other e2e tests do).
+                               "tfc.Exchange.wait_for_first_teachers_s = 120.0"])
   proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
   for group in range(3):

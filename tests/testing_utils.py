@@ -344,6 +344,7 @@ class Launch(standalone.Launch):
     """Fails, with every restart event and the tail of each restarted task's log, unless the
     launcher's restarts had exactly the scopes ``expected`` ('task' or 'group'), in order."""
     from tf_codistill import layout
+    from tf_codistill.launch import launcher
     restarts = [e for e in self.events() if e["event"] == "restarted"]
     if [e["scope"] for e in restarts] == list(expected):
       return
@@ -351,9 +352,8 @@ class Launch(standalone.Launch):
     for event in restarts:
       path = layout.group_run(self.model_dir, event["group"]).task_log(event["task"],
                                                                       event["index"])
-      with open(path, errors="replace") as f:
-        shown.append(f"{json.dumps(event, sort_keys=True)}\n--- {path} (tail) ---\n"
-                     f"{f.read()[-4000:]}")
+      shown.append(f"{json.dumps(event, sort_keys=True)}\n--- {path} (tail) ---\n"
+                   f"{launcher.log_tail(path, 80)}")
     raise AssertionError(f"restart scopes {[e['scope'] for e in restarts]}, expected "
                          f"{list(expected)}:\n" + "\n".join(shown)
                          + f"\nlauncher stderr (tail):\n{self.stderr[-3000:]}")

@@ -335,9 +335,10 @@ def _matched_churn_lines(summary: dict, softmax: bool, loss_name: str) -> List[s
   if not matched:
     return []
   lines = [f"### Churn at matched validation {loss_name} ({matched['loss']:.4f})", "",
-           "Each independent pair of retrains (seeds 0-1, 2-3, ...) at its first evaluation at or "
-           "below the loss every pair of the arms with the most pairs reaches (arms with fewer "
-           "pairs that never get there: not reached); 90% bootstrap intervals over pairs.", "",
+           "Each independent pair of retrains (seeds 0-1, 2-3, ..., or the arm's churn_pairs) at "
+           "its first evaluation at or below the loss every pair of the arms with the most pairs "
+           "reaches (arms with fewer pairs that never get there: not reached); 90% bootstrap "
+           "intervals over pairs.", "",
            f"| arm | pairs | mean abs diff [90% interval] | disagreement "
            f"({'argmax' if softmax else 'p > 0.5'}) [90% interval] |", "| --- | --- | --- | --- |"]
   for name, arm in matched["arms"].items():

@@ -647,7 +647,10 @@ def _curve_difference(source: spec.Arm, suite: spec.Suite, paths: spec.RunPaths,
 
 
 def _independent_pairs(arm: spec.Arm) -> List[Tuple[int, int]]:
-  """The disjoint pairs of the arm's seeds (0-1, 2-3, ...): independent retrains."""
+  """The pairs of seeds whose churn the arm records: its ``churn_pairs``, else the disjoint
+  pairs of its seeds (0-1, 2-3, ...): independent retrains."""
+  if arm.churn_pairs:
+    return [(min(p), max(p)) for p in arm.churn_pairs]
   seeds = list(arm.seed_list)
   return list(zip(seeds[::2], seeds[1::2]))
 

@@ -72,6 +72,10 @@ class Arm:
       (a diagnostic arm that must match its baseline, e.g. codistillation with alpha = 0).
     scope: the gin scope the arm is built in (set from gin); the suite file's bindings in that
       scope are the arm's ``gin_bindings`` (``load_suite``).
+    churn_pairs: the pairs of seeds whose churn the arm must record (each pair's runs are
+      trained in one work dir, again if one of them was recorded elsewhere); empty: the
+      disjoint pairs of ``seed_list`` (0-1, 2-3, ...). How churn is measured, not how runs
+      train: not part of the arm's recorded configuration.
   """
   name: str
   gin_files: Sequence[str] = ("criteo/baseline.gin",)
@@ -89,6 +93,7 @@ class Arm:
   seed_offset: int = 0
   learning_rate_from: Optional[str] = None
   scope: str = ""
+  churn_pairs: Sequence[Sequence[int]] = ()
 
   @property
   def seed_list(self) -> range:
@@ -108,6 +113,10 @@ class Arm:
       raise ValueError(f"arm {self.name!r}: kind={self.kind!r} needs source_arm")
     if self.seeds < 1:
       raise ValueError(f"arm {self.name!r}: seeds={self.seeds} must be >= 1")
+    for pair in self.churn_pairs:
+      if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(self.seed_list):
+        raise ValueError(f"arm {self.name!r}: churn_pairs entry {tuple(pair)} must be two "
+                         f"different seeds of {list(self.seed_list)}")
 
 
 @gin.configurable(module="bench")

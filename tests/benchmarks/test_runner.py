@@ -323,6 +323,32 @@ def test_churn_is_recorded_pair_by_pair_across_sessions_without_a_work_dir(tmp_p
   assert churn["mean_abs_diff"]["mean"] == pytest.approx((0.1 + 0.25) / 2)
 
 
+def test_churn_pairs_name_the_pairs_so_a_recorded_seed_elsewhere_is_not_trained_again(tmp_path):
+  import numpy as np
+
+  arm = spec.Arm("a", seeds=3, seed_offset=10, churn_pairs=[(12, 11)])
+  suite = spec.Suite(name="s", arms=[arm], output="sigmoid")
+  paths = spec.RunPaths(str(tmp_path / "work"), str(tmp_path / "results"))
+  config = reuse.arm_config(arm, suite, [])
+  assert config == reuse.arm_config(dataclasses.replace(arm, churn_pairs=()), suite, [])
+  runner._seeds_to_run(arm, paths, config)  # records the configuration
+  _record_predictions(paths, "a", 10, np.array([0.2, 0.9]))
+  os.remove(paths.predictions("a", 10, 0))  # recorded on a machine that is gone
+  # By default seed 10 pairs with 11 and would train again for their churn; here it has no pair.
+  default = dataclasses.replace(arm, churn_pairs=())
+  assert runner._seeds_to_run(default, paths, config) == [10, 11, 12]
+  assert runner._seeds_to_run(arm, paths, config) == [11, 12]
+  for seed, probs in ((11, [0.4, 0.9]), (12, [0.1, 0.3])):
+    _record_predictions(paths, "a", seed, np.array(probs))
+  churn = runner._churn(arm, paths, suite)
+  assert [p["seeds"] for p in churn["independent"]] == [[11, 12]]
+  assert churn["independent"][0]["mean_abs_diff"] == pytest.approx(0.45)
+  assert runner._arm_done(arm, paths, config)
+  with pytest.raises(ValueError, match=r"churn_pairs entry \(11, 13\) must be two different "
+                                       r"seeds of \[10, 11, 12\]"):
+    spec.Arm("a", seeds=3, seed_offset=10, churn_pairs=[(11, 13)])
+
+
 def test_a_corpus_groups_tokens_are_held_against_its_share(tmp_path):
   corpus_dir = tmp_path / "data" / "debian_english"
   corpus_dir.mkdir(parents=True)

@@ -98,7 +98,8 @@ def bindings_as(config: dict, convert: Callable[[Sequence[str]], List[str]]) -> 
 def arm_config(arm: spec.Arm, suite: spec.Suite, data: Sequence[str]) -> dict:
   """Everything that determines an arm's runs: reuse is only safe while this is unchanged."""
   fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(arm).items()
-            if k not in ("label", "scope", "churn_pairs") and (k in RECORDED_ARM_FIELDS or v != arm_default(k))}
+            if k not in ("label", "scope", "churn_pairs")
+            and (k in RECORDED_ARM_FIELDS or v != arm_default(k))}
   return {"arm": fields, "common_bindings": list(suite.common_bindings), "data": list(data),
           "threads_per_group": suite.threads_per_group}
 

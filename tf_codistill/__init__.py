@@ -28,7 +28,8 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
   namespace, their configuration checked once, supervised and restarted after faults (what
   ``tf-codistill-launch`` runs); ``tfc.launch_groups``: the same without the checks, for a
   group shape and gin configuration already known to be valid.
-* ``tfc.parse_gin``: gin files and bindings parsed, every bound value checked against its type.
+* ``tfc.parse_gin``: gin files and bindings parsed, every bound value checked against its type;
+  ``tfc.gin_value``: what the parsed configuration binds to one parameter (None: unbound).
 * ``tfc.run_demo``: the README's demo (a small 2-way job and its baseline, on generated data).
 * ``tfc.ConfigurationError``, ``tfc.DataError``, ``tfc.NonFiniteLossError``,
   ``tfc.GroupFailedError``, ``tfc.AveragingError``: what fails; ``tf_codistill.errors``: the
@@ -56,6 +57,7 @@ _PUBLIC = {
     "ensemble_scores": "tf_codistill.metrics",
     "raw_lines": "tf_codistill.serving",
     "parse_gin": "tf_codistill.launch.gin_config",
+    "gin_value": "tf_codistill.launch.gin_config",
     "run_demo": "tf_codistill.launch.demo",
     "export": "tf_codistill.training.model",
     "TrainConfig": "tf_codistill.training.train_config",

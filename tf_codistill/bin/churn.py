@@ -37,9 +37,9 @@ def main(argv):
     except FileNotFoundError as e:
       common.exit_with_error(f"--data: {e}")
   else:
-    dataset_fn = common.bound("tfc.Data.dataset_fn") or criteo.make_dataset
+    dataset_fn = tfc.gin_value("tfc.Data.dataset_fn") or criteo.make_dataset
     dataset = dataset_fn(FLAGS.data, FLAGS.batch_size)
-  task = common.bound("trainer.train.task")
+  task = tfc.gin_value("trainer.train.task")
   output = FLAGS.output or (task.output if task is not None else "sigmoid")
   try:
     preds = [tfc.predict_probabilities(p, dataset, output) for p in FLAGS.saved_model]

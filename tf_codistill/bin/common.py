@@ -1,9 +1,8 @@
 """Flags, gin parsing and error exits shared by the binaries."""
 
 import sys
-from typing import Any, NoReturn, Sequence
+from typing import NoReturn, Sequence
 
-import gin
 from absl import flags
 
 import tf_codistill as tfc
@@ -44,14 +43,3 @@ def parse_gin_or_exit(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> 
     tfc.parse_gin(gin_files, gin_bindings)
   except tfc.ConfigurationError as e:
     exit_with_error(first_line(e))
-
-
-def bound(name: str) -> Any:
-  """The value bound to gin parameter ``name`` (e.g. ``tfc.Data.eval_files``) in the parsed
-  config (for ``@f`` or ``@C()``, the function or class), or None when unbound."""
-  try:
-    value = gin.query_parameter(name)
-  except ValueError:
-    return None
-  return value.configurable.wrapper if isinstance(value, gin.config.ConfigurableReference) \
-      else value

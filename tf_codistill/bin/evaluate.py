@@ -43,15 +43,15 @@ def main(argv):
   if not FLAGS.saved_model:
     raise app.UsageError("give at least one --saved_model path")
   common.parse_gin_or_exit(FLAGS.gin_file, FLAGS.gin_bindings)
-  files = [FLAGS.data] if FLAGS.data else list(common.bound("tfc.Data.eval_files") or [])
+  files = [FLAGS.data] if FLAGS.data else list(tfc.gin_value("tfc.Data.eval_files") or [])
   if not files:
     raise app.UsageError("give --data, or bind tfc.Data.eval_files")
-  batch = FLAGS.batch_size or common.bound("tfc.Data.batch_size") or 4096
-  task = common.bound("trainer.train.task")
+  batch = FLAGS.batch_size or tfc.gin_value("tfc.Data.batch_size") or 4096
+  task = tfc.gin_value("trainer.train.task")
   output = task.output if task is not None else "sigmoid"
-  dataset_fn = common.bound("tfc.Data.dataset_fn") or criteo.make_dataset
+  dataset_fn = tfc.gin_value("tfc.Data.dataset_fn") or criteo.make_dataset
   try:
-    keep = (FLAGS.prediction_batches or common.bound("trainer.train.prediction_batches")
+    keep = (FLAGS.prediction_batches or tfc.gin_value("trainer.train.prediction_batches")
             or sys.maxsize) if FLAGS.predictions_out else 0
     scores = tfc.ensemble_scores(FLAGS.saved_model, dataset_fn(files, batch), output,
                                  keep_batches=keep)

@@ -79,6 +79,17 @@ def _search_path(gin_files: Sequence[str]) -> Iterator[None]:
     prefixes[:] = saved
 
 
+def gin_value(name: str) -> Any:
+  """The value bound to gin parameter ``name`` (e.g. ``tfc.Data.eval_files``) in the parsed
+  config (for ``@f`` or ``@C()``, the function or class), or None when unbound."""
+  try:
+    value = gin.query_parameter(name)
+  except ValueError:
+    return None
+  return value.configurable.wrapper if isinstance(value, gin.config.ConfigurableReference) \
+      else value
+
+
 def parse_gin(gin_files: Sequence[str] = (), gin_bindings: Sequence[str] = ()) -> None:
   """Parses gin files and bindings; `include`s resolve next to each file and under gin/."""
   for path in list(gin_files):

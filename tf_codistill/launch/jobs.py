@@ -128,19 +128,11 @@ def _check_waits(exchange: Optional[exchange_config.Exchange], stall_timeout_s: 
                                "restart a waiting group; lower the wait or raise the timeout")
 
 
-def _bound(name: str, default: Optional[str]) -> Optional[str]:
-  """The gin binding ``name``, or ``default`` when it is not bound."""
-  try:
-    return gin.query_parameter(name)
-  except ValueError:
-    return default
-
-
 def _data_files(model_dir: str) -> Tuple[Dict[str, List[str]], Optional[str]]:
   """The files to bind when no data is bound (generated sample data, and where to generate
   it); nothing when both are bound; a ConfigurationError when only one is."""
   bound = [name for name in ("train_files", "eval_files")
-           if _bound(f"tfc.Data.{name}", None) is not None]
+           if config.gin_value(f"tfc.Data.{name}") is not None]
   if len(bound) == 2:
     return {}, None
   if bound:

@@ -81,3 +81,16 @@ def test_a_renamed_setting_names_its_new_name_in_gin_files_and_bindings(tmp_path
     assert gin.query_parameter("tfc.Exchange.publish_every_steps") == 50
   finally:
     gin.clear_config()
+
+
+def test_gin_value_reads_a_binding_unwraps_references_and_is_none_when_unbound():
+  from data_pipelines import adult  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  try:
+    config.parse_gin([], ["tfc.Data.batch_size = 32",
+                          "tfc.Data.dataset_fn = @adult.make_dataset"])
+    assert config.gin_value("tfc.Data.batch_size") == 32
+    assert config.gin_value("tfc.Data.dataset_fn") is adult.make_dataset
+    assert config.gin_value("tfc.Data.eval_files") is None
+  finally:
+    gin.clear_config()

@@ -284,7 +284,21 @@ class TeacherRefresh(step_hooks.StepHook):
     self.pool.start()
 
   def on_end(self, model, step):
+    self.stop()
+
+  def stop(self) -> None:
+    """Stops loading teachers (training ended, or stopped early)."""
     self.pool.stop()
+
+  @property
+  def rejections(self) -> int:
+    """Peer versions refused (corrupt, non-finite, mismatched) so far."""
+    return self.pool.rejections
+
+  def wait_until_loaded(self, timeout_s: float) -> List[int]:
+    """Blocks until every peer has a version loaded or ``timeout_s`` passed; the peers still
+    missing."""
+    return self.pool.wait_until_loaded(timeout_s)
 
   def on_step(self, model, step, logs):
     for update in self.pool.take_updates():
@@ -328,7 +342,7 @@ class FirstTeachersWait(step_hooks.StepHook):
       self.waited_seconds = 0.0
       return
     start = time.monotonic()
-    missing = self.refresh.pool.wait_until_loaded(self.timeout_s)
+    missing = self.refresh.wait_until_loaded(self.timeout_s)
     self.waited_seconds = time.monotonic() - start
     self.windows.append((start, start + self.waited_seconds))
     if missing:

@@ -109,7 +109,7 @@ class ExchangeHooks:
   def stop(self) -> None:
     """Stops loading teachers and waits for a publish in flight (training stopped early)."""
     if self.refresh is not None:
-      self.refresh.pool.stop()
+      self.refresh.stop()
     if self.publisher is not None:
       self.publisher.drain()
 
@@ -121,7 +121,7 @@ class ExchangeHooks:
       stats["averaging_rounds"] = self.averaging.statistics()
     if self.refresh is None:
       return stats
-    stats.update(teacher_loads=self.refresh.swaps, teacher_rejections=self.refresh.pool.rejections)
+    stats.update(teacher_loads=self.refresh.swaps, teacher_rejections=self.refresh.rejections)
     if self.publisher is not None:
       seconds = self.publisher.publish_seconds
       stats.update(publishes=len(seconds), publish_failures=self.publisher.failures,
@@ -176,9 +176,8 @@ def exchange_hooks(model, exchange: Exchange, input_spec,
                                   probe=options.probe, loader_nice=exchange.loader_nice)
   hooks.refresh = teachers_lib.TeacherRefresh(pool, options.summary_writer)
   if chief:
-    hooks.publisher = _publisher(model, exchange, input_spec, output_shape, sample, options)
-    if hooks.averaging is not None:
-      hooks.publisher.local.read_lock = hooks.averaging.lock
+    hooks.publisher = _publisher(model, exchange, input_spec, output_shape, sample, options,
+                                 read_lock=hooks.averaging and hooks.averaging.lock)
   if exchange.wait_for_first_teachers_s > 0:
     hooks.first_wait = teachers_lib.FirstTeachersWait(
         hooks.refresh, max(model.burn_in_steps, exchange.publish_every_steps),
@@ -187,8 +186,9 @@ def exchange_hooks(model, exchange: Exchange, input_spec,
 
 
 def _publisher(model, exchange: Exchange, input_spec, output_shape, sample,
-               options: HookOptions) -> publishing.ExchangePublisher:
-  """The chief's publisher, after checking that it can write to its group's directory."""
+               options: HookOptions, read_lock=None) -> publishing.ExchangePublisher:
+  """The chief's publisher, after checking that it can write to its group's directory; it
+  snapshots the student under ``read_lock`` (an averaging round's, where rounds run)."""
   exchange_lib.check_writable(exchange_lib.group_dir(exchange.directory, exchange.group),
                               "tfc.Exchange.directory")
   local = options.local_copy
@@ -196,6 +196,8 @@ def _publisher(model, exchange: Exchange, input_spec, output_shape, sample,
     local = publishing.LocalCopy(model.student, model.copy_student(),
                                  before_snapshot=model.flush_fusion)
     local.model(sample)
+  if read_lock is not None:
+    local.read_lock = read_lock
   writer = None
   if exchange.publish_format.lean:
     writer = lean_versions.LeanWriter(

@@ -34,7 +34,7 @@ over rounds (``step_times``). A launch's raw times are kept in the work director
 (``<--work_dir>/cluster_step_times``) with its settings, the digest of the sources it ran and the
 load around it: a run given the same ``--work_dir`` again reuses the launches finished there
 under the same settings and sources (those still missing then run in the same order, maybe
-sessions after the others: the summary lists each launch's record, with its time and load).
+invocations after the others: the summary lists each launch's record, with its time and load).
 
   python -m benchmarks.run cluster_step_times
   python -m benchmarks.run cluster_step_times \

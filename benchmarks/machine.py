@@ -69,7 +69,7 @@ def cpu_model() -> str:
 
 def code_commit() -> Optional[str]:
   """The git commit of the checkout these benchmarks run from, ``+changes`` when tracked files
-  differ from it (None outside a git checkout): a run that goes on across sessions records
+  differ from it (None outside a git checkout): a run that goes on across invocations records
   each part's."""
   here = os.path.dirname(os.path.abspath(__file__))
   with contextlib.suppress(OSError, subprocess.SubprocessError):

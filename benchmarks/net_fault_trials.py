@@ -38,7 +38,7 @@ Each trial starts once the load the trial before it left has decayed (up to ``--
 above the cores it is refused, or with ``--allow_load`` marked), is recorded as it ends
 (``<results_dir>/trials/<case>_<seed>.json``, with the machine's load before and after it), and
 a later run with the same settings keeps it: the trials (hours in all, the 5-minute cuts most)
-go on across sessions.
+go on across invocations.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class Benchmark:
   # What failed in a recorded run (e.g. a fault trial that did not recover), or None: the
   # summary and report are written, then the run exits 1 with this message.
   failure: Optional[Callable[[dict], Optional[str]]] = None
-  # For a benchmark that goes on across sessions: its summary from what is recorded so far,
+  # For a benchmark that goes on across invocations: its summary from what is recorded so far,
   # running nothing (``complete`` False and ``missing`` naming the rest while runs are missing).
   # ``--report_only`` writes it while the benchmark has no complete summary.json.
   recorded: Optional[Callable[[Context], dict]] = None

@@ -421,7 +421,7 @@ def machine_lines(summary: dict) -> List[str]:
 
 
 def in_progress_lines(summary: dict) -> List[str]:
-  """What a summary of a benchmark still running across sessions lacks (none when complete):
+  """What a summary of a benchmark still running across invocations lacks (none when complete):
   its figures are the recorded runs', each with its own load in its record."""
   if summary.get("complete", True):
     return []

@@ -34,7 +34,7 @@ flags.DEFINE_string("work_dir", DEFAULT_WORK_DIR,
                     "<work_dir>/data/).")
 flags.DEFINE_bool("force", False, "Rerun what is already recorded (suites' arms).")
 flags.DEFINE_list("arms", None, "A suite's arms to run, and only those (the arms and tuning "
-                  "runs they build on must be recorded): a suite too long for one session goes "
+                  "runs they build on must be recorded): a suite too long for one invocation goes "
                   "on arm by arm. Writes no summary or report; an invocation without --arms "
                   "does, once every arm is recorded.")
 flags.DEFINE_bool("report_only", False, "Measure nothing: rewrite the report (and a suite's "
@@ -142,7 +142,7 @@ def run_registered(name: str) -> None:
 
 
 def _summary_so_far(benchmark: registry.Benchmark, ctx: registry.Context, path: str) -> dict:
-  """summary.json as recorded; for a benchmark that goes on across sessions and has no complete
+  """summary.json as recorded; for a benchmark that goes on across invocations and has no complete
   one yet, rebuilt from its records so far (running nothing) and written."""
   summary = machine.read_json(path) if os.path.exists(path) else None
   if benchmark.recorded is not None and (summary is None or summary.get("complete") is False):

@@ -259,7 +259,7 @@ def _launch(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int, d
   return tfc.launch_groups(model_dir, num_groups or arm.num_groups, exchange_dir=exchange_dir,
                            gin_files=[gin_path(p) for p in arm.gin_files], gin_bindings=bindings,
                            shape=arm.shape, groups=groups, pin_groups=pin,
-                           # A fault is not resumed in the same run (a stop between sessions
+                           # A fault is not resumed in the same run (a stop between invocations
                            # is, where the suite says so: stopped_run).
                            max_restarts=0)
 
@@ -629,7 +629,7 @@ def _recorded_arm(arm: spec.Arm, paths: spec.RunPaths) -> spec.Arm:
 def _regenerate(source: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int,
                 data: Sequence[str], cpus: Optional[machine.CpuPool]) -> None:
   """Trains a recorded seed of ``source`` again for its models (a work dir of another machine or
-  session held them), leaving its record as it is."""
+  earlier invocation held them), leaving its record as it is."""
   with cpus.take(_cpus_needed(source)) if cpus else contextlib.nullcontext():
     _launch(source, suite, paths, seed, data, pin=cpus is not None)
 
@@ -686,7 +686,7 @@ def _pair_recorded(arm: spec.Arm, paths: spec.RunPaths, seed: int) -> bool:
 def _churn(arm: spec.Arm, paths: spec.RunPaths, suite: spec.Suite) -> Optional[dict]:
   """Churn between independently retrained models of the arm (group 0 of each seed), recorded
   pair by pair while both runs' predictions are in the work dir, so that an arm whose seeds run
-  in several sessions (on machines that keep no work dir) keeps what each measured: ``pairs``
+  in several invocations (on machines that keep no work dir) keeps what each measured: ``pairs``
   (every pair whose predictions were there together), the disjoint pairs (seeds 0-1, 2-3, ...:
   ``independent``) and, where runs kept their prediction history, each disjoint pair's churn
   at every evaluation with the pair's mean validation loss there (``pair_curves``; ``curves``,
@@ -954,7 +954,7 @@ def run_suite(suite: spec.Suite, paths: spec.RunPaths, force: bool = False,
               progress: Callable[[str], None] = print, quiet: machine.Quiet = machine.Quiet(),
               only: Optional[Sequence[str]] = None) -> Optional[dict]:
   """Runs (or reuses) every arm, then writes summary.json and returns it. With ``only`` (arm
-  names) runs just those arms (a suite too long for one session goes on arm by arm) and
+  names) runs just those arms (a suite too long for one invocation goes on arm by arm) and
   writes no summary: it is written by an invocation that finds every arm recorded."""
   check_tensorflow(suite)
   if only is not None:

@@ -31,7 +31,7 @@ methods, which every recorded method reaches.
 
 Runs are recorded as they end (``<results_dir>/runs/<method>_<link>.json``, with the load
 before and after) and reused by a later invocation with the same settings: the benchmark goes
-on across sessions. Needs what ``netfaults`` and ``faultfs`` need (root, nftables, FUSE).
+on across invocations. Needs what ``netfaults`` and ``faultfs`` need (root, nftables, FUSE).
 """
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ class Suite:
       on one version keeps it when the default install moves on); run_suite refuses another.
     resume_every_steps: runs checkpoint every that many steps (``tfc.Checkpoints.every_steps``,
       not part of an arm's configuration: it changes no step), and a seed whose run was stopped
-      (killed, a session's end) goes on from its groups' newest checkpoints, its input past the
+      (killed, a stop) goes on from its groups' newest checkpoints, its input past the
       batches it read (``tfc.Checkpoints.resume_input``), instead of starting over. Each part's
       start (step, load) is recorded with the run (``parts``). None: every run starts over.
   """

@@ -99,7 +99,7 @@ class Benchmark:
     from benchmarks import report  # pylint: disable=g-import-not-at-top
     report.write_benchmark_report(summary, results_dir, self.title or self.name,
                                   self.tables(summary) if self.tables else (),
-                                  holds_machine=self.exclusive)
+                                  holds_machine=self.exclusive, name=self.name)
 
 
 def check_choices(setting: str, values: Sequence, known: Sequence) -> None:

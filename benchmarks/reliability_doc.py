@@ -17,6 +17,7 @@ from benchmarks import fault_trials
 from benchmarks import machine
 from benchmarks import net_fault_trials
 from benchmarks import registry
+from benchmarks import report
 from benchmarks import soak
 
 DOC = os.path.join(os.path.dirname(registry.BENCHMARKS_DIR), "docs", "reliability.md")
@@ -42,8 +43,9 @@ def measured_section(faults_path: str = FAULTS_SUMMARY,
     parts.append("\n".join(fault_trials.markdown_table(faults).splitlines()
                            + [soak.markdown_row(summary) for summary in soaks]))
     parts.append(
-        f"Kill trials: `{faults['command']}`, {faults['started_utc']}, {faults['wall_s'] / 60:.0f} "
-        f"min, {faults['cpus']} CPUs, load average at the end {faults['load_avg_at_end'][0]:.1f} "
+        f"Kill trials: {report.command_line(faults, 'fault_trials')}, {faults['started_utc']}, "
+        f"{faults['wall_s'] / 60:.0f} min, {faults['cpus']} CPUs, load average at the end "
+        f"{faults['load_avg_at_end'][0]:.1f} "
         f"(machine shared with other jobs). Kill steps per kind: " + "; ".join(
             f"{kind} {row['kill_steps']}" for kind, row in faults["summary"].items()) + ".")
   for summary in soaks:
@@ -59,8 +61,9 @@ def measured_section(faults_path: str = FAULTS_SUMMARY,
         f"{s['steps_in_own_windows']} steps overlapping its own refresh/publish"
         for g, s in sorted(verdict["step_times"].items()) if s["plain_steps"])
     parts.append(
-        f"Soak: `{summary['command']}`, {summary['started_utc']}, {run['duration_s'] / 60:g} min "
-        f"of training ({run['wall_s'] / 60:.1f} min wall), warm-up {run['warmup_s']:g} s, RSS "
+        f"Soak: {report.command_line(summary, 'soak')}, {summary['started_utc']}, "
+        f"{run['duration_s'] / 60:g} min of training ({run['wall_s'] / 60:.1f} min wall), "
+        f"warm-up {run['warmup_s']:g} s, RSS "
         f"sampled every {run['sample_s']:g} s; load average at the end "
         f"{summary['load_avg_at_end'][0]:.1f}. RSS after warm-up -> end: {rss}. Step times "
         f"(each scheduled step, timed as it finished on its worker): {times}."
@@ -75,9 +78,9 @@ def measured_section(faults_path: str = FAULTS_SUMMARY,
           f"{net['load_avg_at_end'][0]:.1f}, stall watchdog {net['stall_timeout_s']:g} s.")
     else:
       parts.append(
-          f"Network fault trials, **in progress**: {len(net['trials'])} trials recorded, "
+          f"Network fault trials, **partial**: {len(net['trials'])} trials recorded, "
           f"{len(net['missing'])} not yet (the table counts the recorded ones); "
-          f"`{net['command']}`, {net['wall_s'] / 60:.0f} min of trials so far, stall watchdog "
+          f"`{net['command']}`, {net['wall_s'] / 60:.0f} min of trials recorded, stall watchdog "
           f"{net['stall_timeout_s']:g} s; each trial's load before it and at its end is in its "
           "record (`benchmarks/results/net_fault_trials/trials/`).")
   return "\n\n".join(parts) if parts else "(no measurements yet)"

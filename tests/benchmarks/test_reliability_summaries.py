@@ -152,7 +152,7 @@ def test_network_trials_in_progress_are_shown_as_such(tmp_path):
   text = reliability_doc.measured_section(str(tmp_path / "none.json"), [],
                                           str(tmp_path / "n.json"))
   assert "| worker cut off for 5 s, then healed" in text
-  assert ("Network fault trials, **in progress**: 1 trials recorded, 1 not yet (the table counts "
+  assert ("Network fault trials, **partial**: 1 trials recorded, 1 not yet (the table counts "
           "the recorded ones); `python -m benchmarks.run net_fault_trials`, 2 min") in text
 
 
@@ -181,6 +181,7 @@ def test_the_doc_section_is_made_from_the_committed_summaries():
   text = reliability_doc.measured_section()
   assert "| kill -9 of the ps task" in text and "| soak: 2-way codistillation" in text
   assert "Kill trials: `" in text and "Soak: `" in text
+  assert "(its entry point then; today `python -m benchmarks.run fault_trials`)" in text
 
 
 def test_writing_the_doc_replaces_only_its_measured_section(tmp_path):

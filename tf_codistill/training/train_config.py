@@ -60,36 +60,45 @@ for _schedule in (keras.optimizers.schedules.PiecewiseConstantDecay,
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """How one group trains: every ``trainer.train.<name>`` gin binding, typed; ``validate``
-  checks it once, in the launcher for every group and in every task.
+  checks it once, in the launcher for every group and in every task. The parts configured by
+  gin classes of their own are made when the config is, from their bindings.
 
-  ``shape`` (default: ``tfc.Group()`` with its ``tfc.Group.*`` bindings) is the group's shape:
-  its strategy (with a cluster, the tasks come from TF_CONFIG, and workers and ps tasks of a
-  parameter-server group only serve), task counts and gradient all-reduce. ``exchange``
-  (``@tfc.Exchange``, set as ``tfc.Exchange.<field>``; None: the group trains alone) is called
-  with the exchange directory, this group and the number of groups, and says how the group
-  exchanges with its peers:
-  distillation from their newest published versions (``tfc.Exchange.distill``, publish interval,
-  format and teacher graph), parameter averaging (``tfc.Exchange.averaging``: DiLoCo, local
-  SGD), or both. ``teachers`` (default: ``tfc.TeacherSpec()`` with its ``tfc.TeacherSpec.*``
-  bindings) says how the teacher copies are built; ``teacher_fn(student)`` (e.g.
-  ``@models.ctr_teacher``) is its factory where gin cannot name the student; ``alpha``,
-  ``burn_in_steps``, ``distill_kind`` and ``temperature`` are CodistillModel's distillation
-  term.
-  ``data`` (default: ``tfc.Data()`` with its ``tfc.Data.*`` bindings) is what the group reads:
-  files, parser, global batch, split between groups (inputs.Data). Exactly ``train_steps``
-  steps run, evaluated every ``steps_per_epoch`` (on ``eval_steps`` batches; None: all) and
-  checkpointed as ``checkpoints`` (default: ``tfc.Checkpoints()``) says.
-  ``task`` (default ``tasks.BinaryTask()``) sets the loss, metrics and results keys;
-  ``prediction_batches`` caps the eval batches whose predictions ``save_eval_predictions`` keeps
-  (``eval_predictions.npz``; with ``prediction_history`` also at every evaluation, for churn vs
-  loss). ``fusion`` ('none', 'kernels', 'backward', 'forward') fuses the optimizer's updates
-  (fusion.py). ``intra_op_threads`` and ``inter_op_threads`` (0: TF's default) size this task's
-  thread pools, also a serving task's. The chief writes ``heartbeat.json`` every
-  ``heartbeat_every_s``;
-  ``max_wall_seconds`` ends training early, as if ``train_steps`` were reached (not for
-  ``multi_worker_mirrored``); ``save_step_timeline`` writes every timed step interval (under
-  parameter servers one per scheduled step, step_timing.ClosureTimer) and refresh/publish window
-  (benchmarks/soak.py). Files: layout.RunDir.
+  Attributes:
+    shape: the group's shape (``tfc.Group``): strategy (with a cluster, the tasks come from
+      TF_CONFIG; a parameter-server group's workers and ps tasks only serve), task counts,
+      gradient all-reduce.
+    data: what the group reads (``tfc.Data``): files, parser, global batch, split between groups.
+    model_fn: builds the student; ``task`` (default ``tasks.BinaryTask()``) sets the loss,
+      metrics and results keys.
+    train_steps, steps_per_epoch, steps_per_execution, eval_steps: exactly ``train_steps``
+      steps, evaluated every ``steps_per_epoch`` on ``eval_steps`` batches (None: all).
+    optimizer, learning_rate: one of OPTIMIZERS, at a rate or a ``schedules.*`` schedule.
+    exchange: ``@tfc.Exchange`` (None: the group trains alone), called with the exchange
+      directory, this group and the number of groups: distillation from the peers' newest
+      versions (publish interval, format, teacher graph), parameter averaging
+      (``tfc.Exchange.averaging``: DiLoCo, local SGD), or both.
+    teachers, teacher_fn: how the teacher copies are built (``tfc.TeacherSpec``); ``teacher_fn
+      (student)`` (e.g. ``@models.ctr_teacher``) is its factory where gin cannot name the
+      student.
+    alpha, burn_in_steps, distill_kind, temperature: CodistillModel's distillation term.
+    label_smoothing, smoothing_prior: the label-smoothing baseline ('uniform' or 'unigram').
+    checkpoints: how the group checkpoints and resumes (``tfc.Checkpoints``).
+    summary_every_steps, seed, verbose: TensorBoard scalars' interval, the seed, fit's verbosity.
+    save_eval_predictions, prediction_batches, prediction_history: keep the eval predictions
+      (``eval_predictions.npz``, at most ``prediction_batches`` batches; with
+      ``prediction_history`` also at every evaluation, for churn against loss).
+    fusion, jit_compile: fused optimizer updates ('none', 'kernels', 'backward', 'forward';
+      fusion.py) and XLA.
+    intra_op_threads, inter_op_threads: this task's thread pools (0: TF's default), also a
+      serving task's.
+    heartbeat_every_s: how often the chief writes ``heartbeat.json`` (the launcher's stall
+      watchdog reads it).
+    max_wall_seconds: ends training early, as if ``train_steps`` were reached (not for
+      ``multi_worker_mirrored``).
+    save_step_timeline: writes every timed step interval (under parameter servers one per
+      scheduled step, step_timing.ClosureTimer) and refresh/publish window (benchmarks/soak.py).
+
+  Files: layout.RunDir.
   """
   # Made when the config is: the Group and Data of the tfc.Group.* and tfc.Data.* bindings.
   shape: group_lib.Group = dataclasses.field(default_factory=group_lib.Group)

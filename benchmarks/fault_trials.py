@@ -296,8 +296,18 @@ CASES = {
 }
 
 
-TABLE_HEADER = ("case", "trials", "outcome", "steps lost (median, min-max)",
-                "recovery time s (median, min-max)")
+TABLE_HEADER = ("case", "trials", "outcome", "restarts used (trials)",
+                "steps lost (median, min-max)", "recovery time s (median, min-max)")
+
+
+def restarts_cell(restarts_used: Sequence[Optional[int]]) -> str:
+  """How many trials used each number of restarts ("1 (10)": one kill, one restart, every
+  time); trials recorded before restarts were counted say so."""
+  counted = [r for r in restarts_used if r is not None]
+  cells = [f"{n} ({counted.count(n)})" for n in sorted(set(counted))]
+  if len(counted) < len(restarts_used):
+    cells.append(f"not counted ({len(restarts_used) - len(counted)})")
+  return ", ".join(cells)
 
 
 def markdown_table(summary_json: dict) -> str:
@@ -305,6 +315,7 @@ def markdown_table(summary_json: dict) -> str:
   return standalone.markdown_table(TABLE_HEADER, [
       [CASES[kind], row["trials"], f"{row['finished']}/{row['trials']} finished, "
        f"{row['resumed_correctly']}/{row['trials']} resumed correctly",
+       restarts_cell(row.get("restarts_used") or [None] * row["trials"]),
        trials_lib.spread_cell(row["steps_lost"], "g"),
        trials_lib.spread_cell(row["recovery_s"], ".1f")]
       for kind, row in summary_json["summary"].items()])

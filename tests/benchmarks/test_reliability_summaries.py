@@ -128,6 +128,8 @@ def test_fault_summary_and_doc_section(tmp_path):
   (tmp_path / "s.json").write_text(json.dumps(soak_summary))
   text = reliability_doc.measured_section(str(tmp_path / "f.json"), [str(tmp_path / "s.json")])
   assert "| kill -9 of the chief" in text and "1/2 finished" in text and "20 (10-30)" in text
+  assert "resumed correctly | 1 (1), 2 (1) |" in text  # the workers' restarts: one each, or not
+  assert fault_trials.restarts_cell([1, 1, None]) == "1 (2), not counted (1)"
   assert "| soak: 2-way codistillation" in text and "RSS flat after warm-up" in text
   # The benchmarks' own reports hold the same table and row.
   fault_trials.BENCHMARK.write_report(faults, str(tmp_path / "fault_trials"))

@@ -34,7 +34,7 @@ def test_two_groups_load_each_others_published_models(tmp_path, criteo_dir):
   proc = subprocess.run(
       launch_args(model_dir, criteo_dir, "--num_groups=2",
                   bindings=["tfc.Exchange.wait_for_first_teachers_s = 120.0",
-                            "trainer.train.teacher_fn = @models.ctr_teacher"]),
+                            "tfc.TeacherSpec.student_factory = @models.ctr_teacher"]),
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   # Every task parsed the job's one checked configuration file, not the user's gin again.
@@ -46,7 +46,7 @@ def test_two_groups_load_each_others_published_models(tmp_path, criteo_dir):
       results = json.load(f)
     assert results["steps"] == 240
     assert results["teacher_loads"] >= 1 and results["teacher_rejections"] == 0
-    assert results["teacher_fn"] == "ctr_teacher"
+    assert results["teacher_factory"] == "ctr_teacher"
     assert results["teacher_steps"][0] >= 40
     log = open(os.path.join(group_dir, "chief_0.log")).read()
     peer_dir = os.path.join(model_dir, "exchange", f"group_{peer}")

@@ -167,8 +167,8 @@ class Int8StackedInput(quantization.ConvertedLayer):
 def ctr_teacher(student: keras.Model, dtype_policy: Optional[str] = None) -> keras.Model:
   """A teacher copy of ``student`` (a ``ctr_model``) with its tables stacked into one
   (StackedEmbeddings): the same predictions from fewer, cheaper ops in the train step. Pass it as
-  ``CodistillModel(teachers=tfc.TeacherSpec(factory=lambda: ctr_teacher(student)))`` or bind
-  ``trainer.train.teacher_fn = @models.ctr_teacher``. ``dtype_policy`` (e.g. ``'bfloat16'``)
+  ``CodistillModel(teachers=tfc.TeacherSpec(student_factory=ctr_teacher))`` or bind
+  ``tfc.TeacherSpec.student_factory = @models.ctr_teacher``. ``dtype_policy`` (e.g. ``'bfloat16'``)
   builds it in that tf_keras dtype policy, as ``TeacherSpec.precision`` does for a clone; ``'int8'``
   builds it with int8 tables (one scale per table column, multiplied into the first Dense
   kernel: Int8StackedInput) and int8 kernels (``quantization.Int8Dense``), computing in

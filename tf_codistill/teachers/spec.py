@@ -39,17 +39,46 @@ class TeacherSpec:
       (Embedding and Dense weights as int8 codes with per-row scales, under a third of the
       memory: quantization.py).
     factory: builds a teacher copy in another form instead of a clone (a model holding the
-      student's weights otherwise, ``quantization.ConvertedLayer``, e.g. ``models.ctr_teacher``;
-      copies for publishing stay clones of the student). Its own layers set its precision.
+      student's weights otherwise, ``quantization.ConvertedLayer``; copies for publishing stay
+      clones of the student). Its own layers set its precision.
+    student_factory: the same, built from the student (``student_factory(student)``, e.g.
+      ``@models.ctr_teacher``): the form gin can bind, since a gin file cannot name the student.
 
   Raises:
-    ConfigurationError: an unknown precision, or a precision with a factory.
+    ConfigurationError: an unknown precision, a precision with a factory, or both factories.
   """
   precision: str = "float32"
   factory: Optional[Callable[[], keras.Model]] = None
+  student_factory: Optional[Callable[[keras.Model], keras.Model]] = None
 
   def __post_init__(self):
-    check(self.precision, self.factory is not None)
+    if self.factory is not None and self.student_factory is not None:
+      raise ConfigurationError("tfc.TeacherSpec.factory and tfc.TeacherSpec.student_factory are "
+                               "both set: set one")
+    check(self.precision, self.factory is not None or self.student_factory is not None,
+          factory_name=("tfc.TeacherSpec.student_factory" if self.student_factory is not None
+                        else "tfc.TeacherSpec.factory"))
+
+  def maker(self, student: keras.Model) -> Optional[Callable[[], keras.Model]]:
+    """What builds one teacher copy of ``student`` in the spec's other form (None: a clone). A
+    student factory that cannot build a teacher of this student raises ConfigurationError
+    naming it (a permanent failure, not one a restart fixes)."""
+    if self.student_factory is None:
+      return self.factory
+    student_factory = self.student_factory
+
+    def make() -> keras.Model:
+      try:
+        return student_factory(student)
+      except ValueError as e:
+        raise ConfigurationError(f"tfc.TeacherSpec.student_factory: {e}") from None
+    return make
+
+  @property
+  def factory_name(self) -> Optional[str]:
+    """The factory's name, for results (None: teachers are clones)."""
+    factory = self.factory or self.student_factory
+    return None if factory is None else getattr(factory, "__name__", repr(factory))
 
   def dtype_policy(self) -> Optional[str]:
     """The dtype policy of cloned teachers (None: the student's own)."""

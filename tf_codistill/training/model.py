@@ -135,8 +135,9 @@ def teacher_form_suffix(teacher: keras.Model, student: keras.Model) -> str:
 
 def _teacher_maker(student: keras.Model, teachers: teacher_spec.TeacherSpec
                    ) -> Callable[[], keras.Model]:
-  if teachers.factory is not None:
-    return teachers.factory
+  maker = teachers.maker(student)
+  if maker is not None:
+    return maker
   if teachers.precision == "int8":
     return lambda: quantization.int8_copy(student)
   return lambda: clone_architecture(student, dtype_policy=teachers.dtype_policy())
@@ -278,11 +279,12 @@ class CodistillModel(keras.Model):
     """A new float32 model of the student's architecture (for local copies and exports): the
     teacher factory's model, unless the teachers it makes hold the weights in another form or
     precision (stacked tables, bfloat16); then a clone of the student."""
-    if self.teachers.factory is None:
+    maker = self.teachers.maker(self.student)
+    if maker is None:
       return clone_architecture(self.student)
     if self.teacher_slots and not quantization.restores_from_float32(self.teacher_slots[0][0]):
       return clone_architecture(self.student)
-    return self.teachers.factory()
+    return maker()
 
   def float32_copy(self) -> keras.Model:
     """A float32 model of the teachers' architecture with its variables created (from the

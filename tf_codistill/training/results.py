@@ -35,7 +35,6 @@ def group_results(config: TrainConfig, *, group: int, num_groups: int,
   distills = exchange is not None and exchange.distill
   averaging = None if exchange is None else exchange.averaging
   teachers = config.teachers
-  factory = config.teacher_fn or teachers.factory
   return {
       "group": group, "num_groups": num_groups, "strategy": config.shape.strategy,
       "num_workers": info.num_workers, "codistill": distills,
@@ -44,7 +43,7 @@ def group_results(config: TrainConfig, *, group: int, num_groups: int,
       "teacher_graph": None if exchange is None else exchange.teacher_graph,
       "teacher_groups": exchange.peer_groups() if distills else [],
       "teacher_precision": teachers.precision,
-      "teacher_fn": None if factory is None else getattr(factory, "__name__", repr(factory)),
+      "teacher_factory": teachers.factory_name,
       "examples_per_sec": float(np.median(examples_per_sec)) if examples_per_sec else None,
       "trainable_parameter_bytes": trainable_bytes,
       "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},

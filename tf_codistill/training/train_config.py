@@ -36,6 +36,7 @@ RENAMED = {
                   f"{_TO_EXCHANGE}, and tfc.Exchange.distill = False unless the groups also "
                   "codistilled"),
     "teacher_precision": ("tfc.TeacherSpec.precision", "the teachers belong to the model"),
+    "teacher_fn": ("tfc.TeacherSpec.student_factory", "the teachers belong to the model"),
     "data_split": ("tfc.Data.split", "the data is tfc.Data's"),
     **{name: (f"tfc.Data.{name}", "the data is tfc.Data's")
        for name in ("train_files", "eval_files", "dataset_fn", "raw_parser", "batch_size",
@@ -77,9 +78,8 @@ class TrainConfig:
       directory, this group and the number of groups: distillation from the peers' newest
       versions (publish interval, format, teacher graph), parameter averaging
       (``tfc.Exchange.averaging``: DiLoCo, local SGD), or both.
-    teachers, teacher_fn: how the teacher copies are built (``tfc.TeacherSpec``); ``teacher_fn
-      (student)`` (e.g. ``@models.ctr_teacher``) is its factory where gin cannot name the
-      student.
+    teachers: how CodistillModel builds the teacher copies (``tfc.TeacherSpec``: a clone at a
+      precision, or a factory, e.g. ``tfc.TeacherSpec.student_factory = @models.ctr_teacher``).
     alpha, burn_in_steps, distill_kind, temperature: CodistillModel's distillation term.
     label_smoothing, smoothing_prior: the label-smoothing baseline ('uniform' or 'unigram').
     checkpoints: how the group checkpoints and resumes (``tfc.Checkpoints``).
@@ -114,7 +114,6 @@ class TrainConfig:
   exchange: Optional[Callable[..., exchange_config.Exchange]] = None
   # Made when the config is: the TeacherSpec of the tfc.TeacherSpec.* bindings.
   teachers: teacher_spec.TeacherSpec = dataclasses.field(default_factory=teacher_spec.TeacherSpec)
-  teacher_fn: Optional[Callable[[keras.Model], keras.Model]] = None
   alpha: float = 1.0
   burn_in_steps: int = 0
   distill_kind: str = "xent"
@@ -165,8 +164,6 @@ def validate(config: TrainConfig, *, group: int, num_groups: int,
   fusion_lib.check_mode(config.fusion, "trainer.train.fusion", config.shape.asynchronous)
   _validate_numbers(train_steps=config.train_steps, steps_per_epoch=config.steps_per_epoch,
                     steps_per_execution=config.steps_per_execution)
-  teacher_spec.check(config.teachers.precision, config.teacher_fn is not None,
-                     factory_name="trainer.train.teacher_fn")
   exchange = exchange_for(config, exchange_dir or "", group, num_groups)  # checks itself
   if exchange is not None:
     exchange.check_strategy(config.shape.asynchronous)
@@ -214,22 +211,6 @@ def from_bindings(**settings: Any) -> TrainConfig:
           "trainer.train.exchange = @tfc.Exchange() calls the exchange before it has a group: "
           f"bind @tfc.Exchange without parentheses ({str(e).splitlines()[0]})") from None
     raise
-
-
-def teachers(config: TrainConfig, student: keras.Model) -> teacher_spec.TeacherSpec:
-  """CodistillModel's ``TeacherSpec``: ``config.teachers``, with ``teacher_fn(student)`` as its
-  factory when set; a teacher_fn that cannot build a teacher of this student raises
-  ConfigurationError naming it (a permanent failure, not one a restart fixes)."""
-  if config.teacher_fn is None:
-    return config.teachers
-  teacher_fn = config.teacher_fn
-
-  def make() -> keras.Model:
-    try:
-      return teacher_fn(student)
-    except ValueError as e:
-      raise ConfigurationError(f"trainer.train.teacher_fn: {e}") from None
-  return dataclasses.replace(config.teachers, factory=make)
 
 
 def _validate_numbers(**values: int) -> None:

@@ -155,7 +155,7 @@ class GroupTrainer:
                  if config.shape.allreduce_dtype != "float32" else None)
       model = CodistillModel(
           student, exchange=self.exchange_config(data.input_spec),
-          teachers=train_config.teachers(config, student),
+          teachers=config.teachers,
           alpha=config.alpha,
           burn_in_steps=config.burn_in_steps, output=self.task.output,
           distill_kind=config.distill_kind, temperature=config.temperature,

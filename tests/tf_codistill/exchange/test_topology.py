@@ -1,6 +1,5 @@
 """Tests of the teacher graphs: all-to-all and ring teacher selection for n = 2..8 groups."""
 
-import dataclasses
 import functools
 
 import gin
@@ -8,7 +7,6 @@ import pytest
 
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import topology
-from tf_codistill.teachers import spec
 
 
 @pytest.mark.parametrize("n", range(2, 9))
@@ -58,20 +56,3 @@ def test_trainer_refuses_unknown_graph_and_precision_naming_the_binding(tmp_path
       trainer.train(str(tmp_path), **codistilling)
   finally:
     gin.clear_config()
-  with pytest.raises(trainer.ConfigurationError, match="trainer.train.teacher_fn is set"):
-    trainer.train(str(tmp_path), teachers=spec.TeacherSpec(precision="bfloat16"),
-                  teacher_fn=lambda s: s, data=files)
-
-
-def test_a_teacher_fn_that_does_not_fit_the_model_is_a_configuration_error():
-  # A permanent failure (exit status of a configuration error), not one a restart would retry.
-  from tf_codistill.models import ctr
-  from tf_codistill.models import mlp
-  from tf_codistill.training import train_config
-  config = train_config.TrainConfig(teachers=spec.TeacherSpec())
-  assert train_config.teachers(config, mlp.mlp(num_classes=3)).factory is None
-  make = train_config.teachers(dataclasses.replace(config, teacher_fn=ctr.ctr_teacher),
-                               mlp.mlp(num_classes=3)).factory
-  with pytest.raises(train_config.ConfigurationError,
-                     match="trainer.train.teacher_fn: .* is not a models.ctr_model"):
-    make()

@@ -33,13 +33,14 @@ def test_group_results_name_the_group_its_teachers_and_its_history():
                               final={"loss": 0.3, "auc": 0.7, "logloss": 0.31}, history=history,
                               examples_per_sec=[10.0, 30.0, 20.0], wall_time_s=1.5)
   assert (out["group"], out["num_groups"], out["steps"], out["teacher_groups"]) == (1, 2, 40, [0])
-  assert out["teacher_precision"] == "bfloat16" and out["teacher_fn"] is None
+  assert out["teacher_precision"] == "bfloat16" and out["teacher_factory"] is None
   assert out["codistill"] and out["teacher_graph"] == "all_to_all" and out["averaging"] is None
   with_fn = results.group_results(
-      dataclasses.replace(config, teachers=teacher_spec.TeacherSpec(), teacher_fn=ctr.ctr_teacher),
+      dataclasses.replace(config,
+                          teachers=teacher_spec.TeacherSpec(student_factory=ctr.ctr_teacher)),
       group=1, num_groups=2, info=info, task=tasks.BinaryTask(), exchange=None, steps=40,
       final={"loss": 0.3, "auc": 0.7, "logloss": 0.31}, history=history, examples_per_sec=[])
-  assert with_fn["teacher_fn"] == "ctr_teacher" and not with_fn["codistill"]
+  assert with_fn["teacher_factory"] == "ctr_teacher" and not with_fn["codistill"]
   assert with_fn["teacher_groups"] == [] and with_fn["teacher_graph"] is None
   assert out["examples_per_sec"] == 20.0 and out["wall_time_s"] == 1.5
   assert (out["val_loss"], out["val_auc"]) == (0.3, 0.7)

@@ -268,10 +268,11 @@ PARTS_FILE = "bench_parts.json"  # in a seed's run folder: when each part of a r
 
 
 def stopped_run(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: int,
-                config: str) -> Dict[int, int]:
+                config: str, also: Sequence[str] = ()) -> Dict[int, int]:
   """{group: the step it resumes from} for a stopped run of ``arm``'s ``seed`` that the suite
   resumes (``Suite.resume_every_steps``) and that was started under ``config``
-  (``run_config_digest``); empty when the seed starts over. Refuses a run still going on."""
+  (``run_config_digest``; or one of the digests ``also`` names); empty when the seed starts
+  over. Refuses a run still going on."""
   if not suite.resume_every_steps or arm.kind != "train":
     return {}
   model_dir = paths.run_dir(arm.name, seed)
@@ -282,13 +283,19 @@ def stopped_run(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: in
     _refuse_if_running(layout.group_run(model_dir, group).heartbeat, f"{arm.name} seed {seed}")
   parts = _read_parts(model_dir)
   recorded = next((p["config"] for p in reversed(parts) if p.get("config")), None)
-  return steps if recorded in (None, config) else {}
+  return steps if recorded in (None, config, *also) else {}
 
 
-def run_config_digest(arm: spec.Arm, suite: spec.Suite, data: Sequence[str]) -> str:
+def run_config_digest(arm: spec.Arm, suite: spec.Suite, data: Sequence[str],
+                      names: str = "recorded") -> str:
   """A digest of what determines a run of ``arm`` (its configuration, B* and tuned rate in its
-  bindings): a stopped run resumes only under the same."""
+  bindings): a stopped run resumes only under the same. Its bindings are read under the names
+  the first recorded configurations used (``reuse.as_recorded``), so that a gin setting renamed
+  while a run is stopped does not start it over; ``names='current'``: under today's names, as
+  runs recorded before that rule did."""
   config = reuse.arm_config(arm, suite, data)
+  if names == "recorded":
+    config = reuse.bindings_as(config, reuse.as_recorded)
   return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -531,7 +538,8 @@ def _run_seed(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequ
     with cpus.take(_cpus_needed(arm)) if cpus else contextlib.nullcontext():
       if arm.kind == "train":
         config = run_config_digest(arm, suite, data)
-        resumed = stopped_run(arm, suite, paths, seed, config)
+        resumed = stopped_run(arm, suite, paths, seed, config,
+                              also=[run_config_digest(arm, suite, data, names="current")])
         if resumed:
           progress(f"[{suite.name}] {arm.name} seed {seed}: resuming its stopped run from its "
                    f"checkpoints (group: step {resumed})")

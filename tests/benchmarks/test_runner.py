@@ -247,6 +247,15 @@ def test_a_stopped_run_resumes_from_its_checkpoints_and_records_its_parts(tmp_pa
   changed = dataclasses.replace(resuming, common_bindings=["trainer.train.train_steps = 20"])
   other = runner.run_config_digest(arm, changed, data)
   assert other != config and runner.stopped_run(arm, changed, paths, 0, other) == {}
+  # A setting renamed since the run started (its old name in the suite then) changes nothing;
+  # a part recorded under today's names (before digests read the first names) still resumes.
+  old_name = dataclasses.replace(arm, gin_bindings=["trainer.train.publish_every_steps = 50"])
+  new_name = dataclasses.replace(arm, gin_bindings=["tfc.Exchange.publish_every_steps = 50"])
+  assert (runner.run_config_digest(old_name, resuming, data)
+          == runner.run_config_digest(new_name, resuming, data))
+  legacy = runner.run_config_digest(new_name, resuming, data, names="current")
+  assert legacy != runner.run_config_digest(new_name, resuming, data)
+  assert runner.stopped_run(arm, resuming, paths, 0, "another", also=[config]) == {0: 60, 1: 30}
   # A run whose chief is alive (a runner killed alone leaves its tasks running) is refused.
   heartbeat = os.path.join(model_dir, "group_1", "heartbeat.json")
   with open(heartbeat, "w") as f:

@@ -247,9 +247,8 @@ def write_report(summary: dict, results_dir: str) -> None:
       "synchronous group (chief + worker on 127.0.0.1) per all-reduce variant.", "",
       "Regenerate (numbers below come from that run's `summary.json`, never typed in):", "",
       "```sh", summary["command"], "```", "",
-      *([] if summary["command"].startswith("python -m benchmarks.run comm") else [
-          "(the entry point its figures were recorded with; today: "
-          "`python -m benchmarks.run comm`)", ""]),
+      *([f"({note})", ""] if (note := standalone.replaced_entry_point(summary["command"], "comm"))
+        else []),
       "- variants: " + ", ".join(
           f"`{name}` (all-reduce in {v['allreduce_dtype']}, bytes_per_pack {v['bytes_per_pack']})"
           for name, v in cfg["variants"].items()),

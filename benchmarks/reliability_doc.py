@@ -17,8 +17,8 @@ from benchmarks import fault_trials
 from benchmarks import machine
 from benchmarks import net_fault_trials
 from benchmarks import registry
-from benchmarks import report
 from benchmarks import soak
+from benchmarks import standalone
 
 DOC = os.path.join(os.path.dirname(registry.BENCHMARKS_DIR), "docs", "reliability.md")
 SOURCES = ("fault_trials", "soak", "net_fault_trials")  # the benchmarks whose summaries it shows
@@ -43,7 +43,7 @@ def measured_section(faults_path: str = FAULTS_SUMMARY,
     parts.append("\n".join(fault_trials.markdown_table(faults).splitlines()
                            + [soak.markdown_row(summary) for summary in soaks]))
     parts.append(
-        f"Kill trials: {report.command_line(faults, 'fault_trials')}, {faults['started_utc']}, "
+        f"Kill trials: {standalone.command_line(faults, 'fault_trials')}, {faults['started_utc']}, "
         f"{faults['wall_s'] / 60:.0f} min, {faults['cpus']} CPUs, load average at the end "
         f"{faults['load_avg_at_end'][0]:.1f} "
         f"(machine shared with other jobs). Kill steps per kind: " + "; ".join(
@@ -61,7 +61,7 @@ def measured_section(faults_path: str = FAULTS_SUMMARY,
         f"{s['steps_in_own_windows']} steps overlapping its own refresh/publish"
         for g, s in sorted(verdict["step_times"].items()) if s["plain_steps"])
     parts.append(
-        f"Soak: {report.command_line(summary, 'soak')}, {summary['started_utc']}, "
+        f"Soak: {standalone.command_line(summary, 'soak')}, {summary['started_utc']}, "
         f"{run['duration_s'] / 60:g} min of training ({run['wall_s'] / 60:.1f} min wall), "
         f"warm-up {run['warmup_s']:g} s, RSS "
         f"sampled every {run['sample_s']:g} s; load average at the end "

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
 from benchmarks import machine
 from benchmarks import runner
+from benchmarks import standalone
 from benchmarks import suite_spec as spec
 
 _LOSS_NAMES = {"val_logloss": "log loss", "val_loss": "cross-entropy"}
@@ -433,25 +434,13 @@ def in_progress_lines(summary: dict) -> List[str]:
           "`--report_only`, not by a run)"]
 
 
-def command_line(summary: dict, name: str = "") -> str:
-  """The command ``summary`` recorded (in backquotes), and the one that runs benchmark ``name``
-  today where that differs (a figure recorded through an entry point that has since gone)."""
-  recorded = summary.get("command")
-  if recorded is None:
-    return "command not recorded"
-  today = f"python -m benchmarks.run {name}"
-  if not name or recorded.startswith(today):
-    return f"`{recorded}`"
-  return f"`{recorded}` (its entry point then; today `{today}`)"
-
-
 def write_benchmark_report(summary: dict, results_dir: str, title: str,
                            body: Sequence[str] = (), holds_machine: bool = True,
                            name: str = "") -> str:
   """report.md of a registered benchmark (``name``): its command, machine, goals, then ``body``
   (its own tables) and its settings; returns the path. ``holds_machine`` False: a benchmark
   that runs others, each holding the machine and recording its own load."""
-  lines = [f"# {title}", "", command_line(summary, name), ""]
+  lines = [f"# {title}", "", standalone.command_line(summary, name), ""]
   lines += in_progress_lines(summary) or (machine_lines(summary) if holds_machine else [
       "- machine: each benchmark it ran held the machine alone and recorded its own load "
       "(before / after: its table's last row)"])

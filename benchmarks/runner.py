@@ -357,11 +357,12 @@ def _tuning_arms(arm: spec.Arm, suite: spec.Suite, data: Sequence[str],
   folder named by the settings that define the arm (``tuning_name``), so equal configurations
   (a scaling batch and an arm at B*) share them."""
   config = reuse.arm_config(dataclasses.replace(arm, name="", seeds=1, tune_learning_rate=False,
-                                                seed_offset=0), suite, data)
+                                                seed_offset=0, churn_pairs=()), suite, data)
   folder = reuse.tuning_name(reuse.bindings_as(config, reuse.as_recorded))
   return {lr: _with(arm, [f"trainer.train.learning_rate = {lr!r}"],
                     name=f"{spec.TUNING_DIR}/{folder}/lr_{lr:g}", seeds=1, tune_learning_rate=False,
-                    seed_offset=suite.tuning_seed, label=f"tuning {arm.name} at lr {lr:g}")
+                    seed_offset=suite.tuning_seed, churn_pairs=(),
+                    label=f"tuning {arm.name} at lr {lr:g}")
           for lr in (suite.learning_rates if rates is None else rates)}
 
 
@@ -677,15 +678,15 @@ def _recorded_pairs(churn: Mapping[str, Any]) -> set:
 
 
 def _churn_complete(arm: spec.Arm, churn: Mapping[str, Any]) -> bool:
-  """Whether ``churn`` holds every disjoint pair of the arm. An ensemble's churn is what its
-  recorded seeds gave: never worth training its members again."""
+  """Whether ``churn`` holds every churn pair of the arm (``_independent_pairs``). An ensemble's
+  churn is what its recorded seeds gave: never worth training its members again."""
   return arm.kind == "ensemble" or (bool(churn) and set(_independent_pairs(arm))
                                     <= _recorded_pairs(churn))
 
 
 def _pair_recorded(arm: spec.Arm, paths: spec.RunPaths, seed: int) -> bool:
-  """Whether churn no longer needs ``seed``'s predictions: its disjoint pair is recorded (with
-  its curve, where kept), or it has none."""
+  """Whether churn no longer needs ``seed``'s predictions: its churn pair is recorded (with its
+  curve, where kept), or it has none."""
   pair = next((p for p in _independent_pairs(arm) if seed in p), None)
   return (pair is None or arm.kind == "ensemble"
           or pair in _recorded_pairs(_read_churn(arm, paths)))
@@ -695,8 +696,8 @@ def _churn(arm: spec.Arm, paths: spec.RunPaths, suite: spec.Suite) -> Optional[d
   """Churn between independently retrained models of the arm (group 0 of each seed), recorded
   pair by pair while both runs' predictions are in the work dir, so that an arm whose seeds run
   in several invocations (on machines that keep no work dir) keeps what each measured: ``pairs``
-  (every pair whose predictions were there together), the disjoint pairs (seeds 0-1, 2-3, ...:
-  ``independent``) and, where runs kept their prediction history, each disjoint pair's churn
+  (every pair whose predictions were there together), the churn pairs (``_independent_pairs``:
+  ``independent``) and, where runs kept their prediction history, each such pair's churn
   at every evaluation with the pair's mean validation loss there (``pair_curves``; ``curves``,
   in pair order, once every pair has one). Returns the record once every disjoint pair is in
   it; None before."""

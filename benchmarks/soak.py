@@ -319,7 +319,7 @@ def markdown_row(summary: dict) -> str:
           f"{'finished' if v['finished'] else 'FAILED'}; {sum(v['refreshes'])} teacher loads; "
           f"RSS {'flat' if v['rss_flat'] else 'NOT flat'} after warm-up (largest growth "
           f"{growth} MiB, {worst}, over {len(v['rss'])} processes); {steps}: step times "
-          f"{'ok' if v['step_times_ok'] else 'NOT ok'} | - | - |")
+          f"{'ok' if v['step_times_ok'] else 'NOT ok'} | - | - | - |")
 
 
 @gin.configurable("soak", module="bench", denylist=["ctx"])

@@ -163,3 +163,23 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
   return "\n".join(lines)
+
+
+def replaced_entry_point(command: str, name: str) -> Optional[str]:
+  """What runs benchmark ``name`` today, where ``command`` (as recorded) went through an entry
+  point since removed; None where it is today's."""
+  today = f"python -m benchmarks.run {name}"
+  if not name or command.split()[:4] == today.split():
+    return None
+  return (f"recorded through an entry point since removed; today `{today}`, its settings as "
+          "`--gin_bindings`")
+
+
+def command_line(summary: dict, name: str = "") -> str:
+  """The command ``summary`` recorded (in backquotes), and what runs benchmark ``name`` today
+  where that differs."""
+  recorded = summary.get("command")
+  if recorded is None:
+    return "command not recorded"
+  note = replaced_entry_point(recorded, name)
+  return f"`{recorded}`" + (f" ({note})" if note else "")

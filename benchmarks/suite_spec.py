@@ -117,6 +117,8 @@ class Arm:
       if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(self.seed_list):
         raise ValueError(f"arm {self.name!r}: churn_pairs entry {tuple(pair)} must be two "
                          f"different seeds of {list(self.seed_list)}")
+    if len({frozenset(p) for p in self.churn_pairs}) < len(self.churn_pairs):
+      raise ValueError(f"arm {self.name!r}: churn_pairs {list(self.churn_pairs)} name a pair twice")
 
 
 @gin.configurable(module="bench")

@@ -13,6 +13,7 @@ from benchmarks import net_fault_trials
 from benchmarks import registry
 from benchmarks import reliability_doc
 from benchmarks import soak
+from benchmarks import standalone
 
 
 def _timeline(start, plain_ms=10.0, slow=(), refresh_every=20, steps=4000):
@@ -131,6 +132,8 @@ def test_fault_summary_and_doc_section(tmp_path):
   assert "resumed correctly | 1 (1), 2 (1) |" in text  # the workers' restarts: one each, or not
   assert fault_trials.restarts_cell([1, 1, None]) == "1 (2), not counted (1)"
   assert "| soak: 2-way codistillation" in text and "RSS flat after warm-up" in text
+  table = [line for line in text.splitlines() if line.startswith("|")]
+  assert len({line.count(" | ") for line in table}) == 1, table  # the soak row fits the header
   # The benchmarks' own reports hold the same table and row.
   fault_trials.BENCHMARK.write_report(faults, str(tmp_path / "fault_trials"))
   text = (tmp_path / "fault_trials" / "report.md").read_text()
@@ -183,7 +186,14 @@ def test_the_doc_section_is_made_from_the_committed_summaries():
   text = reliability_doc.measured_section()
   assert "| kill -9 of the ps task" in text and "| soak: 2-way codistillation" in text
   assert "Kill trials: `" in text and "Soak: `" in text
-  assert "(its entry point then; today `python -m benchmarks.run fault_trials`)" in text
+  assert ("(recorded through an entry point since removed; today `python -m benchmarks.run "
+          "fault_trials`, its settings as `--gin_bindings`)") in text
+  assert standalone.command_line({"command": "python -m benchmarks.run fault_trials_x"},
+                             "fault_trials").endswith("since removed; today `python -m "
+                                                      "benchmarks.run fault_trials`, its settings "
+                                                      "as `--gin_bindings`)")
+  assert standalone.command_line({"command": "python -m benchmarks.run soak --x"}, "soak") == (
+      "`python -m benchmarks.run soak --x`")
 
 
 def test_writing_the_doc_replaces_only_its_measured_section(tmp_path):

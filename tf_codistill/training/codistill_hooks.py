@@ -177,7 +177,8 @@ def exchange_hooks(model, exchange: Exchange, input_spec,
   hooks.refresh = teachers_lib.TeacherRefresh(pool, options.summary_writer)
   if chief:
     hooks.publisher = _publisher(model, exchange, input_spec, output_shape, sample, options,
-                                 read_lock=hooks.averaging and hooks.averaging.lock)
+                                 read_lock=None if hooks.averaging is None
+                                 else hooks.averaging.lock)
   if exchange.wait_for_first_teachers_s > 0:
     hooks.first_wait = teachers_lib.FirstTeachersWait(
         hooks.refresh, max(model.burn_in_steps, exchange.publish_every_steps),

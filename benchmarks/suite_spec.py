@@ -180,9 +180,10 @@ class Suite:
       on one version keeps it when the default install moves on); run_suite refuses another.
     resume_every_steps: runs checkpoint every that many steps (``tfc.Checkpoints.every_steps``,
       not part of an arm's configuration: it changes no step), and a seed whose run was stopped
-      (killed, a stop) goes on from its groups' newest checkpoints, its input past the
-      batches it read (``tfc.Checkpoints.resume_input``), instead of starting over. Each part's
-      start (step, load) is recorded with the run (``parts``). None: every run starts over.
+      (killed, or ended with its time on the machine) goes on from its groups' newest
+      checkpoints, its input past the batches it read (``tfc.Checkpoints.resume_input``),
+      instead of starting over. Each part's start (step, load) is recorded with the run
+      (``parts``). None: every run starts over.
   """
   name: str
   arms: Sequence[Arm]

@@ -1,7 +1,7 @@
 """Seeded fault trials that go on across invocations (fault_trials, net_fault_trials): cases
 interleaved seed by seed, since the machine's load drifts over a run; each trial recorded as it
 ends (``<results_dir>/trials/<case>_<seed>.json``) and kept by a later run with the same
-settings, so a run stopped by a stop resumes trial by trial. A record names the library
+settings, so a stopped run resumes trial by trial. A record names the library
 sources it ran (``library_sources``, a digest of ``tf_codistill/``) but is kept under other ones
 too: after a change to the launcher or the recovery code, remove ``trials/`` to measure again."""
 

@@ -15,18 +15,6 @@ PRECISIONS = {"float32": "float32", "bfloat16": "bfloat16", "mixed_bfloat16": "m
               "int8": "float32"}
 
 
-def check(precision: str, has_factory: bool, precision_name: str = "tfc.TeacherSpec.precision",
-          factory_name: str = "tfc.TeacherSpec.factory") -> None:
-  """Raises ConfigurationError, naming the settings, if the teachers cannot be built so."""
-  if precision not in PRECISIONS:
-    raise ConfigurationError(f"{precision_name}={precision!r} is not one of {list(PRECISIONS)}")
-  if has_factory and precision != "float32":
-    raise ConfigurationError(
-        f"{precision_name}={precision!r} applies to cloned teachers, and {factory_name} is "
-        "set: build the factory's layers in that dtype policy instead (e.g. "
-        "models.ctr_teacher.dtype_policy) and leave the precision float32")
-
-
 @gin.configurable(module="tfc")
 @dataclasses.dataclass(frozen=True)
 class TeacherSpec:
@@ -52,12 +40,18 @@ class TeacherSpec:
   student_factory: Optional[Callable[[keras.Model], keras.Model]] = None
 
   def __post_init__(self):
-    if self.factory is not None and self.student_factory is not None:
-      raise ConfigurationError("tfc.TeacherSpec.factory and tfc.TeacherSpec.student_factory are "
-                               "both set: set one")
-    check(self.precision, self.factory is not None or self.student_factory is not None,
-          factory_name=("tfc.TeacherSpec.student_factory" if self.student_factory is not None
-                        else "tfc.TeacherSpec.factory"))
+    factories = [f"tfc.TeacherSpec.{name}" for name in ("factory", "student_factory")
+                 if getattr(self, name) is not None]
+    if len(factories) == 2:
+      raise ConfigurationError(f"{factories[0]} and {factories[1]} are both set: set one")
+    if self.precision not in PRECISIONS:
+      raise ConfigurationError(f"tfc.TeacherSpec.precision={self.precision!r} is not one of "
+                               f"{list(PRECISIONS)}")
+    if factories and self.precision != "float32":
+      raise ConfigurationError(
+          f"tfc.TeacherSpec.precision={self.precision!r} applies to cloned teachers, and "
+          f"{factories[0]} is set: build the factory's layers in that dtype policy instead (e.g. "
+          "models.ctr_teacher.dtype_policy) and leave the precision float32")
 
   def maker(self, student: keras.Model) -> Optional[Callable[[], keras.Model]]:
     """What builds one teacher copy of ``student`` in the spec's other form (None: a clone). A

@@ -105,8 +105,8 @@ def _build_arms(strategy: tf.distribute.Strategy,
     for name in ARMS:
       student = _make_model(settings["num_buckets"])
       factory = (lambda s=student: ctr.ctr_teacher(s)) if stacked else None
-      model = tfc.CodistillModel(student, 0 if name == "no_teacher" else 1, alpha=1.0,
-                             teachers=tfc.TeacherSpec(factory=factory))
+      model = tfc.CodistillModel(student, 0 if name == "no_teacher" else 1,
+                                 teachers=tfc.TeacherSpec(factory=factory))
       model.compile(optimizer=keras.optimizers.Adam(1e-3),
                     loss=keras.losses.BinaryCrossentropy(from_logits=True))
       model(sample)

@@ -67,7 +67,7 @@ def refresh_step_times(work: str, common: List[str], batch_size: int,
                                       ("sync_2workers", "multi_worker_mirrored", 1, 0)):
     run = _launch(f"refresh_{name}", work, strategy, workers, ps, 2, "codistill_2way.gin",
                   common + [f"tfc.Data.batch_size = {batch_size * (workers + 1)}",
-                            "trainer.train.burn_in_steps = 50",
+                            "tfc.Distillation.burn_in_steps = 50",
                             "tfc.Exchange.publish_every_steps = 25",
                             "tfc.Exchange.poll_interval_s = 0.2"])
     run.finish()

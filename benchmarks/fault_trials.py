@@ -75,7 +75,7 @@ SMALL_JOB = (
 )
 BINDINGS = SMALL_JOB + (
     "tfc.Exchange.publish_every_steps = 40",
-    "trainer.train.burn_in_steps = 40",
+    "tfc.Distillation.burn_in_steps = 40",
     "tfc.Exchange.poll_interval_s = 0.2",
     "trainer.train.heartbeat_every_s = 0.1",
 )

@@ -37,8 +37,8 @@ def arm_default(name: str) -> Any:
 # Gin settings renamed after runs were recorded under their old names: new name -> old name.
 # A recorded configuration is read under today's names, so a rename keeps every recorded run;
 # tuning runs keep their folders, named under the old names. The exchange, teacher, data,
-# group-shape and checkpoint settings moved from trainer.train into tfc.Exchange,
-# tfc.TeacherSpec, tfc.Data, tfc.Group and tfc.Checkpoints after the first runs.
+# group-shape, checkpoint and distillation settings moved from trainer.train into tfc.Exchange,
+# tfc.TeacherSpec, tfc.Data, tfc.Group, tfc.Checkpoints and tfc.Distillation after the first runs.
 RECORDED_BINDING_NAMES: Dict[str, str] = {
     **{f"tfc.Exchange.{name}": f"trainer.train.{name}"
        for name in ("publish_every_steps", "keep_last", "poll_interval_s", "publish_format",
@@ -46,7 +46,7 @@ RECORDED_BINDING_NAMES: Dict[str, str] = {
     "tfc.TeacherSpec.precision": "trainer.train.teacher_precision",
     # The data, group and checkpoint settings: the library's own table of what moved.
     **{new: f"trainer.train.{old}" for old, (new, _) in train_config.RENAMED.items()
-       if new.startswith(("tfc.Data.", "tfc.Group.", "tfc.Checkpoints."))},
+       if new.startswith(("tfc.Data.", "tfc.Group.", "tfc.Checkpoints.", "tfc.Distillation."))},
 }
 # Whole bindings whose value changed with their name: new binding -> recorded binding.
 RECORDED_BINDINGS: Dict[str, str] = {

@@ -42,9 +42,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import gin
 
@@ -113,6 +114,24 @@ def _pin(pid: int, cpu: int) -> None:
       os.sched_setaffinity(int(tid), {cpu})
 
 
+@contextlib.contextmanager
+def _held(faults: netfaults.NetworkFaults, pids: Sequence[int]) -> Iterator[None]:
+  """Keeps the tasks ``pids`` stopped from when each is in the launch's namespace until the
+  block ends: none connects before a fault made in it (a connection opened earlier would keep
+  its direct path)."""
+  stopped = []
+  try:
+    for pid in pids:
+      faults.wait_inside(pid)
+      os.kill(pid, signal.SIGSTOP)
+      stopped.append(pid)
+    yield
+  finally:
+    for pid in stopped:
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+
+
 def _two_cpus() -> Tuple[int, int]:
   """The two CPUs the two machines run on (this process's first two)."""
   cpus = sorted(os.sched_getaffinity(0))
@@ -143,9 +162,9 @@ def _sync_over_link(arm: spec.Arm, link: Link, model_dir: str, bindings: Sequenc
     if link.bytes_per_s is not None:
       worker = launched[tasks[1]]
       faults = netfaults.NetworkFaults(network["namespace_pid"])
-      faults.wait_inside(worker["pid"])
-      fault = faults.latency(worker["pid"], link.one_way_s, link.bytes_per_s,
-                             ports=[int(worker["address"].rsplit(":", 1)[1])])
+      with _held(faults, [launched[t]["pid"] for t in tasks]):
+        fault = faults.latency(worker["pid"], link.one_way_s, link.bytes_per_s,
+                               ports=[int(worker["address"].rsplit(":", 1)[1])])
     launch.finish(timeout_s)
   except BaseException:
     launch.stop()
@@ -153,6 +172,11 @@ def _sync_over_link(arm: spec.Arm, link: Link, model_dir: str, bindings: Sequenc
   finally:
     if faults is not None:
       faults.heal_all()
+  if fault is not None and fault.connections < 2:
+    raise RuntimeError(
+        f"slow_link: {fault.connections} of the sync group's connections crossed the "
+        f"{link.name} link (at least 2 must: the worker's own, and the chief's to it); a time "
+        f"taken with a direct path beside the link is not recorded ({model_dir})")
   carried = fault.bytes_carried if fault else {"out": 0, "in": 0}
   return {"group_dirs": [layout.group_dir(model_dir, 0)],
           "link_bytes": {"worker_sent": carried["out"], "worker_received": carried["in"]},

@@ -64,7 +64,7 @@ TIMELINES_FILE = "step_timelines.json.gz"
 
 BINDINGS = fault_trials.SMALL_JOB + (
     "trainer.train.train_steps = 100000000",
-    "trainer.train.burn_in_steps = 20",
+    "tfc.Distillation.burn_in_steps = 20",
     "tfc.Exchange.keep_last = 2",
     "trainer.train.save_step_timeline = True",
 )

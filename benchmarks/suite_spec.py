@@ -4,7 +4,7 @@
 A suite is a gin file (``benchmarks/suites/<name>.gin``, read by ``load_suite``). It binds
 ``bench.*`` for itself, and the library's own settings for its runs: unscoped for every arm's
 runs (``trainer.train.train_steps = 1500``), in an arm's gin scope for that arm's alone (the arm
-``@codistill/bench.Arm()`` runs with ``codistill/trainer.train.alpha = 1.0``). ``%B_STAR`` and
+``@codistill/bench.Arm()`` runs with ``codistill/tfc.Distillation.alpha = 1.0``). ``%B_STAR`` and
 ``%TWO_B_STAR`` stand for the batch the scaling phase finds and its double. A suite that
 includes another changes the included arms' settings binding by binding (gin's rule: the last
 binding of a setting counts); it cannot remove one. Every binding outside ``bench.*`` reaches the

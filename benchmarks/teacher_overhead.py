@@ -121,7 +121,7 @@ def build_arms(batch_size: int, num_buckets: int, embedding_dim: int,
   for name, teacher in teachers.items():
     if wanted(name):
       student = make()
-      arms[name] = _compile(tfc.CodistillModel(student, 1, alpha=1.0, teachers=tfc.TeacherSpec(
+      arms[name] = _compile(tfc.CodistillModel(student, 1, teachers=tfc.TeacherSpec(
           factory=lambda s=student, t=teacher: t(s))), optimizer)
   for model in arms.values():
     model(sample)

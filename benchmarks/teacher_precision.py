@@ -74,8 +74,8 @@ def _arms(task: str, data_dir: str, vocab_size: int):
                                  ("mixed_bfloat16_teacher", 1, "mixed_bfloat16")):
     student = make()
     factory = (lambda s=student, p=policy: tfc.clone_architecture(s, p))
-    model = tfc.CodistillModel(student, teachers, alpha=1.0, output=output,
-                           teachers=tfc.TeacherSpec(factory=factory))
+    model = tfc.CodistillModel(student, teachers, output=output,
+                               teachers=tfc.TeacherSpec(factory=factory))
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
     model(sample)
     if teachers:

@@ -53,9 +53,10 @@ def main(argv):
                                                 peer_timeout_s=FLAGS.peer_timeout_s))
   student = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation="relu"),
                               keras.layers.Dense(1)])
-  model = tfc.CodistillModel(student, output="sigmoid", alpha=0.5, exchange=tfc.Exchange(
-      FLAGS.exchange_dir, group=FLAGS.group, num_groups=FLAGS.num_groups,
-      distill=FLAGS.distill, averaging=averaging))
+  model = tfc.CodistillModel(
+      student, output="sigmoid", distillation=tfc.Distillation(alpha=0.5),
+      exchange=tfc.Exchange(FLAGS.exchange_dir, group=FLAGS.group, num_groups=FLAGS.num_groups,
+                            distill=FLAGS.distill, averaging=averaging))
   model.compile(optimizer=keras.optimizers.Adam(1e-3),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
   model.fit(group_data(FLAGS.group, FLAGS.num_groups), epochs=FLAGS.steps // 100,

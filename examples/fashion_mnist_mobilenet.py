@@ -59,7 +59,8 @@ def main(argv):
     student = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=FLAGS.width,
                                              weights=None, classes=10, classifier_activation=None)
     model = tfc.CodistillModel(
-        student, output="softmax", alpha=1.0, burn_in_steps=FLAGS.publish_every_steps,
+        student, output="softmax",
+        distillation=tfc.Distillation(alpha=1.0, burn_in_steps=FLAGS.publish_every_steps),
         exchange=tfc.Exchange(FLAGS.exchange_dir, group=FLAGS.group, num_groups=2,
                               publish_every_steps=FLAGS.publish_every_steps))
     model.compile(optimizer=keras.optimizers.Adam(1e-3),

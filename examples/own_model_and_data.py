@@ -65,8 +65,8 @@ def main(argv):
   train = csv_dataset(FLAGS.train_files, FLAGS.group, FLAGS.num_groups, train=True)
   validation = csv_dataset(FLAGS.eval_files, 0, 1, train=False)
   model = tfc.CodistillModel(
-      ResidualMLP(), teachers=tfc.TeacherSpec(factory=ResidualMLP), alpha=1.0,
-      burn_in_steps=FLAGS.publish_every_steps,
+      ResidualMLP(), teachers=tfc.TeacherSpec(factory=ResidualMLP),
+      distillation=tfc.Distillation(alpha=1.0, burn_in_steps=FLAGS.publish_every_steps),
       exchange=tfc.Exchange(FLAGS.exchange_dir, group=FLAGS.group, num_groups=FLAGS.num_groups,
                             publish_every_steps=FLAGS.publish_every_steps))
   model.compile(optimizer="adam", loss=keras.losses.BinaryCrossentropy(from_logits=True),

@@ -7,7 +7,8 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
   groups, publishing the student and refreshing the teachers by itself, under every
   ``tf.distribute`` strategy.
 * ``tfc.TeacherSpec``: how the model builds its teacher copies (a clone at a precision, or a
-  factory of another form), given as ``CodistillModel(teachers=...)``.
+  factory of another form), given as ``CodistillModel(teachers=...)``; ``tfc.Distillation``: the
+  distillation term (weight, burn-in, loss kind, temperature), ``CodistillModel(distillation=...)``.
 * ``tfc.Exchange``: where and how a group exchanges models with its peers;
   ``tfc.PublishFormat``: whole SavedModels, or lean versions (bfloat16/int8 weights, row deltas).
 * ``tfc.ParameterAveraging``: parameter averaging between the groups every H steps (DiLoCo's
@@ -47,6 +48,7 @@ _PUBLIC = {
     "clone_architecture": "tf_codistill.training.model",
     "Exchange": "tf_codistill.exchange.config",
     "TeacherSpec": "tf_codistill.teachers.spec",
+    "Distillation": "tf_codistill.losses",
     "PublishFormat": "tf_codistill.exchange.lean_versions",
     "ParameterAveraging": "tf_codistill.exchange.averaging",
     "AveragingError": "tf_codistill.exchange.averaging",

@@ -7,11 +7,14 @@ over all non-class axes (examples, and time steps for sequences).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence
 
 import gin
 import tensorflow as tf
 import tf_keras as keras
+
+from tf_codistill.errors import ConfigurationError
 
 DISTILL_KINDS = ("xent", "mse_logits")
 OUTPUTS = ("sigmoid", "softmax")
@@ -64,6 +67,50 @@ def distillation_loss(student_logits: tf.Tensor, target: tf.Tensor, *, output: s
   else:
     per_item = tf.nn.softmax_cross_entropy_with_logits(labels=target, logits=scaled, axis=-1)
   return tf.reduce_mean(per_item) * (temperature**2)
+
+
+@gin.configurable(module="tfc")
+@dataclasses.dataclass(frozen=True)
+class Distillation:
+  """CodistillModel's distillation term: its weight, when it starts and its loss
+  (``tfc.Distillation.*``).
+
+  Attributes:
+    alpha: weight of the term once ``burn_in_steps`` optimizer steps have run and a teacher is
+      loaded (0 before: the step is the student's own).
+    burn_in_steps: steps trained on the task loss alone first.
+    kind: ``xent`` (cross-entropy to the teachers' averaged probabilities) or ``mse_logits``
+      (squared error to their averaged logits).
+    temperature: of the student's and the teachers' distributions (``xent``).
+
+  Raises:
+    ConfigurationError: a value that cannot work, named by its binding.
+  """
+  alpha: float = 1.0
+  burn_in_steps: int = 0
+  kind: str = "xent"
+  temperature: float = 1.0
+
+  def __post_init__(self):
+    if self.alpha < 0:
+      raise ConfigurationError(f"tfc.Distillation.alpha={self.alpha} must be >= 0")
+    if self.burn_in_steps < 0:
+      raise ConfigurationError(f"tfc.Distillation.burn_in_steps={self.burn_in_steps} must be >= 0")
+    if self.kind not in DISTILL_KINDS:
+      raise ConfigurationError(f"tfc.Distillation.kind={self.kind!r} is not one of "
+                               f"{list(DISTILL_KINDS)}")
+    if self.temperature <= 0:
+      raise ConfigurationError(f"tfc.Distillation.temperature={self.temperature} must be > 0")
+
+  def target(self, teacher_logits: tf.Tensor, weights: tf.Tensor, output: str) -> tf.Tensor:
+    """The teachers' weighted average this term pulls the student toward."""
+    return average_teacher_target(teacher_logits, weights, output=output, kind=self.kind,
+                                  temperature=self.temperature)
+
+  def loss(self, student_logits: tf.Tensor, target: tf.Tensor, output: str) -> tf.Tensor:
+    """The term (unweighted) of ``student_logits`` toward ``target``."""
+    return distillation_loss(student_logits, target, output=output, kind=self.kind,
+                             temperature=self.temperature)
 
 
 @gin.configurable(module="losses")

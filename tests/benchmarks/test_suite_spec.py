@@ -68,14 +68,15 @@ def test_a_later_binding_replaces_a_setting_where_it_was_first_written(tmp_path)
 
 
 def test_settings_in_a_scope_that_builds_no_arm_are_refused_naming_them(tmp_path):
-  text = SUITE + "codistil/trainer.train.alpha = 0.5\n"
-  with pytest.raises(ValueError, match=r"trainer\.train\.alpha is bound in scope 'codistil', but "
-                                       r"no arm is built in that scope \(arms: @base/bench"):
+  text = SUITE + "codistil/tfc.Distillation.alpha = 0.5\n"
+  with pytest.raises(ValueError, match=r"tfc\.Distillation\.alpha is bound in scope "
+                                       r"'codistil', but no arm is built in that scope "
+                                       r"\(arms: @base/bench"):
     spec.load_suite([_suite_file(tmp_path, text)])
 
 
 def test_an_arm_the_suite_does_not_run_may_keep_its_settings(tmp_path):
-  text = SUITE + "spare/bench.Arm.name = 'spare'\nspare/trainer.train.alpha = 0.5\n"
+  text = SUITE + "spare/bench.Arm.name = 'spare'\nspare/tfc.Distillation.alpha = 0.5\n"
   suite = spec.load_suite([_suite_file(tmp_path, text)])
   assert [arm.name for arm in suite.arms] == ["base", "codistill"]
 
@@ -96,7 +97,7 @@ def test_an_include_is_found_where_gin_finds_it_under_gin(tmp_path):
 
 @pytest.mark.parametrize("binding,message", [
     ("codistill/trainer.train.alpah = 1.0", "doesn't have a parameter named 'alpah'"),
-    ("codistill/trainer.train.alpha = 'high'", r"codistill/trainer\.train\.alpha = 'high': "
+    ("codistill/tfc.Distillation.alpha = 'high'", r"codistill/tfc\.Distillation\.alpha = 'high': "
                                                r"expected a number"),
 ])
 def test_a_wrong_arm_setting_fails_when_the_suite_is_read(tmp_path, binding, message):

@@ -178,7 +178,7 @@ def test_two_groups_codistill_on_adult(prepared, tmp_path):
   model_dir = str(tmp_path / "job")
   bindings = list(SMALL_BINDINGS) + [
       "trainer.train.train_steps = 60", "trainer.train.steps_per_epoch = 30",
-      "tfc.Exchange.publish_every_steps = 20", "trainer.train.burn_in_steps = 20",
+      "tfc.Exchange.publish_every_steps = 20", "tfc.Distillation.burn_in_steps = 20",
       "trainer.train.eval_steps = 8",
       f"tfc.Data.train_files = ['{directory}/train-*']",
       f"tfc.Data.eval_files = ['{directory}/eval-*']"]

@@ -24,7 +24,7 @@ COMMON = (
     "trainer.train.train_steps = 120",
     "trainer.train.steps_per_epoch = 40",
     "tfc.Exchange.publish_every_steps = 40",
-    "trainer.train.burn_in_steps = 40",
+    "tfc.Distillation.burn_in_steps = 40",
     "tfc.Exchange.poll_interval_s = 0.2",
     # On a loaded machine one group can finish all its steps before its peer's first publish.
     "tfc.Exchange.wait_for_first_teachers_s = 120.0",

@@ -90,7 +90,7 @@ def test_teacher_with_non_finite_predictions_is_dropped_for_that_refresh(tmp_pat
 
 def test_a_teacher_non_finite_on_a_batch_counts_for_nothing_in_that_step():
   student = small_net()
-  model = CodistillModel(student, 2, alpha=1.0)
+  model = CodistillModel(student, 2)
   model.compile(optimizer=keras.optimizers.SGD(0.1),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
   model(PROBE)
@@ -100,7 +100,7 @@ def test_a_teacher_non_finite_on_a_batch_counts_for_nothing_in_that_step():
   np.testing.assert_allclose(model.teacher_target(PROBE).numpy(),
                              tf.sigmoid(good(PROBE)).numpy(), rtol=1e-6)
   # Only the Inf teacher: no distillation term, and the step stays finite.
-  only_bad = CodistillModel(small_net(), 1, alpha=1.0)
+  only_bad = CodistillModel(small_net(), 1)
   only_bad.compile(optimizer=keras.optimizers.SGD(0.1),
                    loss=keras.losses.BinaryCrossentropy(from_logits=True))
   only_bad(PROBE)

@@ -84,6 +84,31 @@ def test_bad_kind_and_output_are_refused():
     losses.probabilities(tf.zeros([1]), "tanh")
 
 
+def test_distillation_computes_the_loss_functions_with_its_kind_and_temperature():
+  term = losses.Distillation(alpha=0.5, kind="xent", temperature=2.0)
+  teachers = tf.constant([[[1.0, -1.0]], [[0.0, 2.0]]])
+  target = term.target(teachers, tf.constant([1.0, 3.0]), "softmax")
+  np.testing.assert_allclose(target, losses.average_teacher_target(
+      teachers, tf.constant([1.0, 3.0]), output="softmax", temperature=2.0))
+  student = tf.constant([[0.3, 0.1]])
+  np.testing.assert_allclose(term.loss(student, target, "softmax"), losses.distillation_loss(
+      student, target, output="softmax", temperature=2.0))
+  mse = losses.Distillation(kind="mse_logits")
+  np.testing.assert_allclose(mse.loss(student, tf.constant([[1.3, 0.1]]), "softmax"), 0.5,
+                             rtol=1e-6)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"alpha": -1.0}, r"tfc\.Distillation\.alpha=-1\.0 must be >= 0"),
+    ({"burn_in_steps": -5}, r"tfc\.Distillation\.burn_in_steps=-5 must be >= 0"),
+    ({"kind": "kl"}, r"tfc\.Distillation\.kind='kl' is not one of \['xent', 'mse_logits'\]"),
+    ({"temperature": 0.0}, r"tfc\.Distillation\.temperature=0\.0 must be > 0"),
+])
+def test_distillation_settings_that_cannot_work_are_refused_by_name(settings, message):
+  with pytest.raises(losses.ConfigurationError, match=message):
+    losses.Distillation(**settings)
+
+
 def test_uniform_smoothing_matches_keras_builtin():
   y = tf.constant([[1.0], [0.0], [1.0]])
   z = tf.constant([[2.0], [-0.5], [-1.0]])

@@ -181,7 +181,7 @@ def exchange_hooks(model, exchange: Exchange, input_spec,
                                  else hooks.averaging.lock)
   if exchange.wait_for_first_teachers_s > 0:
     hooks.first_wait = teachers_lib.FirstTeachersWait(
-        hooks.refresh, max(model.burn_in_steps, exchange.publish_every_steps),
+        hooks.refresh, max(model.distillation.burn_in_steps, exchange.publish_every_steps),
         exchange.wait_for_first_teachers_s)
   return hooks
 

@@ -9,6 +9,7 @@ import gin
 import tf_keras as keras
 
 from tf_codistill import errors
+from tf_codistill import losses
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.models import ctr
 from tf_codistill.optim import fusion as fusion_lib
@@ -24,6 +25,7 @@ ConfigurationError = errors.ConfigurationError
 # Settings that moved or were renamed: old trainer.train name -> (what to bind now, why); an
 # old name is an error naming the new one.
 _TO_EXCHANGE = "bind trainer.train.exchange = @tfc.Exchange"
+_TO_DISTILLATION = "the distillation term is tfc.Distillation's"
 RENAMED = {
     "exchange_every_steps": ("tfc.Exchange.publish_every_steps", _TO_EXCHANGE),
     "codistill": ("trainer.train.exchange",
@@ -44,6 +46,9 @@ RENAMED = {
     **{name: (f"tfc.Group.{name}", "the group's shape is tfc.Group's")
        for name in ("strategy", "allreduce_dtype")},
     "checkpoint_every_steps": ("tfc.Checkpoints.every_steps", "checkpointing is tfc.Checkpoints'"),
+    **{name: (f"tfc.Distillation.{name}", _TO_DISTILLATION)
+       for name in ("alpha", "burn_in_steps", "temperature")},
+    "distill_kind": ("tfc.Distillation.kind", _TO_DISTILLATION),
 }
 
 
@@ -80,7 +85,8 @@ class TrainConfig:
       (``tfc.Exchange.averaging``: DiLoCo, local SGD), or both.
     teachers: how CodistillModel builds the teacher copies (``tfc.TeacherSpec``: a clone at a
       precision, or a factory, e.g. ``tfc.TeacherSpec.student_factory = @models.ctr_teacher``).
-    alpha, burn_in_steps, distill_kind, temperature: CodistillModel's distillation term.
+    distillation: CodistillModel's distillation term (``tfc.Distillation``: weight, burn-in,
+      loss kind, temperature).
     label_smoothing, smoothing_prior: the label-smoothing baseline ('uniform' or 'unigram').
     checkpoints: how the group checkpoints and resumes (``tfc.Checkpoints``).
     summary_every_steps, seed, verbose: TensorBoard scalars' interval, the seed, fit's verbosity.
@@ -114,10 +120,8 @@ class TrainConfig:
   exchange: Optional[Callable[..., exchange_config.Exchange]] = None
   # Made when the config is: the TeacherSpec of the tfc.TeacherSpec.* bindings.
   teachers: teacher_spec.TeacherSpec = dataclasses.field(default_factory=teacher_spec.TeacherSpec)
-  alpha: float = 1.0
-  burn_in_steps: int = 0
-  distill_kind: str = "xent"
-  temperature: float = 1.0
+  # Made when the config is: the Distillation of the tfc.Distillation.* bindings.
+  distillation: losses.Distillation = dataclasses.field(default_factory=losses.Distillation)
   label_smoothing: float = 0.0
   smoothing_prior: str = "uniform"
   # Made when the config is: the Checkpoints of the tfc.Checkpoints.* bindings.
@@ -177,7 +181,9 @@ def _check_parts(config: TrainConfig) -> None:
   """Raises ConfigurationError for a part bound to something other than its config class (each
   part checks its own values)."""
   for name, kind in (("shape", group_lib.Group), ("data", inputs.Data),
-                     ("checkpoints", checkpointing.Checkpoints)):
+                     ("checkpoints", checkpointing.Checkpoints),
+                     ("teachers", teacher_spec.TeacherSpec),
+                     ("distillation", losses.Distillation)):
     if not isinstance(getattr(config, name), kind):
       raise ConfigurationError(
           f"trainer.train.{name}={getattr(config, name)!r} is not a tfc.{kind.__name__}: bind "

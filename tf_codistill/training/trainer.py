@@ -155,10 +155,7 @@ class GroupTrainer:
                  if config.shape.allreduce_dtype != "float32" else None)
       model = CodistillModel(
           student, exchange=self.exchange_config(data.input_spec),
-          teachers=config.teachers,
-          alpha=config.alpha,
-          burn_in_steps=config.burn_in_steps, output=self.task.output,
-          distill_kind=config.distill_kind, temperature=config.temperature,
+          teachers=config.teachers, distillation=config.distillation, output=self.task.output,
           fusion=config.fusion, reducer=reducer, fusion_binding="trainer.train.fusion")
       model.compile(  # a FusionError here is a ConfigurationError naming the binding
           optimizer=train_config.OPTIMIZERS[config.optimizer](learning_rate=config.learning_rate),

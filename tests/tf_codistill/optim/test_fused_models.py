@@ -9,6 +9,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tf_codistill.exchange import publishing
+from tf_codistill.losses import Distillation
 from tf_codistill.optim import fused_models
 from tf_codistill.optim import fusion
 from tf_codistill.training import checkpointing
@@ -94,7 +95,7 @@ def test_forward_fusion_defers_each_update_to_the_next_step_until_flushed():
 def test_codistill_model_with_a_teacher_trains_the_same_fused(mode):
   def run(fusion_mode):
     student = cases.model()
-    model = CodistillModel(student, 1, alpha=0.5, fusion=fusion_mode)
+    model = CodistillModel(student, 1, distillation=Distillation(alpha=0.5), fusion=fusion_mode)
     model.compile(keras.optimizers.Adam(0.01), keras.losses.BinaryCrossentropy(from_logits=True))
     model(next(iter(cases.data()))[0])
     model.set_teacher_weights(0, [w * 2 for w in student.get_weights()], step=0)

@@ -101,7 +101,7 @@ def test_fit_publishes_and_distills_from_a_published_peer(tmp_path, kind):
   exchange.publish(peer, exchange_dir, 1, 500, tf.TensorSpec([None, 4], tf.float32))
   with STRATEGIES[kind]().scope():
     model = _compiled(tfc.CodistillModel(
-        small_net(), alpha=1.0, burn_in_steps=5,
+        small_net(), distillation=tfc.Distillation(burn_in_steps=5),
         exchange=tfc.Exchange(exchange_dir, 0, publish_every_steps=10, poll_interval_s=0.05)))
   history = model.fit(_data(), epochs=3, steps_per_epoch=20, verbose=0)
   # The peer's version was loaded and used; this group published on its cadence and at the end.
@@ -137,7 +137,7 @@ def test_fit_holds_a_group_ahead_of_its_peer_until_the_peer_first_version_is_loa
   peer(tf.zeros([1, 4]))
   late_peer = threading.Thread(target=_publish_once_group_0_has, args=(exchange_dir, 10, peer, 10))
   model = _compiled(tfc.CodistillModel(
-      small_net(), alpha=1.0, burn_in_steps=5,
+      small_net(), distillation=tfc.Distillation(burn_in_steps=5),
       exchange=tfc.Exchange(exchange_dir, 0, publish_every_steps=10, poll_interval_s=0.05,
                             wait_for_first_teachers_s=60)))
   late_peer.start()
@@ -215,7 +215,7 @@ def test_fit_runs_the_callers_hooks_and_the_exchange_through_one_driver(tmp_path
   monkeypatch.setattr(step_hooks, "driver_for",
                       lambda strategy, hooks: drivers.append(list(hooks)) or make(strategy, hooks))
   mine = _Steps()
-  model = _compiled(tfc.CodistillModel(small_net(), alpha=1.0, exchange=tfc.Exchange(
+  model = _compiled(tfc.CodistillModel(small_net(), exchange=tfc.Exchange(
       str(tmp_path), 0, publish_every_steps=5, poll_interval_s=0.05)))
   model.fit(_data(), epochs=1, steps_per_epoch=10, verbose=0, hooks=[mine])
   hooks = model.exchange_hooks
@@ -236,7 +236,7 @@ def test_a_non_finite_loss_stops_the_teacher_loads_and_waits_for_the_publish(tmp
       if step == 6:
         raise tfc.NonFiniteLossError("loss is NaN at step 6", step)
 
-  model = _compiled(tfc.CodistillModel(small_net(), alpha=1.0, exchange=tfc.Exchange(
+  model = _compiled(tfc.CodistillModel(small_net(), exchange=tfc.Exchange(
       str(tmp_path), 0, publish_every_steps=5, poll_interval_s=0.05)))
   with pytest.raises(tfc.NonFiniteLossError, match="step 6"):
     model.fit(_data(), epochs=1, steps_per_epoch=20, verbose=0, hooks=[Stop()])

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tf_codistill.losses import Distillation
 from tf_codistill.teachers import quantization
 from tf_codistill.teachers.spec import TeacherSpec
 from tf_codistill.training import model as model_lib
@@ -60,7 +61,7 @@ def test_without_teachers_training_equals_plain_fit(make):
   student.set_weights(plain.get_weights())
   _compile(plain)
   history_plain = plain.fit(_data(), epochs=2, verbose=0)
-  wrapped = CodistillModel(student, alpha=1.0)
+  wrapped = CodistillModel(student)
   _compile(wrapped)
   history_wrapped = wrapped.fit(_data(), epochs=2, verbose=0)
   np.testing.assert_allclose(history_wrapped.history["loss"], history_plain.history["loss"],
@@ -75,7 +76,7 @@ def test_unloaded_teacher_and_burn_in_leave_training_unchanged():
   student.set_weights(plain.get_weights())
   _compile(plain)
   plain.fit(_data(), epochs=1, verbose=0)
-  wrapped = CodistillModel(student, 1, alpha=1.0, burn_in_steps=1000)
+  wrapped = CodistillModel(student, 1, distillation=Distillation(burn_in_steps=1000))
   _compile(wrapped)
   wrapped(tf.zeros([1, 8]))
   # A loaded teacher, but burn-in is not over: alpha_eff must stay 0.
@@ -88,7 +89,7 @@ def test_unloaded_teacher_and_burn_in_leave_training_unchanged():
 
 def _one_step_grads(alpha, teacher_weights):
   student = _functional()
-  model = CodistillModel(student, 1, alpha=alpha)
+  model = CodistillModel(student, 1, distillation=Distillation(alpha=alpha))
   _compile(model)
   model(tf.zeros([1, 8]))
   before = [w.copy() for w in student.get_weights()]
@@ -111,7 +112,7 @@ def test_distill_term_changes_the_update_when_a_teacher_is_loaded():
 
 def test_teacher_swap_does_not_retrace_and_staleness_is_reported():
   student = _functional()
-  model = CodistillModel(student, 1, alpha=0.5)
+  model = CodistillModel(student, 1, distillation=Distillation(alpha=0.5))
   _compile(model)
   model(tf.zeros([1, 8]))
   history = model.fit(_data(), epochs=1, verbose=0)  # 8 steps, no teacher yet
@@ -162,8 +163,8 @@ def test_clone_of_a_subclassed_model_has_its_own_variables():
 
 
 def test_bad_arguments_are_refused():
-  with pytest.raises(ValueError, match="temperature"):
-    CodistillModel(_functional(), temperature=0.0)
+  with pytest.raises(ValueError, match=r"tfc\.Distillation\.temperature=0\.0 must be > 0"):
+    CodistillModel(_functional(), distillation=Distillation(temperature=0.0))
   with pytest.raises(ValueError, match="teacher_weights has 1 entries for 0 teachers"):
     CodistillModel(_functional(), teacher_weights=[1.0])
 
@@ -255,7 +256,7 @@ def test_the_distill_term_is_the_loss_toward_the_teachers_target_and_zero_when_o
   student, output, x = project_model(name)
   peer, _, _ = project_model(name)
   peer.set_weights([w + 0.05 for w in student.get_weights()])
-  model = CodistillModel(student, 1, output=output, temperature=2.0)
+  model = CodistillModel(student, 1, output=output, distillation=Distillation(temperature=2.0))
   model(x)
   model.set_teacher_weights(0, peer.get_weights(), step=0)
   logits = student(x, training=False)

@@ -7,6 +7,7 @@ import gin
 import pytest
 
 from tf_codistill import errors
+from tf_codistill import losses
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.launch import gin_config
 from tf_codistill.teachers import spec as teacher_spec
@@ -95,6 +96,11 @@ def test_a_renamed_setting_is_an_error_naming_its_new_name(tmp_path):
   with pytest.raises(train_config.ConfigurationError,
                      match=r"trainer.train.batch_size is now tfc.Data.batch_size"):
     trainer.train(str(tmp_path), batch_size=64, **FILES)
+  for old, new in (("alpha", "alpha"), ("burn_in_steps", "burn_in_steps"),
+                   ("distill_kind", "kind"), ("temperature", "temperature")):
+    with pytest.raises(train_config.ConfigurationError,
+                       match=rf"trainer.train.{old} is now tfc.Distillation.{new} "):
+      trainer.train(str(tmp_path), **{old: 1}, **FILES)
 
 
 @pytest.fixture
@@ -114,6 +120,8 @@ def _clean_gin():
     ("trainer.train.train_files = ['x']", "tfc.Data.train_files .the data is tfc.Data's"),
     ("trainer.train.data_split = 'same'", "tfc.Data.split"),
     ("trainer.train.checkpoint_every_steps = 100", "tfc.Checkpoints.every_steps"),
+    ("trainer.train.distill_kind = 'xent'",
+     "tfc.Distillation.kind .the distillation term is tfc.Distillation's"),
 ])
 def test_a_moved_gin_setting_is_an_error_naming_where_it_went(_clean_gin, old, new):
   with pytest.raises(errors.ConfigurationError, match=f"is now {new}"):
@@ -123,7 +131,8 @@ def test_a_moved_gin_setting_is_an_error_naming_where_it_went(_clean_gin, old, n
 def test_every_new_name_of_a_moved_setting_exists():
   owners = {"trainer.train": train_config.TrainConfig, "tfc.Exchange": exchange_config.Exchange,
             "tfc.TeacherSpec": teacher_spec.TeacherSpec, "tfc.Data": inputs.Data,
-            "tfc.Group": group_lib.Group, "tfc.Checkpoints": checkpointing.Checkpoints}
+            "tfc.Group": group_lib.Group, "tfc.Checkpoints": checkpointing.Checkpoints,
+            "tfc.Distillation": losses.Distillation}
   for new, _ in train_config.RENAMED.values():
     owner, _, field = new.partition(" ")[0].rpartition(".")
     assert field in {f.name for f in dataclasses.fields(owners[owner])}, new

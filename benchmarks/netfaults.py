@@ -40,6 +40,7 @@ import time
 from typing import List, Optional, Sequence, Set
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TCP_STATES = {"ESTABLISHED": "01", "LISTEN": "0A"}  # /proc/net/tcp's st column (hex)
 RELAY_MARK = 0x7466  # packets of the relay's own connections: never redirected again
 _ids = itertools.count()
 
@@ -80,8 +81,9 @@ def unavailable() -> Optional[str]:
   return None
 
 
-def socket_ports(pid: int) -> Set[int]:
-  """The local TCP ports of every socket process ``pid`` has open (listening or connected)."""
+def socket_ports(pid: int, state: Optional[str] = None) -> Set[int]:
+  """The local TCP ports of every socket process ``pid`` has open (listening or connected;
+  ``state``: only those in that state of /proc/net/tcp, e.g. ``ESTABLISHED``)."""
   inodes = set()
   for fd in os.listdir(f"/proc/{pid}/fd"):
     try:
@@ -96,7 +98,7 @@ def socket_ports(pid: int) -> Set[int]:
       next(f)
       for line in f:
         fields = line.split()
-        if fields[9] in inodes:
+        if fields[9] in inodes and (state is None or fields[3] == _TCP_STATES[state]):
           ports.add(int(fields[1].rsplit(":", 1)[1], 16))
   return ports
 

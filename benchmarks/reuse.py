@@ -44,7 +44,8 @@ RECORDED_BINDING_NAMES: Dict[str, str] = {
        for name in ("publish_every_steps", "keep_last", "poll_interval_s", "publish_format",
                     "wait_for_first_teachers_s", "teacher_graph", "averaging")},
     "tfc.TeacherSpec.precision": "trainer.train.teacher_precision",
-    # The data, group and checkpoint settings: the library's own table of what moved.
+    # The data, group, checkpoint and distillation settings: the library's own table of what
+    # moved.
     **{new: f"trainer.train.{old}" for old, (new, _) in train_config.RENAMED.items()
        if new.startswith(("tfc.Data.", "tfc.Group.", "tfc.Checkpoints.", "tfc.Distillation."))},
 }

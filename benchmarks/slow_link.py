@@ -116,16 +116,22 @@ def _pin(pid: int, cpu: int) -> None:
 
 @contextlib.contextmanager
 def _held(faults: netfaults.NetworkFaults, pids: Sequence[int]) -> Iterator[None]:
-  """Keeps the tasks ``pids`` stopped from when each is in the launch's namespace until the
-  block ends: none connects before a fault made in it (a connection opened earlier would keep
-  its direct path)."""
-  stopped = []
+  """Keeps the tasks ``pids`` stopped from when this process sees each in the launch's
+  namespace until the block ends, so that none connects before a fault made in the block (a
+  connection opened earlier keeps its direct path); refuses at once if one already had."""
+  stopped: List[int] = []
   try:
     for pid in pids:
       faults.wait_inside(pid)
-      os.kill(pid, signal.SIGSTOP)
       stopped.append(pid)
+      with contextlib.suppress(ProcessLookupError):  # it ended: the launch says why
+        os.kill(pid, signal.SIGSTOP)
     yield
+    with contextlib.suppress(FileNotFoundError):
+      early = {pid: netfaults.socket_ports(pid, "ESTABLISHED") for pid in pids}
+      if any(early.values()):
+        raise RuntimeError(f"slow_link: tasks connected before the link was made ({early}: "
+                           "pid -> local ports); a time with a direct path is not recorded")
   finally:
     for pid in stopped:
       with contextlib.suppress(ProcessLookupError):

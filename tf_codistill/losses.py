@@ -8,6 +8,7 @@ over all non-class axes (examples, and time steps for sequences).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Optional, Sequence
 
 import gin
@@ -91,7 +92,14 @@ class Distillation:
   kind: str = "xent"
   temperature: float = 1.0
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
+    for name, kind in (("alpha", float), ("burn_in_steps", int), ("temperature", float)):
+      value = getattr(self, name)
+      if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+          or (kind is int and not float(value).is_integer())):
+        raise ConfigurationError(f"tfc.Distillation.{name}={value!r} must be "
+                                 f"{'a whole number' if kind is int else 'a number'}")
+      object.__setattr__(self, name, kind(value))
     if self.alpha < 0:
       raise ConfigurationError(f"tfc.Distillation.alpha={self.alpha} must be >= 0")
     if self.burn_in_steps < 0:

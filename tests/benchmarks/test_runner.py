@@ -141,7 +141,7 @@ def test_a_renamed_gin_setting_keeps_recorded_configurations_and_tuning_folders(
                                                                                 monkeypatch):
   paths, _, suite, data, _ = _one_arm(tmp_path, seeds=1)
   before = ["trainer.train.codistill = True", "trainer.train.publish_every_steps = 50",
-            "trainer.train.checkpoint_every_steps = 100"]
+            "trainer.train.checkpoint_every_steps = 100", "trainer.train.distill_kind = 'xent'"]
   old_data = reuse.as_recorded(data)  # trainer.train.train_files, ...
   assert old_data != data and reuse.as_current(old_data) == data
   with monkeypatch.context() as before_the_rename:  # configurations recorded under the old names
@@ -151,7 +151,7 @@ def test_a_renamed_gin_setting_keeps_recorded_configurations_and_tuning_folders(
     config = reuse.arm_config(old, suite, old_data)
     folder = runner._tuning_arms(old, suite, old_data, rates=[0.001])[0.001].name
   now = ["trainer.train.exchange = @tfc.Exchange", "tfc.Exchange.publish_every_steps = 50",
-         "tfc.Checkpoints.every_steps = 100"]
+         "tfc.Checkpoints.every_steps = 100", "tfc.Distillation.kind = 'xent'"]
   renamed = spec.Arm("a", seeds=1, gin_bindings=now)
   assert reuse.same_config(config, reuse.arm_config(renamed, suite, data))
   assert reuse.arm_config(renamed, suite, data)["arm"]["gin_bindings"] == now  # recorded so

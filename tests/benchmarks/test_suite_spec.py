@@ -96,9 +96,9 @@ def test_an_include_is_found_where_gin_finds_it_under_gin(tmp_path):
 
 
 @pytest.mark.parametrize("binding,message", [
-    ("codistill/trainer.train.alpah = 1.0", "doesn't have a parameter named 'alpah'"),
-    ("codistill/tfc.Distillation.alpha = 'high'", r"codistill/tfc\.Distillation\.alpha = 'high': "
-                                               r"expected a number"),
+    ("codistill/tfc.Distillation.alpah = 1.0", "doesn't have a parameter named 'alpah'"),
+    ("codistill/tfc.Distillation.alpha = 'high'",
+     r"codistill/tfc\.Distillation\.alpha = 'high': expected a number"),
 ])
 def test_a_wrong_arm_setting_fails_when_the_suite_is_read(tmp_path, binding, message):
   with pytest.raises(gin_config.ConfigError, match=message):

@@ -115,7 +115,8 @@ def test_multi_worker_mirrored_groups_load_teachers_on_every_worker(tmp_path, cr
     assert [r["step"] for r in records] == [80, 160]
     for record in records:
       assert record["alpha"] in (0.0, 1.0), record
-      assert record["teacher_staleness"] == -1.0 or 0 <= record["teacher_staleness"] <= 160, record
+      # Negative while the peer runs ahead (its version is from a later step than this group's).
+      assert -160 <= record["teacher_staleness"] <= 160, record
     assert records[-1]["alpha"] == 1.0 and records[-1]["teacher_staleness"] >= 0, records
     assert set(results["history"]["alpha"]) <= {0.0, 1.0}, results["history"]
 

@@ -98,6 +98,13 @@ CASES = {
          "tfc.ParameterAveraging.outer_optimizer = 'adam'"], {},
         "ParameterAveraging.outer_optimizer='adam' is not one of ['nesterov', 'momentum', "
         "'average']"),
+    "distillation_temperature_zero": (
+        "launch", [], "codistill_2way.gin", ["tfc.Distillation.temperature = 0.0"], {},
+        "tfc.Distillation.temperature=0.0 must be > 0"),
+    "distillation_setting_by_its_old_name": (
+        "launch", [], "codistill_2way.gin", ["trainer.train.alpha = 0.5"], {},
+        "trainer.train.alpha is now tfc.Distillation.alpha (the distillation term is "
+        "tfc.Distillation's): rename the binding"),
     "exchange_dir_not_writable_launch": (
         "launch", ["--exchange_dir={locked}/exchange"], "codistill_2way.gin", [], {},
         "--exchange_dir: cannot write to {locked}/exchange"),

@@ -93,6 +93,7 @@ def test_distillation_computes_the_loss_functions_with_its_kind_and_temperature(
   student = tf.constant([[0.3, 0.1]])
   np.testing.assert_allclose(term.loss(student, target, "softmax"), losses.distillation_loss(
       student, target, output="softmax", temperature=2.0))
+  assert losses.Distillation(burn_in_steps=100.0).burn_in_steps == 100  # an int for the step
   mse = losses.Distillation(kind="mse_logits")
   np.testing.assert_allclose(mse.loss(student, tf.constant([[1.3, 0.1]]), "softmax"), 0.5,
                              rtol=1e-6)
@@ -103,6 +104,8 @@ def test_distillation_computes_the_loss_functions_with_its_kind_and_temperature(
     ({"burn_in_steps": -5}, r"tfc\.Distillation\.burn_in_steps=-5 must be >= 0"),
     ({"kind": "kl"}, r"tfc\.Distillation\.kind='kl' is not one of \['xent', 'mse_logits'\]"),
     ({"temperature": 0.0}, r"tfc\.Distillation\.temperature=0\.0 must be > 0"),
+    ({"burn_in_steps": 2.5}, r"tfc\.Distillation\.burn_in_steps=2\.5 must be a whole number"),
+    ({"alpha": "1"}, r"tfc\.Distillation\.alpha='1' must be a number"),
 ])
 def test_distillation_settings_that_cannot_work_are_refused_by_name(settings, message):
   with pytest.raises(losses.ConfigurationError, match=message):

@@ -43,10 +43,11 @@ class Exchange:
     publish_format: how versions are published: whole SavedModels (the default), or lean
       versions with bfloat16/int8 weights and row deltas (``tfc.PublishFormat``); readers
       accept every format.
-    wait_for_first_teachers_s: at the first step where a teacher can count (the later of the
-      model's ``burn_in_steps`` and ``publish_every_steps``, when the peers' first versions are
-      due), hold training up to this many seconds until every peer's first version is loaded
-      (0: never wait; not under ParameterServerStrategy, whose steps are not held by hooks).
+    wait_for_first_teachers_s: at the first step where a teacher can count (the later of
+      ``tfc.Distillation.burn_in_steps`` and ``publish_every_steps``, when the peers' first
+      versions are due), hold training up to this many seconds until every peer's first
+      version is loaded (0: never wait; not under ParameterServerStrategy, whose steps are not
+      held by hooks).
       Every training process waits on its own: in a MultiWorkerMirrored group keep it below the
       collectives' timeout (``strategies.make_strategy.timeout_seconds``).
     input_spec: the student's input spec (a ``tf.TensorSpec`` or a dict of them), needed only

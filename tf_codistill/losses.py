@@ -99,7 +99,7 @@ class Distillation:
           or (kind is int and not float(value).is_integer())):
         raise ConfigurationError(f"tfc.Distillation.{name}={value!r} must be "
                                  f"{'a whole number' if kind is int else 'a number'}")
-      object.__setattr__(self, name, kind(value))
+      object.__setattr__(self, name, int(float(value)) if kind is int else float(value))
     if self.alpha < 0:
       raise ConfigurationError(f"tfc.Distillation.alpha={self.alpha} must be >= 0")
     if self.burn_in_steps < 0:

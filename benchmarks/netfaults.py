@@ -40,7 +40,7 @@ import time
 from typing import List, Optional, Sequence, Set
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TCP_STATES = {"ESTABLISHED": "01", "LISTEN": "0A"}  # /proc/net/tcp's st column (hex)
+_ESTABLISHED = "01"  # /proc/net/tcp's st column (hex) of a connected socket
 RELAY_MARK = 0x7466  # packets of the relay's own connections: never redirected again
 _ids = itertools.count()
 
@@ -81,9 +81,9 @@ def unavailable() -> Optional[str]:
   return None
 
 
-def socket_ports(pid: int, state: Optional[str] = None) -> Set[int]:
+def socket_ports(pid: int, connected_only: bool = False) -> Set[int]:
   """The local TCP ports of every socket process ``pid`` has open (listening or connected;
-  ``state``: only those in that state of /proc/net/tcp, e.g. ``ESTABLISHED``)."""
+  ``connected_only``: only the connected ones)."""
   inodes = set()
   for fd in os.listdir(f"/proc/{pid}/fd"):
     try:
@@ -98,7 +98,7 @@ def socket_ports(pid: int, state: Optional[str] = None) -> Set[int]:
       next(f)
       for line in f:
         fields = line.split()
-        if fields[9] in inodes and (state is None or fields[3] == _TCP_STATES[state]):
+        if fields[9] in inodes and (not connected_only or fields[3] == _ESTABLISHED):
           ports.add(int(fields[1].rsplit(":", 1)[1], 16))
   return ports
 

@@ -128,7 +128,7 @@ def _held(faults: netfaults.NetworkFaults, pids: Sequence[int]) -> Iterator[None
         os.kill(pid, signal.SIGSTOP)
     yield
     with contextlib.suppress(FileNotFoundError):
-      early = {pid: netfaults.socket_ports(pid, "ESTABLISHED") for pid in pids}
+      early = {pid: netfaults.socket_ports(pid, connected_only=True) for pid in pids}
       if any(early.values()):
         raise RuntimeError(f"slow_link: tasks connected before the link was made ({early}: "
                            "pid -> local ports); a time with a direct path is not recorded")

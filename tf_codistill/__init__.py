@@ -14,21 +14,23 @@ The public API, for users' own scripts (``import tf_codistill as tfc``):
 * ``tfc.ParameterAveraging``: parameter averaging between the groups every H steps (DiLoCo's
   outer Nesterov step, or local SGD), beside or instead of distillation (``Exchange.averaging``).
 * ``tfc.prediction_churn``: how much two models' predictions on a dataset differ;
-  ``tfc.predict_probabilities`` and ``tfc.pairwise_churn`` do it for SavedModels (exports or
-  exchange versions); ``tfc.churn``: the same figures for two arrays of predicted probabilities.
+  ``tfc.predict_probabilities`` reads SavedModels (exports or exchange versions) and
+  ``tfc.pairwise_churn`` compares their predictions; ``tfc.churn``: the same figures for two
+  arrays of predicted probabilities.
 * ``tfc.export``: writes a model as a SavedModel with the serving signature peers and servers
-  read, and with ``raw_parser`` (e.g. ``criteo.raw_parser``) a ``serving_raw`` signature that
-  parses raw lines inside the model; ``tfc.raw_lines``: batches of raw lines to predict on.
+  read, and with ``raw_parser`` (e.g. ``criteo.raw_parser(num_buckets)``) a ``serving_raw``
+  signature that parses raw lines inside the model; ``tfc.raw_lines``: batches of raw lines to
+  predict on.
 * ``tfc.TrainConfig``, ``tfc.train``, ``tfc.GroupTrainer``: one group's training as the
   binaries run it (gin-configurable: ``trainer.train.*``); ``tfc.Data``: what it reads (files,
   parser, global batch, split between groups; ``tfc.Data.*``); ``tfc.Group``: its shape
   (strategy, tasks, gradient all-reduce; ``tfc.Group.*``); ``tfc.Checkpoints``: when it
   checkpoints (``tfc.Checkpoints.*``) and whether a restart resumes its input too;
   ``tfc.resume_step``: the step a stopped group's run resumes from.
-* ``tfc.launch_job``: n groups on this machine, each a local TF cluster in a private network
-  namespace, their configuration checked once, supervised and restarted after faults (what
-  ``tf-codistill-launch`` runs); ``tfc.launch_groups``: the same without the checks, for a
-  group shape and gin configuration already known to be valid.
+* ``tfc.launch_job``: n groups on this machine, each a local TF cluster (its tasks in the
+  launch's private network namespace), their configuration checked once, supervised and
+  restarted after faults (what ``tf-codistill-launch`` runs); ``tfc.launch_groups``: the same
+  without the checks, for a group shape and gin configuration already known to be valid.
 * ``tfc.parse_gin``: gin files and bindings parsed, every bound value checked against its type;
   ``tfc.gin_value``: what the parsed configuration binds to one parameter (None: unbound).
 * ``tfc.run_demo``: the README's demo (a small 2-way job and its baseline, on generated data).

@@ -11,7 +11,8 @@ from tf_codistill import errors
 
 def define_gin_flags() -> None:
   flags.DEFINE_multi_string("gin_file", [], "Gin config file(s); repeatable.")
-  flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'train.train_steps = 100'.")
+  flags.DEFINE_multi_string("gin_bindings", [],
+                            "Gin bindings, e.g. 'trainer.train.train_steps = 100'.")
 
 
 def first_line(error: BaseException) -> str:

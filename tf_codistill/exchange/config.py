@@ -1,7 +1,7 @@
 """``Exchange``: where and how one group exchanges models with its peers.
 
 The settings a ``CodistillModel`` needs for codistillation (directory, own group, peers, publish
-interval and format, versions kept, poll interval, teacher precision), checked when they are
+interval and format, versions kept, poll interval, parameter averaging), checked when they are
 made; ``training.codistill_hooks`` turns them into the work ``fit`` does between steps.
 """
 

@@ -3,9 +3,10 @@
 ``launch_job`` parses the gin configuration, validates every group's ``TrainConfig`` (the same
 ``train_config.validate`` each task runs again before training), checks that the job and exchange
 directories are writable, generates sample data when no data is bound, writes the whole checked
-configuration to ``model_dir/config.gin`` and then runs the groups with ``launcher.launch``: every
-task, a restarted one too, parses that one file, not the user's files again. What it refuses is a
-``ConfigurationError`` naming the flag or gin binding, raised before any process starts.
+configuration to ``model_dir/config.gin`` and then runs the groups with
+``launcher.launch_groups``: every task, a restarted one too, parses that one file, not the user's
+files again. What it refuses is a ``ConfigurationError`` naming the flag or gin binding, raised
+before any process starts.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
     exchange_dir: where groups publish and read models (default ``model_dir/exchange``).
     strategy, workers_per_group, ps_per_group, teacher_graph: override the gin bindings
       ``tfc.Group.*`` and ``tfc.Exchange.teacher_graph``.
-    **launch_options: ``launcher.launch``'s fault, CPU and network options (``max_restarts``,
+    **launch_options: ``launcher.launch_groups``'s fault, CPU and network options (``max_restarts``,
       ``on_group_failure``, ``pin_groups``, ``isolate_network``, ``allow_exposed_ports``,
       ``stall_timeout_s``).
 

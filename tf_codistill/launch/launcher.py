@@ -6,10 +6,11 @@ runs ``python -m tf_codistill.bin.train`` with its own ``TF_CONFIG`` whose addre
 on 127.0.0.1 (outside the kernel's ephemeral range, distinct within the launch); its log is
 ``model_dir/group_<i>/<task>_<k>.log``.
 
-Isolation: by default every task of the launch, of every group, runs inside one private network
-namespace with only loopback up (``isolation.NetworkNamespace``): TF's servers listen on all
-interfaces and run whatever graph a client sends, so nothing outside the launch may reach them.
-Where no namespace can be made, or ``isolate_network=False``, the launch refuses to start unless
+Isolation: by default the tasks of every cluster group run inside the launch's one private
+network namespace with only loopback up (``isolation.NetworkNamespace``; a one-process group
+serves no port and runs outside it): TF's servers listen on all interfaces and run whatever graph
+a client sends, so nothing outside the launch may reach them. Where no namespace can be made, or
+``isolate_network=False``, the launch refuses to start cluster tasks unless
 ``allow_exposed_ports=True``, and then warns what is exposed.
 
 Supervision:
@@ -22,7 +23,7 @@ Supervision:
 - a task that exits with one of ``errors.PERMANENT_EXIT_CODES`` (configuration error, bad input
   data, non-finite loss) fails its group at once: a restart would fail the same way;
 - a group out of restarts has failed: ``on_group_failure='stop_all'`` stops every group,
-  ``'continue'`` lets its peers finish (they keep their last teacher); either way ``launch``
+  ``'continue'`` lets its peers finish (they keep their last teacher); either way ``launch_groups``
   then raises ``GroupFailedError`` naming the group, the task and its log;
 - a group whose chief's step has not moved for ``stall_timeout_s`` (its heartbeat.json) is hung:
   every task dumps its stacks into its log (SIGUSR1), then the group restarts as if a task had

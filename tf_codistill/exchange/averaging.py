@@ -67,7 +67,8 @@ class ParameterAveraging:
     every_steps: H, the optimizer steps of each group between two rounds.
     outer_optimizer: ``nesterov`` (DiLoCo), ``momentum`` or ``average`` (local SGD: the mean of
       the groups' parameters); optim/outer.py.
-    outer_learning_rate, outer_momentum: of ``nesterov`` and ``momentum`` (DiLoCo: 0.7, 0.9).
+    outer_learning_rate, outer_momentum: of ``nesterov`` and ``momentum`` (default DiLoCo's:
+      0.7, 0.9); ``average`` has none (1.0 and 0.0, and refuses others).
     encoding: how changes are stored: ``float32``, ``bfloat16`` or ``int8`` (per-row scales).
     peer_timeout_s: how long a round waits for a peer's change before it goes on without it
       (``on_missing='continue'``) or fails (``'fail'``).
@@ -81,8 +82,8 @@ class ParameterAveraging:
   """
   every_steps: int = 500
   outer_optimizer: str = "nesterov"
-  outer_learning_rate: float = 0.7
-  outer_momentum: float = 0.9
+  outer_learning_rate: Optional[float] = None
+  outer_momentum: Optional[float] = None
   encoding: str = "float32"
   peer_timeout_s: float = 600.0
   on_missing: str = "continue"
@@ -102,6 +103,7 @@ class ParameterAveraging:
       if getattr(self, name) not in allowed:
         raise ConfigurationError(f"tfc.ParameterAveraging.{name}={getattr(self, name)!r} is not "
                                  f"one of {list(allowed)}")
+    self._resolve_outer_step()
     for name in ("peer_timeout_s", "poll_interval_s", "outer_learning_rate"):
       if not 0 < getattr(self, name) < float("inf"):
         raise ConfigurationError(f"tfc.ParameterAveraging.{name}={getattr(self, name)} must be "
@@ -109,6 +111,20 @@ class ParameterAveraging:
     if not 0 <= self.outer_momentum < 1:
       raise ConfigurationError(f"tfc.ParameterAveraging.outer_momentum={self.outer_momentum} must "
                                "be in [0, 1)")
+
+  def _resolve_outer_step(self) -> None:
+    """Fills the outer learning rate and momentum left unset with the outer optimizer's own."""
+    defaults = (1.0, 0.0) if self.outer_optimizer == "average" else (0.7, 0.9)
+    names = ("outer_learning_rate", "outer_momentum")
+    for name, default in zip(names, defaults):
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, default)
+    given = (self.outer_learning_rate, self.outer_momentum)
+    if self.outer_optimizer == "average" and given != defaults:
+      raise ConfigurationError(
+          f"tfc.ParameterAveraging.outer_optimizer='average' replaces the parameters by the "
+          f"groups' mean: it takes no outer_learning_rate/outer_momentum (given {given}); use "
+          "'momentum' or 'nesterov' for an outer step")
 
   @classmethod
   def diloco(cls, every_steps: int = 500, **kwargs) -> "ParameterAveraging":
@@ -137,6 +153,7 @@ class ParameterAveraging:
           f"decisions are created exclusively); {directory_path} is not one: use 'fail'")
 
   def optimizer(self) -> outer.OuterOptimizer:
+    assert self.outer_learning_rate is not None and self.outer_momentum is not None  # resolved
     return outer.OuterOptimizer(self.outer_optimizer, self.outer_learning_rate,
                                 self.outer_momentum)
 

@@ -8,9 +8,11 @@ its change, every process waits for the round's decision, reads the members' sto
 averages them and takes the outer step in numpy (``optim.outer``), checks the result is finite,
 and only then assigns it to the student's trainable variables: nothing is half-applied. The
 inner optimizer's state is never touched. Under MultiWorkerMirrored every worker computes the
-same numbers from the same files and assigns its own copy; no collective runs. Under
-ParameterServerStrategy ``ScheduledRounds`` runs the same rounds from the coordinator, with no
-step in flight.
+same numbers from the same files and assigns its own copy; the one collective agrees on the
+round they catch up to (``agree``), so a decision that lands between two workers' reads cannot
+leave them a round apart. Under ParameterServerStrategy ``ScheduledRounds`` runs the same rounds
+from the coordinator, with no step in flight. Rounds fall on the multiples of H, after a restart
+too, so every group's last round is the same step.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
+from tf_codistill import errors
 from tf_codistill import step_hooks
 from tf_codistill.exchange import averaging
 from tf_codistill.exchange.averaging import AveragingError
@@ -38,7 +41,11 @@ class AveragingRound(step_hooks.StepHook):
   def __init__(self, config: averaging.ParameterAveraging, exchange_dir: str, group: int,
                num_groups: int, chief: bool,
                summary_writer: Optional[tf.summary.SummaryWriter] = None,
-               before_read: Optional[Callable[[], None]] = None):
+               before_read: Optional[Callable[[], None]] = None,
+               agree: Optional[Callable[[int], int]] = None):
+    """``agree``: the smallest of the rounds the group's training processes pass it (a
+    collective each of them calls at the same point: ``min_across_workers``); None: this process
+    is the group's only one."""
     self.config = config
     self.exchange_dir = exchange_dir
     self.group = group
@@ -46,6 +53,7 @@ class AveragingRound(step_hooks.StepHook):
     self.chief = chief
     self.summary_writer = summary_writer
     self.before_read = before_read
+    self.agree = agree or (lambda round_: round_)
     self.optimizer = config.optimizer()
     self.round = 0
     self.round_start_step = 0
@@ -68,12 +76,16 @@ class AveragingRound(step_hooks.StepHook):
         averaging.write_shared_state(self.exchange_dir, averaging.SharedState(
             0, theta, None, outer.digest(theta)), self.config.keep_rounds)
       state = self._wait_for_start()
-    self._adopt(state)
-    self._catch_up_all()  # rounds decided while this group was away
+    self.round = -1  # below every shared state: _reach starts from the newest it may take
+    self._reach(self.agree(self._decided_through(state.round)))  # rounds decided meanwhile
     self._assign(self.anchor)
-    self.round_start_step = step
+    self.round_start_step = self.grid(step)
     logging.info("averaging: group %d starts at round %d (step %d, parameters %s)", self.group,
                  self.round, step, outer.digest(self.anchor))
+
+  def grid(self, step: int) -> int:
+    """The last multiple of H at or before ``step``: where the current round period began."""
+    return step - step % self.config.every_steps
 
   def _wait_for_start(self) -> averaging.SharedState:
     deadline = time.monotonic() + self.config.peer_timeout_s
@@ -94,14 +106,33 @@ class AveragingRound(step_hooks.StepHook):
                            f"{shapes}")
     self.round, self.anchor, self.momentum = state.round, state.parameters, state.momentum
 
-  def _catch_up(self, decision: averaging.Decision) -> None:
-    """Applies a round decided without this process, from its stored changes, or takes a newer
-    shared state when they are gone."""
-    try:
-      self._apply(decision, self._members(decision))
-      logging.info("averaging: group %d caught up with round %d", self.group, decision.round)
-    except averaging.RejectedChange as e:
-      self._adopt_newer(decision.round, e)
+  def _decided_through(self, round_: int) -> int:
+    """The last round of the unbroken run of decisions after ``round_``."""
+    while averaging.read_decision(self.exchange_dir, round_ + 1) is not None:
+      round_ += 1
+    return round_
+
+  def _reach(self, target: int) -> None:
+    """Brings the host state to round ``target`` exactly (decided, so every process of the group
+    can read it): the decided rounds replayed from their stored changes, from the newest shared
+    state at most ``target`` where they are gone. Either way the bits are the same."""
+    while self.round < target:
+      decision = averaging.read_decision(self.exchange_dir, self.round + 1)
+      try:
+        if decision is None or self.round < 0:
+          raise averaging.RejectedChange(f"round {self.round + 1} is not replayable here")
+        self._apply(decision, self._members(decision))
+        logging.info("averaging: group %d caught up with round %d", self.group, self.round)
+      except averaging.RejectedChange as why:
+        state = averaging.read_shared_state(self.exchange_dir, newest_at_most=target)
+        if state is None or state.round <= self.round:
+          raise AveragingError(f"averaging: group {self.group} cannot reach round {target} "
+                               f"({why}) and no shared state of a round up to it is newer: "
+                               "raise tfc.ParameterAveraging.keep_rounds") from None
+        if self.round >= 0:
+          logging.warning("averaging: group %d skips to the shared state of round %d (%s)",
+                          self.group, state.round, why)
+        self._adopt(state)
 
   # -- a round --------------------------------------------------------------------------------
 
@@ -115,6 +146,11 @@ class AveragingRound(step_hooks.StepHook):
     round_ = self.round + 1
     local = self._read(model)
     change = [np.subtract(a, x, dtype=np.float32) for a, x in zip(self.anchor, local)]
+    if not outer.all_finite(change):
+      # A published change is never replaced: NaN/Inf must stop here, like a non-finite loss.
+      raise errors.NonFiniteLossError(
+          f"averaging: group {self.group}'s parameters are not finite at step {step}: its change "
+          f"for round {round_} is not published", step)
     sent = 0
     if self.chief:
       sent = averaging.write_change(self.exchange_dir, self.group, round_, change,
@@ -122,16 +158,17 @@ class AveragingRound(step_hooks.StepHook):
                                     self.config.keep_rounds)
     try:
       decision, changes = self._decide(round_, start)
-    except averaging.RejectedChange as e:  # decided long ago; its changes are collected
-      self._adopt_newer(round_, e)
+    except averaging.RejectedChange:  # decided long ago; its changes are collected
+      self._reach(round_)
+      self._reach(self.agree(self._decided_through(self.round)))
       self._assign(self.anchor)
-      self.round_start_step = step
+      self.round_start_step = self.grid(step)
       return
     waited = time.monotonic() - start
     received = sum(nbytes for g, (_, nbytes) in changes.items() if g != self.group)
     digest = self._apply(decision, changes)
     self._assign(self.anchor)
-    self.round_start_step = step
+    self.round_start_step = self.grid(step)
     entry = {"round": round_, "step": step, "members": list(decision.members),
              "excluded": {str(g): why for g, why in decision.excluded.items()},
              "late": self.group not in decision.members, "wait_s": waited,
@@ -142,31 +179,12 @@ class AveragingRound(step_hooks.StepHook):
     if self.chief and decision.decided_by == self.group:
       averaging.write_shared_state(self.exchange_dir, averaging.SharedState(
           round_, self.anchor, self.momentum, digest), self.config.keep_rounds)
-    if self._catch_up_all():
+    # Rounds decided without this group while it was behind (late by whole rounds).
+    behind = self.round
+    self._reach(self.agree(self._decided_through(self.round)))
+    if self.round > behind:
       self._assign(self.anchor)
 
-  def _catch_up_all(self) -> bool:
-    """Applies, to the host state, every round decided after this group's (it is behind: late by
-    whole rounds, or restarted); whether there was one."""
-    caught_up = False
-    while True:
-      decision = averaging.read_decision(self.exchange_dir, self.round + 1)
-      if decision is None:
-        return caught_up
-      self._catch_up(decision)
-      caught_up = True
-
-  def _adopt_newer(self, round_: int, why: Exception) -> None:
-    """Takes the newest shared state (of round ``round_`` or later) when a decided round cannot
-    be replayed from its changes."""
-    state = averaging.read_shared_state(self.exchange_dir)
-    if state is None or state.round < round_:
-      raise AveragingError(f"averaging: group {self.group} cannot apply round {round_} ({why}) "
-                           "and no shared state of it or later exists: raise "
-                           "tfc.ParameterAveraging.keep_rounds") from None
-    logging.warning("averaging: group %d skips to the shared state of round %d (%s)",
-                    self.group, state.round, why)
-    self._adopt(state)
   def _decide(self, round_: int, start: float
               ) -> Tuple[averaging.Decision, Dict[int, Tuple[List[np.ndarray], int]]]:
     """The round's decision (made here if this chief may make it) and the members' changes."""
@@ -289,6 +307,22 @@ class AveragingRound(step_hooks.StepHook):
             "digests": [e["digest"] for e in log]}
 
 
+def min_across_workers(strategy: tf.distribute.Strategy) -> Optional[Callable[[int], int]]:
+  """``AveragingRound``'s ``agree`` for ``strategy``: under MultiWorkerMirrored with several
+  replicas, the smallest of the values the workers pass (a collective: every worker calls it at
+  the same point, as batch callbacks run); None where one process applies the rounds."""
+  if (not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+      or strategy.num_replicas_in_sync < 2):
+    return None
+
+  @tf.function
+  def smallest(value):
+    per_replica = strategy.run(lambda: tf.reshape(value, [1]))
+    return tf.reduce_min(strategy.gather(per_replica, axis=0))
+  # float32 holds every round number below 2**24 exactly.
+  return lambda value: int(smallest(tf.constant(value, tf.float32)).numpy())
+
+
 class ScheduledRounds(keras.callbacks.Callback):
   """``AveragingRound``'s rounds under ParameterServerStrategy, from the coordinator's ``fit``
   thread (a batch callback that reads no logs, which tf_keras allows there): every
@@ -311,7 +345,7 @@ class ScheduledRounds(keras.callbacks.Callback):
   def on_epoch_begin(self, epoch, logs=None):
     self._epoch = epoch
     if self._round_start is None:  # the first epoch of this fit (initial_epoch after a restart)
-      self._round_start = self._scheduled(epoch, -1)
+      self._round_start = self.rounds.grid(self._scheduled(epoch, -1))
 
   def _scheduled(self, epoch: int, batch: int) -> int:
     return epoch * int(self.params["steps"]) + batch + 1
@@ -323,4 +357,4 @@ class ScheduledRounds(keras.callbacks.Callback):
     tf.distribute.experimental.coordinator.ClusterCoordinator(
         self.model.distribute_strategy).join()
     self.rounds.run_round(self.model, step_hooks.current_step(self.model))
-    self._round_start = scheduled
+    self._round_start = self.rounds.grid(scheduled)

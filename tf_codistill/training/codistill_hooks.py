@@ -166,7 +166,8 @@ def exchange_hooks(model, exchange: Exchange, input_spec,
       exchange_lib.check_writable(averaging_lib.root(exchange.directory), "tfc.Exchange.directory")
     hooks.averaging = averaging_hooks.AveragingRound(
         exchange.averaging, exchange.directory, exchange.group, exchange.num_groups, chief,
-        options.summary_writer, before_read=model.flush_fusion)
+        options.summary_writer, before_read=model.flush_fusion,
+        agree=averaging_hooks.min_across_workers(model.distribute_strategy))
     if parameter_server:
       hooks.scheduled_rounds = averaging_hooks.ScheduledRounds(hooks.averaging)
   if not exchange.distill:

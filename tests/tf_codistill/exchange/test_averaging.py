@@ -57,6 +57,18 @@ def test_presets_are_diloco_and_local_sgd():
   assert tfc.ParameterAveraging.local_sgd(7, encoding="int8").outer_optimizer == "average"
 
 
+def test_the_outer_step_defaults_to_its_optimizers_own_and_average_takes_none():
+  averaged = tfc.ParameterAveraging(outer_optimizer="average")
+  assert (averaged.outer_learning_rate, averaged.outer_momentum) == (1.0, 0.0)
+  momentum = tfc.ParameterAveraging(outer_optimizer="momentum", outer_learning_rate=0.5)
+  assert (momentum.outer_learning_rate, momentum.outer_momentum) == (0.5, 0.9)
+  with pytest.raises(tfc.ConfigurationError,
+                     match="outer_optimizer='average' replaces the parameters by the groups' "
+                           r"mean: it takes no outer_learning_rate/outer_momentum \(given "
+                           r"\(0.7, 0.0\)\)"):
+    tfc.ParameterAveraging(outer_optimizer="average", outer_learning_rate=0.7)
+
+
 @pytest.mark.parametrize("encoding, tolerance", [("float32", 0), ("bfloat16", 2 ** -8),
                                                  ("int8", 1 / 127)])
 def test_a_change_round_trips_in_its_encoding_and_counts_its_bytes(tmp_path, encoding,

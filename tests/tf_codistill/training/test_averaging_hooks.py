@@ -4,18 +4,22 @@ restarted peers."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import averaging_group
 import numpy as np
 import pytest
 import tf_keras as keras
 
+from tf_codistill import errors
 from tf_codistill.exchange import averaging
 from tf_codistill.optim import outer
+from tf_codistill.training import averaging_hooks
 
 SCRIPT = averaging_group.__file__
 SHAPES = [(4, 8), (8,), (8, 1), (1,)]
@@ -142,3 +146,59 @@ def test_a_group_killed_mid_training_is_left_out_and_the_others_finish(tmp_path)
   members = [e["members"] for e in a["log"]]
   assert members[:2] == [[0, 1], [0, 1]] and members[-1] == [0], members
   assert len(members) == 12 and a["final_digest"] == a["log"][-1]["digest"]
+
+
+def _in_process(tmp_path, group, agree=None, **settings):
+  """A group's AveragingRound in this process, over a 3x2 dense layer (one process per group;
+  with ``agree`` standing in for the collective of a MultiWorkerMirrored group)."""
+  config = averaging.ParameterAveraging(**{"every_steps": 10, "peer_timeout_s": 0.2,
+                                           "poll_interval_s": 0.01, **settings})
+  student = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  rounds = averaging_hooks.AveragingRound(config, str(tmp_path / "exchange"), group, 2,
+                                          chief=True, agree=agree)
+  return rounds, types.SimpleNamespace(student=student)
+
+
+def _train_alone(rounds, model, steps):
+  """Group 0 alone (its peer never publishes): a local step between rounds, each round decided
+  without the peer after its timeout."""
+  rounds.on_begin(model, 0)
+  for step in range(1, steps + 1):
+    for variable in model.student.trainable_variables:
+      variable.assign_add(np.full(variable.shape, 0.01 * step, np.float32))
+    rounds.on_step(model, step, {})
+
+
+def test_a_group_behind_catches_up_to_the_agreed_round_exactly(tmp_path):
+  leader, model = _in_process(tmp_path, 0)
+  _train_alone(leader, model, steps=30)
+  assert [e["round"] for e in leader.log] == [1, 2, 3]
+  digests = {e["round"]: e["digest"] for e in leader.log}
+  directory = str(tmp_path / "exchange")
+  # Its workers saw rounds up to 3 and up to 2: every worker takes round 2, replayed from the
+  # stored changes since the shared states after round 0 are gone.
+  for state in ("step_1", "step_2", "step_3"):
+    shutil.rmtree(os.path.join(averaging.shared_dir(directory), state))
+  behind, model = _in_process(tmp_path, 1, agree=lambda round_: min(round_, 2))
+  behind.on_begin(model, 37)
+  assert behind.round == 2
+  assert outer.digest(behind.anchor) == digests[2]
+  assert outer.digest([v.numpy() for v in model.student.trainable_variables]) == digests[2]
+  # Rounds fall on the multiples of H after a restart too (the next at 40, not 47).
+  assert behind.round_start_step == 30
+  # With every worker at round 3, the newest shared state is not needed either.
+  ahead, model = _in_process(tmp_path, 1)
+  ahead.on_begin(model, 30)
+  assert ahead.round == 3 and outer.digest(ahead.anchor) == digests[3]
+
+
+def test_non_finite_parameters_stop_the_round_before_anything_is_published(tmp_path):
+  rounds, model = _in_process(tmp_path, 0)
+  rounds.on_begin(model, 0)
+  kernel = model.student.trainable_variables[0]
+  kernel.assign(np.full(kernel.shape, np.nan, np.float32))
+  with pytest.raises(errors.NonFiniteLossError,
+                     match="averaging: group 0's parameters are not finite at step 10: its "
+                           "change for round 1 is not published"):
+    rounds.on_step(model, 10, {})
+  assert not averaging.has_change(str(tmp_path / "exchange"), 0, 1)

@@ -184,6 +184,17 @@ class Decision:
     except (ValueError, KeyError, TypeError, AttributeError) as e:
       raise AveragingError(f"{where}: malformed decision ({e})") from None
 
+  def check(self, round_: int, num_groups: int, where: str) -> None:
+    """Raises AveragingError unless this is a decision of round ``round_`` among ``num_groups``
+    groups: members ascending, distinct, groups of the job, and some unless the round failed."""
+    members = list(self.members)
+    if self.round != round_:
+      raise AveragingError(f"{where}: a decision of round {self.round} in round {round_}'s file")
+    if (members != sorted(set(members)) or not set(members) <= set(range(num_groups))
+            or not (members or self.failed)):
+      raise AveragingError(f"{where}: malformed decision (members {members} are not distinct "
+                           f"ascending groups of range({num_groups}))")
+
 
 @dataclasses.dataclass(frozen=True)
 class SharedState:
@@ -295,15 +306,20 @@ def _decoded(reader, i: int, shape: Tuple[int, ...], where: str) -> np.ndarray:
   return weight_codecs.decode(weight_codecs.Encoded(values, scales)).reshape(shape)
 
 
-def read_decision(exchange_dir: str, round_: int) -> Optional[Decision]:
-  """Round ``round_``'s decision, or None while there is none."""
+def read_decision(exchange_dir: str, round_: int, num_groups: Optional[int] = None
+                  ) -> Optional[Decision]:
+  """Round ``round_``'s decision, or None while there is none; with ``num_groups``, checked
+  against the round and the job's groups (``Decision.check``)."""
   path = decision_path(exchange_dir, round_)
   try:
     with tf.io.gfile.GFile(path, "r") as f:
       text = f.read()
   except tf.errors.NotFoundError:
     return None
-  return Decision.from_json(text, path)
+  decision = Decision.from_json(text, path)
+  if num_groups is not None:
+    decision.check(round_, num_groups, path)
+  return decision
 
 
 def create_decision(exchange_dir: str, decision: Decision, exclusive: bool) -> bool:

@@ -108,7 +108,7 @@ class AveragingRound(step_hooks.StepHook):
 
   def _decided_through(self, round_: int) -> int:
     """The last round of the unbroken run of decisions after ``round_``."""
-    while averaging.read_decision(self.exchange_dir, round_ + 1) is not None:
+    while averaging.read_decision(self.exchange_dir, round_ + 1, self.num_groups) is not None:
       round_ += 1
     return round_
 
@@ -117,7 +117,7 @@ class AveragingRound(step_hooks.StepHook):
     can read it): the decided rounds replayed from their stored changes, from the newest shared
     state at most ``target`` where they are gone. Either way the bits are the same."""
     while self.round < target:
-      decision = averaging.read_decision(self.exchange_dir, self.round + 1)
+      decision = averaging.read_decision(self.exchange_dir, self.round + 1, self.num_groups)
       try:
         if decision is None or self.round < 0:
           raise averaging.RejectedChange(f"round {self.round + 1} is not replayable here")
@@ -196,7 +196,7 @@ class AveragingRound(step_hooks.StepHook):
     valid: Dict[int, Tuple[List[np.ndarray], int]] = {}
     rejected: Dict[int, str] = {}
     while True:
-      decision = averaging.read_decision(self.exchange_dir, round_)
+      decision = averaging.read_decision(self.exchange_dir, round_, self.num_groups)
       if decision is not None:
         return decision, self._members(decision, valid)
       elapsed = time.monotonic() - start

@@ -168,6 +168,17 @@ def test_a_malformed_decision_is_an_error_naming_its_file(tmp_path):
   with pytest.raises(averaging.AveragingError, match="round_4.json: malformed decision"):
     averaging.read_decision(str(tmp_path), 4)
   assert averaging.read_decision(str(tmp_path), 5) is None
+  for text, named in [('{"round": 3, "members": [0, 1], "excluded": {}, "decided_by": 0, '
+                       '"failed": false}', "a decision of round 3 in round 4's file"),
+                      ('{"round": 4, "members": [1, 0], "excluded": {}, "decided_by": 0, '
+                       '"failed": false}', r"members \[1, 0\] are not distinct ascending"),
+                      ('{"round": 4, "members": [0, 2], "excluded": {}, "decided_by": 0, '
+                       '"failed": false}', r"groups of range\(2\)"),
+                      ('{"round": 4, "members": [], "excluded": {}, "decided_by": 0, '
+                       '"failed": false}', r"members \[\] are not")]:
+    open(path, "w").write(text)
+    with pytest.raises(averaging.AveragingError, match=named):
+      averaging.read_decision(str(tmp_path), 4, num_groups=2)
 
 
 def test_shared_states_round_trip_and_old_ones_go_but_decisions_stay(tmp_path):

@@ -495,7 +495,10 @@ class CodistillModel(keras.Model):
                                      regularization_losses=self.student.losses)
       teachers = self._teachers_term_inputs(x, logits, alpha_eff)
       distill_loss = self._distill_term(logits, teachers)
-      loss = task_loss + tf.cast(alpha_eff, task_loss.dtype) * distill_loss
+      # compiled_loss comes divided by the replicas in sync (their gradients are summed); the
+      # distillation term is divided the same way, so alpha weighs it alike on any replicas.
+      distill_share = tf.nn.scale_regularization_loss(distill_loss)
+      loss = task_loss + tf.cast(alpha_eff, task_loss.dtype) * distill_share
     # The update waits for the teachers' predictions. Parts of it need no gradient (tf_keras
     # Adam's decay of the moments of variables with sparse gradients: the embedding tables);
     # started with the step, they keep every thread busy and the teachers' forward passes queue
@@ -503,13 +506,16 @@ class CodistillModel(keras.Model):
     # distillation term instead would also hold them back until the student's forward pass ends.
     with tf.control_dependencies(list(teachers or ())):
       fusion_lib.minimize(self.optimizer, loss, tape, variables, fusion, self._reducer)
-    return self._update_metrics(y, logits, sample_weight, loss, task_loss, distill_loss, alpha_eff)
+    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+    return self._update_metrics(y, logits, sample_weight, loss * replicas, task_loss * replicas,
+                                distill_loss, alpha_eff)
 
   def test_step(self, data):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     logits = self.student(x, training=False)
     task_loss = self.compiled_loss(y, logits, sample_weight,
                                    regularization_losses=self.student.losses)
+    task_loss *= tf.distribute.get_replica_context().num_replicas_in_sync  # the loss, unscaled
     zero = tf.constant(0.0)
     return self._update_metrics(y, logits, sample_weight, task_loss, task_loss, zero, zero)
 

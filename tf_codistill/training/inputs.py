@@ -62,12 +62,14 @@ class Data:
 @dataclasses.dataclass
 class GroupData:
   """A group's input: its training pipeline (a function of the input context), evaluation set,
-  probe batch of real inputs, input spec and counter of skipped records."""
+  probe batch of real inputs, input spec, counter of skipped records, and the asynchronous
+  workers that share its training data (parameter servers; 1 otherwise)."""
   train: Callable[..., tf.data.Dataset]
   evaluation: tf.data.Dataset
   probe: Any
   input_spec: Any
   bad_lines: criteo.BadLineCounter
+  async_workers: int = 1
 
   @property
   def sample(self):
@@ -83,9 +85,9 @@ class GroupData:
     if not steps:
       return self.train
 
-    def dataset(context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
-      pipelines = context.num_input_pipelines if context else 1
-      return self.train(context).skip(steps // pipelines if shared_steps else steps)
+    def dataset(context: Optional[tf.distribute.InputContext] = None, **kwargs) -> tf.data.Dataset:
+      readers = (context.num_input_pipelines if context else 1) * self.async_workers
+      return self.train(context, **kwargs).skip(steps // readers if shared_steps else steps)
     return dataset
 
   def predictions(self, batches: Optional[int]) -> tf.data.Dataset:
@@ -93,23 +95,39 @@ class GroupData:
     return self.evaluation if batches is None else self.evaluation.take(batches)
 
 
-def build(data: Data, group: int, num_groups: int, seed: int = 0) -> GroupData:
+def build(data: Data, group: int, num_groups: int, seed: int = 0,
+          async_workers: int = 1) -> GroupData:
   """The group's pipelines, checked: files exist, the evaluation set and this group's shard
   of the training data hold valid examples. ``seed`` (with the group and pipeline) seeds the
-  shuffle."""
+  shuffle. ``async_workers``: a parameter-server group's workers, each of which reads its own
+  part of the group's shard (TF gives every such worker the same input context)."""
   bad_lines = criteo.BadLineCounter()
   index, groups = data.shard(group, num_groups)
 
-  def train_dataset(context: Optional[tf.distribute.InputContext] = None,
-                    repeat: bool = True) -> tf.data.Dataset:
-    pipelines, pipeline = ((context.num_input_pipelines, context.input_pipeline_id)
-                           if context else (1, 0))
-    batch = context.get_per_replica_batch_size(data.batch_size) if context else data.batch_size
+  def pipeline_dataset(pipeline: int, pipelines: int, batch: int, repeat: bool,
+                       counted: bool) -> tf.data.Dataset:
     return data.dataset_fn(
         list(data.train_files), batch, shard_index=index * pipelines + pipeline,
         num_shards=groups * pipelines, repeat=repeat, shuffle_buffer=data.shuffle_buffer,
         seed=seed * 7919 + group * 101 + pipeline,
-        bad_line_counter=None if context else bad_lines)
+        bad_line_counter=bad_lines if counted else None)
+
+  def train_dataset(context: Optional[tf.distribute.InputContext] = None, repeat: bool = True,
+                    worker: Optional[tf.Tensor] = None) -> tf.data.Dataset:
+    """``worker``: a parameter-server worker's index (default: the coordinator's worker this
+    pipeline is made for)."""
+    if context is None:
+      return pipeline_dataset(0, 1, data.batch_size, repeat, counted=True)
+    batch = context.get_per_replica_batch_size(data.batch_size)
+    if async_workers == 1:
+      return pipeline_dataset(context.input_pipeline_id, context.num_input_pipelines, batch,
+                              repeat, counted=False)
+    if worker is None:
+      worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+    parts = [pipeline_dataset(w, async_workers, batch, repeat, counted=False)
+             for w in range(async_workers)]
+    choice = tf.data.Dataset.from_tensors(tf.cast(worker, tf.int64)).repeat()
+    return tf.data.Dataset.choose_from_datasets(parts, choice)
 
   with data_errors(data.dataset_fn):
     evaluation = open_files("eval_files", lambda: data.dataset_fn(
@@ -122,7 +140,8 @@ def build(data: Data, group: int, num_groups: int, seed: int = 0) -> GroupData:
       first_eval = criteo.resolve_files(list(data.eval_files))[0]
       serving.check_raw_parser(data.raw_parser, data.dataset_fn, first_eval)
     bad_lines.reset()  # the checks read lines the training reads again
-  return GroupData(train_dataset, evaluation, probe, evaluation.element_spec[0], bad_lines)
+  return GroupData(train_dataset, evaluation, probe, evaluation.element_spec[0], bad_lines,
+                   async_workers)
 
 
 def open_files(name: str, make: Callable[[], tf.data.Dataset]) -> tf.data.Dataset:

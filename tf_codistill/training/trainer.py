@@ -136,7 +136,9 @@ class GroupTrainer:
 
   def build_data(self) -> inputs.GroupData:
     """The group's pipelines, checked (inputs.build)."""
-    return inputs.build(self.config.data, self.group, self.num_groups, self.config.seed)
+    shape = self.config.shape
+    return inputs.build(self.config.data, self.group, self.num_groups, self.config.seed,
+                        async_workers=shape.workers_per_group if shape.asynchronous else 1)
 
   def build_model(self, distribution: tf.distribute.Strategy, data: inputs.GroupData
                   ) -> Tuple[CodistillModel, publishing.LocalCopy]:

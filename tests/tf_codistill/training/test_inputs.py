@@ -92,3 +92,29 @@ def test_a_resumed_pipeline_starts_at_the_batch_after_its_checkpoints_steps(crit
   pipeline = _batches(data.train, context, n=8)
   assert _batches(data.resumed(4), context) == pipeline[4:7]
   assert _batches(data.resumed(4, shared_steps=True), context) == pipeline[2:5]
+
+
+def _rows(dataset):
+  rows = []
+  for features, _ in dataset:
+    columns = [x.numpy().tolist() for x in tf.nest.flatten(features)]
+    rows += [tuple(str(column[i]) for column in columns) for i in range(len(columns[0]))]
+  return rows
+
+
+def test_parameter_server_workers_each_read_their_own_part_of_the_groups_share(criteo_dir):
+  # TF gives every parameter-server worker the same input context (one pipeline, id 0).
+  context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                       num_replicas_in_sync=1)
+  groups = [inputs.build(_config(criteo_dir), g, 2, seed=3, async_workers=2) for g in (0, 1)]
+  parts = [_rows(data.train(context, repeat=False, worker=tf.constant(w)))
+           for data in groups for w in (0, 1)]
+  # Four parts, each read once by one worker, together the whole training data.
+  assert all(parts) and len(set().union(*parts)) == sum(len(p) for p in parts)
+  whole = _rows(inputs.build(_config(criteo_dir), 0, 1).train(repeat=False))
+  assert sorted(sum(parts, [])) == sorted(whole)
+  # A resumed worker skips its share of the group's steps (steps are shared by the workers).
+  data = groups[1]
+  first = _batches(functools.partial(data.train, worker=tf.constant(1)), context, n=6)
+  resumed = data.resumed(4, shared_steps=True)
+  assert _batches(functools.partial(resumed, worker=tf.constant(1)), context) == first[2:5]

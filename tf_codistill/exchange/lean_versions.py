@@ -191,7 +191,8 @@ def _format(version: exchange.Version, marker: dict) -> dict:
     ok = (fmt["kind"] == KIND and fmt["encoding"] in weight_codecs.ENCODINGS
           and isinstance(fmt["id"], str) and isinstance(fmt["arrays"], list)
           and all(a["stored"] in ("whole", "rows") and isinstance(a["shape"], list)
-                  for a in fmt["arrays"])
+                  and isinstance(a["dtype"], str) for a in fmt["arrays"])
+          and isinstance(fmt["signature"], dict)
           and (fmt["base"] is None or (isinstance(fmt["base"]["step"], int)
                                        and isinstance(fmt["base"]["id"], str))))
   except (KeyError, TypeError) as e:

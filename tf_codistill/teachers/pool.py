@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 import tf_keras as keras
@@ -47,6 +47,12 @@ class TeacherUpdate:
   path: str
   load_seconds: float
   started_at: float  # time.monotonic() when its load began
+
+
+# Errors of a filesystem or service that is busy or briefly away (gs:// rate limits): the
+# version is not refused for good.
+_TRANSIENT = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+              tf.errors.ResourceExhaustedError, tf.errors.AbortedError)
 
 
 class TeacherPool:
@@ -106,6 +112,17 @@ class TeacherPool:
       self._pending.clear()
     return updates
 
+  def activate_updates(self, activate: Callable[[TeacherUpdate], None]) -> List[TeacherUpdate]:
+    """Calls ``activate`` on each update loaded since the last call, then forgets them, under
+    the lock the loader holds while it decides which copy it may overwrite: a copy is never
+    written while it becomes the active one."""
+    with self._lock:
+      updates = list(self._pending.values())
+      for update in updates:
+        activate(update)
+      self._pending.clear()
+    return updates
+
   def poll_once(self) -> int:
     """Checks every peer once; returns how many new teacher versions were loaded."""
     loaded = 0
@@ -113,7 +130,11 @@ class TeacherPool:
       with self._lock:
         if index in self._pending:  # Its inactive copy holds the pending version: keep it.
           continue
-      update = self._load_newest(index, peer)
+      try:
+        update = self._load_newest(index, peer)
+      except Exception:  # A bug with one peer's versions must not keep the others stale.
+        logging.exception("teacher pool: unexpected error loading peer group %d", peer)
+        continue
       if update is not None:
         with self._lock:  # seen and pending together: a waiter woken here finds the update
           self._newest_seen[index] = update.step
@@ -154,7 +175,11 @@ class TeacherPool:
       except exchange.InvalidVersionError as e:
         self._reject(version, str(e))
         continue
-      except (tf.errors.OpError, ValueError, AssertionError) as e:
+      except _TRANSIENT as e:  # the version may be fine: tried again at the next poll
+        logging.warning("teacher pool: cannot read peer group %d step %d now, keeping the "
+                        "previous teacher: %s", version.group, version.step, e)
+        return None
+      except (tf.errors.OpError, ValueError, AssertionError, KeyError, TypeError) as e:
         self._reject(version, f"{version.path}: cannot restore variables ({e})")
         continue
       self.loads += 1
@@ -301,10 +326,14 @@ class TeacherRefresh(step_hooks.StepHook):
     return self.pool.wait_until_loaded(timeout_s)
 
   def on_step(self, model, step, logs):
-    for update in self.pool.take_updates():
+    swaps: Dict[int, Tuple[float, float]] = {}
+
+    def activate(update: TeacherUpdate) -> None:
       start = time.monotonic()
       model.activate_teacher(update.index, update.step)
-      swap = time.monotonic() - start
+      swaps[update.index] = (start, time.monotonic() - start)
+    for update in self.pool.activate_updates(activate):
+      start, swap = swaps[update.index]
       self.swaps += 1
       self.swap_seconds.append(swap)
       self.load_seconds.append(update.load_seconds)

@@ -220,6 +220,22 @@ def test_rows_out_of_range_and_wrong_shapes_are_rejected(tmp_path):
     _reader_arrays(exchange_dir, 10, lv.LeanReader(), [(VOCAB, 4), (24, 1), (1,)])
 
 
+@pytest.mark.parametrize("drop", ["signature", "dtype"])
+def test_a_marker_without_a_field_readers_use_is_rejected_naming_it(tmp_path, drop):
+  exchange_dir = str(tmp_path)
+  model = emb_net()
+  path = _writer(model, encoding="bfloat16").publish(model.get_weights(), exchange_dir, 1, 10)
+  marker = json.load(open(os.path.join(path, exchange.MARKER)))
+  if drop == "signature":
+    del marker["format"]["signature"]
+  else:
+    del marker["format"]["arrays"][1]["dtype"]
+  exchange.write_atomically(os.path.join(path, exchange.MARKER), json.dumps(marker))
+  with pytest.raises(exchange.InvalidVersionError, match=f"step_10/COMPLETE: malformed lean "
+                                                         f"format .*{drop}"):
+    _reader_arrays(exchange_dir, 10, lv.LeanReader(), [tuple(w.shape) for w in model.weights])
+
+
 @pytest.mark.parametrize("changes,named", [
     ({"encoding": "int4"}, "PublishFormat.encoding"),
     ({"row_deltas": True}, "PublishFormat.row_deltas"),

@@ -287,6 +287,60 @@ def test_a_wait_for_loaded_teachers_ends_when_the_pool_thread_loads_them_or_time
   assert sorted(u.step for u in pool.take_updates()) == [40, 50]
 
 
+def test_the_loader_writes_no_copy_while_it_becomes_the_active_one(tmp_path):
+  model, pool = student_and_pool(tmp_path)
+  staged, newer = small_net(seed=3), small_net(seed=4)
+  exchange.publish(staged, str(tmp_path), 1, 40, SPEC, keep_last=5)
+  assert pool.poll_once() == 1  # step 40 waits in the inactive copy
+  exchange.publish(newer, str(tmp_path), 1, 50, SPEC, keep_last=5)
+  loader = threading.Thread(target=pool.poll_once)
+
+  def activate(update):
+    loader.start()  # the loader looks for a copy to load step 50 into meanwhile
+    time.sleep(0.5)
+    assert loader.is_alive()  # it waits: the pending copy is not yet the active one
+    model.activate_teacher(update.index, update.step)
+  assert [u.step for u in pool.activate_updates(activate)] == [40]
+  loader.join()
+  _assert_teacher_holds(model, staged)  # untouched by the load of step 50
+  activate_all(model, pool)
+  assert model.teacher_steps.numpy().tolist() == [50]
+  _assert_teacher_holds(model, newer)
+
+
+def test_a_version_unreadable_for_a_moment_is_read_at_the_next_poll_not_refused(tmp_path):
+  # A cloud filesystem's 503 or rate limit cannot be made here; the pool's load raises it once.
+  model, pool = student_and_pool(tmp_path)
+  exchange.publish(small_net(seed=3), str(tmp_path), 1, 40, SPEC)
+  load, calls = pool._load, []
+
+  def busy_once(index, version):
+    calls.append(version.step)
+    if len(calls) == 1:
+      raise tf.errors.UnavailableError(None, None, "503 Service Unavailable")
+    return load(index, version)
+  pool._load = busy_once
+  assert pool.poll_once() == 0 and pool.rejections == 0
+  assert pool.poll_once() == 1 and calls == [40, 40]
+
+
+def test_a_peer_whose_versions_break_the_loader_leaves_the_other_peers_loading(tmp_path, caplog):
+  model, pool = student_and_pool(tmp_path, peers=(1, 2))
+  exchange.publish(small_net(seed=3), str(tmp_path), 1, 40, SPEC)
+  exchange.publish(small_net(seed=5), str(tmp_path), 2, 40, SPEC)
+  load = pool._load
+
+  def broken_for_group_1(index, version):
+    if version.group == 1:
+      raise RuntimeError("a bug")
+    return load(index, version)
+  pool._load = broken_for_group_1
+  with caplog.at_level(logging.ERROR):
+    assert pool.poll_once() == 1
+  assert "unexpected error loading peer group 1" in caplog.text
+  assert [u.index for u in pool.take_updates()] == [1]
+
+
 def test_pool_refuses_wrong_number_of_peers(tmp_path):
   model = CodistillModel(small_net(), 1)
   with pytest.raises(ValueError, match="2 peers for a model with 1 teachers"):

@@ -102,9 +102,10 @@ class Exchange:
       peers = self.peer_groups()
     except ValueError as e:
       raise ConfigurationError(f"tfc.Exchange: {e}") from None
-    if self.group in peers or any(not 0 <= p < self.num_groups for p in peers) or not peers:
-      raise ConfigurationError(f"tfc.Exchange.peers={list(peers)} must be other groups of "
-                               f"range({self.num_groups}) than group {self.group}")
+    if (self.group in peers or any(not 0 <= p < self.num_groups for p in peers) or not peers
+            or len(set(peers)) < len(peers)):
+      raise ConfigurationError(f"tfc.Exchange.peers={list(peers)} must be distinct other groups "
+                               f"of range({self.num_groups}) than group {self.group}")
 
   def check_strategy(self, parameter_server: bool) -> None:
     """Raises ConfigurationError if this exchange cannot work under the group's strategy."""

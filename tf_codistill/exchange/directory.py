@@ -262,9 +262,13 @@ def collect_garbage(exchange_dir: str, group: int, keep_last: int) -> None:
     name = name.rstrip("/")
     path = os.path.join(root, name)
     stale_tmp = name.startswith(_TMP_PREFIX)
-    old_version = _VERSION_RE.match(name) and path not in keep and any(
-        v.path == path for v in complete)
-    if stale_tmp or old_version:
+    match = _VERSION_RE.match(name)
+    old_version = match and path not in keep and any(v.path == path for v in complete)
+    # A version older than the newest complete one that never got its marker (its publisher
+    # died between the rename and the marker): no reader takes it, nothing else removes it.
+    unmarked = (match and complete and int(match.group(1)) < complete[0].step
+                and not any(v.path == path for v in complete))
+    if stale_tmp or old_version or unmarked:
       try:
         tf.io.gfile.rmtree(path)
       except tf.errors.OpError as e:  # Another cleaner got there first; harmless.

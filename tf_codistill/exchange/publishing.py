@@ -127,6 +127,11 @@ class ExchangePublisher(StepHook):
       logging.error("exchange: publishing step %d to %s failed, previous version kept: %s",
                     step, self.exchange_dir, e)
       return
+    except Exception:  # Not the filesystem: said loudly, as nothing reads this thread's result.
+      self.failures += 1
+      logging.exception("exchange: publishing step %d to %s failed unexpectedly, previous "
+                        "version kept", step, self.exchange_dir)
+      return
     end = time.monotonic()
     self.published_bytes.append(_version_bytes(self.group, step, path))
     self.publish_seconds.append(end - start)

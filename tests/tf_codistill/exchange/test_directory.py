@@ -59,6 +59,9 @@ def test_version_without_marker_is_invisible(tmp_path):
   path = exchange.publish(model, str(tmp_path), 0, 20, SPEC)
   os.remove(os.path.join(path, exchange.MARKER))  # as if the writer died before the marker
   assert [v.step for v in exchange.list_versions(str(tmp_path), 0)] == [10]
+  # The next publish removes it (older than the newest complete version, never to be read).
+  exchange.publish(model, str(tmp_path), 0, 30, SPEC, keep_last=5)
+  assert sorted(os.listdir(tmp_path / "group_0")) == ["step_10", "step_30"]
 
 
 def test_truncated_file_is_detected_as_corrupt(tmp_path):

@@ -58,3 +58,22 @@ def test_failed_publish_is_counted_and_training_goes_on(tmp_path):
   publisher.on_step(None, 5, {})
   publisher.on_end(None, 7)
   assert publisher.failures == 2 and publisher.publish_seconds == []
+
+
+def test_an_unexpected_publish_error_is_logged_and_counted_not_lost(tmp_path, caplog):
+  import logging
+
+  local, spec = _local_copy()
+  publisher = publishing.ExchangePublisher(local, str(tmp_path), group=0, publish_every_steps=5,
+                                          input_spec=spec)
+
+  def broken(*args, **kwargs):
+    raise TypeError("a bug in a writer")
+  publisher.writer = type("Writer", (), {"publish": staticmethod(broken)})()
+  publisher.on_begin(None, 0)
+  with caplog.at_level(logging.ERROR):
+    publisher.on_step(None, 5, {})
+    publisher.on_end(None, 5)
+  assert publisher.failures == 1
+  assert "publishing step 5" in caplog.text and "failed unexpectedly" in caplog.text
+  assert "TypeError: a bug in a writer" in caplog.text

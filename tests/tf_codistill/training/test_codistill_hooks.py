@@ -45,6 +45,7 @@ def test_exchange_peers_follow_the_teacher_graph_or_are_given(tmp_path):
     (dict(teacher_graph="star"), "teacher_graph='star'"),
     (dict(peers=[0]), "Exchange.peers=[0]"),
     (dict(peers=[5]), "Exchange.peers=[5]"),
+    (dict(num_groups=3, peers=[1, 1]), "Exchange.peers=[1, 1] must be distinct other groups"),
     (dict(publish_every_steps=0), "Exchange.publish_every_steps=0"),
     (dict(keep_last=0), "Exchange.keep_last=0"),
     (dict(poll_interval_s=0), "Exchange.poll_interval_s=0"),

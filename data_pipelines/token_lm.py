@@ -132,23 +132,24 @@ def unigram_prior(train_files: Sequence[str], vocab_size: int = gin.REQUIRED) ->
 def _decoded_windows(file_ids: tf.Tensor, numbers: tf.Tensor, blobs: tf.Tensor, *,
                      files: Sequence[str], vocab_size: int, sequence_length: int,
                      bad_lines: str, counter: Optional[records.BadLineCounter]) -> tf.Tensor:
-  """[N, T + 1] windows of a block of records, bad records failing or dropped."""
+  """[N, T + 1] windows of a block of records, bad records failing or dropped (the first bad
+  record of the block is the one named, whatever is wrong with it)."""
   where = records.locator(files, file_ids, numbers)
   lengths = tf.strings.length(blobs)
   even = tf.logical_and(lengths > 0, lengths % 2 == 0)
-  [file_ids, numbers, blobs] = records.enforce(
-      even, lambda i: tf.strings.join([tf.strings.as_string(lengths[i]),
-                                       " bytes is not a whole number of uint16 token ids"]),
-      [file_ids, numbers, blobs], where=where, prefix=_PREFIX, policy=bad_lines, counter=counter)
-  where = records.locator(files, file_ids, numbers)
   decode = lambda b: tf.cast(tf.io.decode_raw(tf.strings.reduce_join(b), tf.uint16), tf.int32)
-  per_doc = tf.RaggedTensor.from_row_lengths(decode(blobs), tf.strings.length(blobs) // 2)
+  whole_ids = tf.strings.substr(blobs, tf.zeros_like(lengths), lengths - lengths % 2)  # odd byte out
+  per_doc = tf.RaggedTensor.from_row_lengths(decode(whole_ids), lengths // 2)
   largest = tf.reduce_max(per_doc, axis=1)
-  [kept] = records.enforce(
-      largest < vocab_size, lambda i: tf.strings.join([
-          "token id ", tf.strings.as_string(largest[i]), f" >= vocab_size {vocab_size}: "
-          "the corpus was built with another vocabulary"]),
-      [blobs], where=where, prefix=_PREFIX, policy=bad_lines, counter=counter)
+  in_vocab = largest < vocab_size
+
+  def describe(i: tf.Tensor) -> tf.Tensor:
+    return tf.where(even[i], tf.strings.join([
+        "token id ", tf.strings.as_string(largest[i]), f" >= vocab_size {vocab_size}: "
+        "the corpus was built with another vocabulary"]), tf.strings.join([
+            tf.strings.as_string(lengths[i]), " bytes is not a whole number of uint16 token ids"]))
+  [kept] = records.enforce(tf.logical_and(even, in_vocab), describe, [blobs], where=where,
+                           prefix=_PREFIX, policy=bad_lines, counter=counter)
   return tf.signal.frame(decode(kept), sequence_length + 1, sequence_length, axis=0)
 
 
@@ -182,6 +183,9 @@ def make_dataset(file_pattern, batch_size: int, *, sequence_length: int = 64,
   records.check_choice("bad_lines", bad_lines, records.BAD_LINE_POLICIES)
   if sequence_length < 1:
     raise ValueError(f"token_lm.make_dataset: sequence_length={sequence_length} must be >= 1")
+  if max_passes is not None and max_passes < 1:
+    raise ValueError(f"token_lm.make_dataset: max_passes={max_passes} must be >= 1 (None: "
+                     "repeat without end)")
   if not 0 <= shard_index < num_shards:
     raise ValueError(f"shard_index={shard_index} is out of range for num_shards={num_shards}")
   files = records.drop_empty_files(records.resolve_files(file_pattern, "token record"),

@@ -95,6 +95,25 @@ def test_bad_records_fail_naming_file_and_record_or_are_counted(tmp_path):
   x, _ = _windows(token_lm.make_dataset(path, 2, sequence_length=4, vocab_size=VOCAB,
                                         bad_lines="skip", bad_line_counter=counter))
   assert x.shape == (2, 4) and counter.count == 1
+  # The first bad record is named whatever is wrong with it: an id past the vocabulary (record
+  # 2) before a record of an odd number of bytes (record 3); skipped, each counts once.
+  with tf.io.TFRecordWriter(path) as writer:
+    writer.write(np.arange(1, 12, dtype="<u2").tobytes())
+    writer.write(np.asarray([3, VOCAB + 5], "<u2").tobytes())
+    writer.write(b"\x01\x00\x02")
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"tfrecord:2: token id 55 >= "):
+    _windows(token_lm.make_dataset(path, 2, sequence_length=4, vocab_size=VOCAB))
+  counter = records.BadLineCounter()
+  _windows(token_lm.make_dataset(path, 2, sequence_length=4, vocab_size=VOCAB,
+                                 bad_lines="skip", bad_line_counter=counter))
+  assert counter.count == 2
+
+
+@pytest.mark.parametrize("passes", [0, -1])
+def test_max_passes_below_one_is_refused(shards, passes):
+  _, paths = shards
+  with pytest.raises(ValueError, match=f"max_passes={passes} must be >= 1"):
+    token_lm.make_dataset(paths, 2, vocab_size=VOCAB, repeat=True, max_passes=passes)
 
 
 def test_unigram_prior_from_the_saved_counts(tmp_path):

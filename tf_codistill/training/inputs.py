@@ -129,7 +129,7 @@ def build(data: Data, group: int, num_groups: int, seed: int = 0,
     choice = tf.data.Dataset.from_tensors(tf.cast(worker, tf.int64)).repeat()
     return tf.data.Dataset.choose_from_datasets(parts, choice)
 
-  with data_errors(data.dataset_fn):
+  with data_errors(data.dataset_fn, [*data.train_files, *data.eval_files]):
     evaluation = open_files("eval_files", lambda: data.dataset_fn(
         list(data.eval_files), data.batch_size, bad_line_counter=bad_lines))
     # A few real examples: published models and loaded teachers must predict finite values.
@@ -153,11 +153,16 @@ def open_files(name: str, make: Callable[[], tf.data.Dataset]) -> tf.data.Datase
 
 
 @contextlib.contextmanager
-def data_errors(dataset_fn: Callable[..., tf.data.Dataset]) -> Iterator[None]:
+def data_errors(dataset_fn: Callable[..., tf.data.Dataset],
+                files: Sequence[str] = ()) -> Iterator[None]:
   """Turns a malformed-record error from ``dataset_fn``'s pipeline into DataError naming file and
-  line (or row, or record) and the binding that skips such records."""
+  line (or row, or record) and the binding that skips such records; and a file TF cannot read as
+  records at all (a truncated or corrupt TFRecord, whose error names no file) into DataError
+  naming it, found by reading each of ``files`` (patterns) alone."""
   try:
     yield
+  except tf.errors.DataLossError as e:
+    raise DataError(unreadable_file(dataset_fn, files, e.message or str(e))) from None
   except tf.errors.InvalidArgumentError as e:
     match = _MALFORMED_RE.search(e.message or "")
     if not match:
@@ -191,6 +196,23 @@ def first_malformed(dataset_fn: Callable[..., tf.data.Dataset], message: str) ->
   except Exception:  # pylint: disable=broad-except
     pass  # the file cannot be read again here (an unbound gin parameter, gone): keep the first
   return message
+
+
+def unreadable_file(dataset_fn: Callable[..., tf.data.Dataset], patterns: Sequence[str],
+                    message: str) -> str:
+  """The message for the first of the files ``patterns`` match that TF cannot read
+  (``message``: TF's error, which names no file)."""
+  reason = message.splitlines()[0]
+  for path in (criteo.resolve_files(list(patterns)) if patterns else []):
+    try:
+      for _ in dataset_fn([path], _RESCAN_BATCH):
+        pass
+    except tf.errors.DataLossError:
+      return (f"{path}: unreadable ({reason}): the file is truncated or corrupt; restore or "
+              "remove it (no bad_lines policy skips a file that cannot be read)")
+    except Exception:  # pylint: disable=broad-except  (another problem of another file)
+      continue
+  return f"a data file is truncated or corrupt ({reason})"
 
 
 def bad_lines_binding(dataset_fn: Callable[..., tf.data.Dataset]) -> str:

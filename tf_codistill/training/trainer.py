@@ -199,7 +199,8 @@ class GroupTrainer:
     dataset = train() if self.info.task_type is None else \
         keras.utils.experimental.DatasetCreator(train)
     try:
-      with inputs.data_errors(config.data.dataset_fn):
+      with inputs.data_errors(config.data.dataset_fn,
+                              [*config.data.train_files, *config.data.eval_files]):
         epochs = max(1, -(-config.train_steps // config.steps_per_epoch))
         history = model.fit(dataset, epochs=epochs,
                             steps_per_epoch=config.steps_per_epoch,

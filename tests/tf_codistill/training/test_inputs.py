@@ -118,3 +118,24 @@ def test_parameter_server_workers_each_read_their_own_part_of_the_groups_share(c
   first = _batches(functools.partial(data.train, worker=tf.constant(1)), context, n=6)
   resumed = data.resumed(4, shared_steps=True)
   assert _batches(functools.partial(resumed, worker=tf.constant(1)), context) == first[2:5]
+
+
+def test_a_truncated_record_file_is_an_error_naming_it(tmp_path):
+  import numpy as np
+
+  from data_pipelines import token_lm
+  docs = [np.arange(1, 40, dtype=np.uint16)]
+  for name in ("eval-00000-of-00001", "train-00000-of-00002", "train-00001-of-00002"):
+    token_lm.write_shard(str(tmp_path / f"{name}.tfrecord"), docs)
+  bad = tmp_path / "train-00001-of-00002.tfrecord"
+  bad.write_bytes(bad.read_bytes()[:-7])  # cut inside its record
+  config = inputs.Data(
+      train_files=[str(tmp_path / "train-*")], eval_files=[str(tmp_path / "eval-*")],
+      dataset_fn=functools.partial(token_lm.make_dataset, vocab_size=50, sequence_length=4),
+      batch_size=2, shuffle_buffer=0, split="same")
+  with pytest.raises(inputs.DataError, match=rf"{bad}: unreadable \(.*\): the file is truncated "
+                                             r"or corrupt; restore or remove it"):
+    data = inputs.build(config, 0, 1)
+    with inputs.data_errors(config.dataset_fn, [*config.train_files, *config.eval_files]):
+      for _ in data.train(repeat=False):
+        pass

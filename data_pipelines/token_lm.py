@@ -138,7 +138,8 @@ def _decoded_windows(file_ids: tf.Tensor, numbers: tf.Tensor, blobs: tf.Tensor, 
   lengths = tf.strings.length(blobs)
   even = tf.logical_and(lengths > 0, lengths % 2 == 0)
   decode = lambda b: tf.cast(tf.io.decode_raw(tf.strings.reduce_join(b), tf.uint16), tf.int32)
-  whole_ids = tf.strings.substr(blobs, tf.zeros_like(lengths), lengths - lengths % 2)  # odd byte out
+  # Each record's whole uint16 ids (an odd last byte left out), to check its vocabulary too.
+  whole_ids = tf.strings.substr(blobs, tf.zeros_like(lengths), lengths - lengths % 2)
   per_doc = tf.RaggedTensor.from_row_lengths(decode(whole_ids), lengths // 2)
   largest = tf.reduce_max(per_doc, axis=1)
   in_vocab = largest < vocab_size

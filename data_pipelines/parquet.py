@@ -96,12 +96,15 @@ def _pyarrow_chunks(groups: Groups) -> Callable[[tf.Tensor], tf.data.Dataset]:
     path = path.decode()
     names = [c for _, spec in groups.values() for c in _columns(spec)]
     with tf.io.gfile.GFile(path, "rb") as f:
-      parquet = pq.ParquetFile(GFileReader(f))
-      missing = sorted(set(names) - set(parquet.schema_arrow.names))
-      if missing:
-        raise ValueError(f"{path}: no Parquet column {', '.join(missing)}")
-      for batch in parquet.iter_batches(batch_size=CHUNK, columns=names):
-        yield _chunk(batch, groups)
+      try:
+        parquet = pq.ParquetFile(GFileReader(f))
+        missing = sorted(set(names) - set(parquet.schema_arrow.names))
+        if missing:
+          raise ValueError(f"no Parquet column {', '.join(missing)}")
+        for batch in parquet.iter_batches(batch_size=CHUNK, columns=names):
+          yield _chunk(batch, groups)
+      except (pa.ArrowException, OSError, ValueError) as e:  # named: TF's error will not be
+        raise ValueError(f"{path}: unreadable Parquet file ({e})") from None
 
   def assemble(chunk: dict) -> dict:
     out = {}

@@ -193,7 +193,13 @@ def test_a_parquet_file_without_a_column_is_named_with_the_column(tmp_path):
   path = str(tmp_path / "short.parquet")
   pq.write_table(pa.table({"label": pa.array([0, 1], pa.int64())}), path)
   with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=re.escape(f"{path}: no Parquet column C1, C10")):
+                     match=re.escape(f"{path}: unreadable Parquet file (no Parquet column C1, "
+                                     "C10")):
     collect(criteo.make_dataset(path, 2, file_format="parquet"))
+  garbage = tmp_path / "garbage.parquet"
+  garbage.write_bytes(b"not a parquet file at all" * 10)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=re.escape(f"{garbage}: unreadable Parquet file (")):
+    collect(criteo.make_dataset(str(garbage), 2, file_format="parquet"))
   with pytest.raises(ValueError, match="Parquet reader='arrow' is not one of"):
     criteo.make_dataset(path, 2, file_format="parquet", parquet_reader="arrow")

@@ -189,7 +189,7 @@ def make_dataset(
     label, numbers, cats = columns["label"], columns["numbers"], columns["cats"]
     ok = tf.equal(label, 0) | tf.equal(label, 1)
     describe = lambda i: tf.strings.join(
-        ["label not in {0,1}", records.shown(tf.strings.as_string(label[i]))])
+        ["label not in {0,1}", parquet_lib.shown_value(label[i])])
     return _features(*enforce(ok, describe, [label, numbers, cats]), num_buckets)
 
   return records.parsed_batches(
@@ -217,7 +217,7 @@ def _columns() -> dict[str, str]:
 def _parquet_reader() -> Callable[[tf.Tensor], tf.data.Dataset]:
   return parquet_lib.open_blocks({"label": (tf.int64, LABEL_COLUMN),
                               "numbers": (tf.int64, NUMERIC_COLUMNS),
-                              "cats": (tf.string, CATEGORICAL_COLUMNS)})
+                              "cats": (tf.string, CATEGORICAL_COLUMNS)}, required=["label"])
 
 
 def _features(label: tf.Tensor, numbers: tf.Tensor, cats: tf.Tensor,

@@ -7,7 +7,7 @@ TSV format: one example per line, ``label \\t I1..I13 \\t C1..C26`` (40 tab-sepa
 Any of the 39 feature fields may be empty, meaning missing.
 
 Parquet format: columns ``label``, ``I1``..``I13`` (int64) and ``C1``..``C26`` (string); a null
-is missing (read as 0 and ''). The files written here hold no nulls (a missing integer is written
+feature is missing (read as 0 and ''), a null label makes the row malformed. The files written here hold no nulls (a missing integer is written
 as 0 and a missing categorical as ''), so that tensorflow-io 0.37.1's Parquet reader, which returns
 garbage for null values instead of failing, reads them too (``parquet_reader='tensorflow_io'``).
 
@@ -123,7 +123,7 @@ def make_dataset(
 
 def _parquet_reader(reader: str) -> Callable[[tf.Tensor], tf.data.Dataset]:
   return parquet.open_blocks({"label": (tf.int64, LABEL_COLUMN), "ints": (tf.int64, INT_COLUMNS),
-                              "cats": (tf.string, CAT_COLUMNS)}, reader)
+                              "cats": (tf.string, CAT_COLUMNS)}, reader, required=["label"])
 
 
 @gin.configurable(module="criteo")
@@ -207,8 +207,7 @@ def _parse_parquet_batch(columns: dict[str, tf.Tensor], enforce: EnforceFn) -> T
 
   def describe(i: tf.Tensor) -> tf.Tensor:
     return _first_reason([
-        (~label_ok[i], tf.strings.join(["label not in {0,1}",
-                                        records.shown(tf.strings.as_string(label[i]))])),
+        (~label_ok[i], tf.strings.join(["label not in {0,1}", parquet.shown_value(label[i])])),
         _column_reason("non-hex categorical field C", cat_ok[i], cats[i]),
     ])
 

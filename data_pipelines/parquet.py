@@ -10,7 +10,9 @@ and batch as one tensor per group and reaches the parser as the matrix it needs)
 ``CHUNK`` rows at a time (through ``tf.io.gfile``, so every TF filesystem works); integer columns
 reach TensorFlow as one array per chunk and string columns as their Arrow buffers (one data
 string and its offsets per column, cut into values by one ``tf.strings.substr``), so no Python
-runs per row. A null counts as missing: 0 in an integer column, '' in a string column.
+runs per row. A null counts as missing: 0 in an integer column, '' in a string column; in a
+``required`` group (a label) it is no value at all and reads as ``NULL`` (int64's least), which
+the pipeline's check refuses naming the row (``shown_value``).
 ``reader='tensorflow_io'``: tensorflow-io's Parquet kernels (only where it loads: TF 2.17), which
 return garbage for nulls; files for it must hold none.
 """
@@ -36,6 +38,12 @@ READERS = ("pyarrow", "tensorflow_io")
 # decoding 10k rows (1024-row reads ran at 10k rows/s, 65536-row reads at 260k).
 CHUNK = 64 * records.READ_BLOCK
 Groups = Mapping[str, tuple[tf.DType, "str | Sequence[str]"]]
+NULL = np.iinfo(np.int64).min  # a null in a required integer group
+
+
+def shown_value(value: tf.Tensor) -> tf.Tensor:
+  """`` (got: <value>)`` of an integer read from a required group (``null`` for a null)."""
+  return records.shown(tf.where(value == NULL, "null", tf.strings.as_string(value)))
 
 
 class GFileReader(io.RawIOBase):
@@ -64,10 +72,13 @@ class GFileReader(io.RawIOBase):
     return len(data)
 
 
-def open_blocks(groups: Groups, reader: str = "pyarrow") -> Callable[[tf.Tensor], tf.data.Dataset]:
-  """``open_file`` for ``read_tagged_files(..., blocks=True)`` (module docstring)."""
+def open_blocks(groups: Groups, reader: str = "pyarrow", required: Sequence[str] = ()
+                ) -> Callable[[tf.Tensor], tf.data.Dataset]:
+  """``open_file`` for ``read_tagged_files(..., blocks=True)`` (module docstring); nulls of the
+  integer groups named in ``required`` read as ``NULL``."""
   records.check_choice("Parquet reader", reader, READERS)
-  chunks = _pyarrow_chunks(groups) if reader == "pyarrow" else _tensorflow_io_chunks(groups)
+  chunks = (_pyarrow_chunks(groups, required) if reader == "pyarrow"
+            else _tensorflow_io_chunks(groups))
 
   def blocks(chunk: dict) -> tf.data.Dataset:
     size = tf.shape(next(iter(chunk.values())), out_type=tf.int64)[0]
@@ -82,7 +93,8 @@ def _columns(spec: "str | Sequence[str]") -> list[str]:
   return [spec] if isinstance(spec, str) else list(spec)
 
 
-def _pyarrow_chunks(groups: Groups) -> Callable[[tf.Tensor], tf.data.Dataset]:
+def _pyarrow_chunks(groups: Groups, required: Sequence[str] = ()
+                    ) -> Callable[[tf.Tensor], tf.data.Dataset]:
   """Chunks of CHUNK rows as dicts of ``groups``, from pyarrow record batches."""
   signature = {}
   for name, (dtype, spec) in groups.items():
@@ -102,7 +114,7 @@ def _pyarrow_chunks(groups: Groups) -> Callable[[tf.Tensor], tf.data.Dataset]:
         if missing:
           raise ValueError(f"no Parquet column {', '.join(missing)}")
         for batch in parquet.iter_batches(batch_size=CHUNK, columns=names):
-          yield _chunk(batch, groups)
+          yield _chunk(batch, groups, required)
       except (pa.ArrowException, OSError, ValueError) as e:  # named: TF's error will not be
         raise ValueError(f"{path}: unreadable Parquet file ({e})") from None
 
@@ -123,7 +135,7 @@ def _pyarrow_chunks(groups: Groups) -> Callable[[tf.Tensor], tf.data.Dataset]:
       read, args=(path,), output_signature=signature).map(assemble)
 
 
-def _chunk(batch: pa.RecordBatch, groups: Groups) -> dict:
+def _chunk(batch: pa.RecordBatch, groups: Groups, required: Sequence[str] = ()) -> dict:
   """One record batch as the generator's arrays: numbers stacked, strings as Arrow buffers."""
   out = {}
   for name, (dtype, spec) in groups.items():
@@ -133,8 +145,9 @@ def _chunk(batch: pa.RecordBatch, groups: Groups) -> dict:
       out[f"{name}/data"] = np.array(data, dtype=object)
       out[f"{name}/offsets"] = np.stack(offsets)
     else:
-      out[name] = np.stack([pc.fill_null(c, 0).to_numpy().astype(dtype.as_numpy_dtype)
-                            for c in columns], axis=1)
+      missing = NULL if name in required else 0
+      out[name] = np.stack([pc.fill_null(c.cast(pa.int64()), missing).to_numpy().astype(
+          dtype.as_numpy_dtype) for c in columns], axis=1)
   return out
 
 

@@ -189,6 +189,25 @@ def test_pyarrow_reads_parquet_nulls_as_missing_values(tmp_path):
     np.testing.assert_allclose(array, want, rtol=1e-6)
 
 
+def test_a_null_or_fractional_parquet_label_is_a_bad_row_not_a_negative_example(tmp_path):
+  path = write_parquet(tmp_path / "labels.parquet", ROWS)
+  table = pq.read_table(path)
+  labels = [int(r[0]) for r in ROWS]
+  labels[1] = None
+  nulls = str(tmp_path / "null_label.parquet")
+  pq.write_table(table.set_column(0, "label", pa.array(labels, pa.int64())), nulls)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=re.escape(f"{nulls}:2: label not in {{0,1}} (got: null)")):
+    collect(criteo.make_dataset(nulls, len(ROWS), num_buckets=NUM_BUCKETS, file_format="parquet"))
+  fractional = str(tmp_path / "fractional_label.parquet")
+  pq.write_table(table.set_column(0, "label", pa.array([0.7] * len(ROWS), pa.float64())),
+                 fractional)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=re.escape(f"{fractional}: unreadable Parquet file (")):
+    collect(criteo.make_dataset(fractional, len(ROWS), num_buckets=NUM_BUCKETS,
+                                file_format="parquet"))
+
+
 def test_a_parquet_file_without_a_column_is_named_with_the_column(tmp_path):
   path = str(tmp_path / "short.parquet")
   pq.write_table(pa.table({"label": pa.array([0, 1], pa.int64())}), path)

@@ -7,9 +7,10 @@ TSV format: one example per line, ``label \\t I1..I13 \\t C1..C26`` (40 tab-sepa
 Any of the 39 feature fields may be empty, meaning missing.
 
 Parquet format: columns ``label``, ``I1``..``I13`` (int64) and ``C1``..``C26`` (string); a null
-feature is missing (read as 0 and ''), a null label makes the row malformed. The files written here hold no nulls (a missing integer is written
-as 0 and a missing categorical as ''), so that tensorflow-io 0.37.1's Parquet reader, which returns
-garbage for null values instead of failing, reads them too (``parquet_reader='tensorflow_io'``).
+feature is missing (read as 0 and ''), a null label makes the row malformed. The files written
+here hold no nulls (a missing integer is written as 0 and a missing categorical as ''), so that
+tensorflow-io 0.37.1's Parquet reader, which returns garbage for null values instead of failing,
+reads them too (``parquet_reader='tensorflow_io'``).
 
 Features, identical for both formats:
   * ``dense``: float32 [B, 13], log1p(max(x, 0)); a missing integer counts as 0.

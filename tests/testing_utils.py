@@ -203,9 +203,9 @@ def student_and_pool(exchange_dir, peers=(1,), poll_interval_s=0.05, probe=None,
 
 
 def activate_all(model, pool):
-  """Swaps in every teacher the pool has loaded (what TeacherRefresh does between steps)."""
-  for update in pool.take_updates():
-    model.activate_teacher(update.index, update.step)
+  """Swaps in every teacher the pool has loaded (what TeacherRefresh does between steps);
+  returns their updates."""
+  return pool.activate_updates(lambda update: model.activate_teacher(update.index, update.step))
 
 
 def _can_write(directory):

@@ -244,7 +244,8 @@ def publish_saved_model(saved_model_path: str, exchange_dir: str, group: int, st
 
 
 def collect_garbage(exchange_dir: str, group: int, keep_last: int) -> None:
-  """Deletes all but the newest ``keep_last`` complete versions and leftover temporary dirs.
+  """Deletes all but the newest ``keep_last`` complete versions, leftover temporary dirs and
+  versions older than the newest complete one that never got their marker.
 
   Versions from the newest whole (not row-delta) one on are kept too. Only the group's own
   (single) publisher calls this, so any temporary dir found is a leftover of an interrupted
@@ -258,16 +259,17 @@ def collect_garbage(exchange_dir: str, group: int, keep_last: int) -> None:
     keep.add(version.path)
     if delta_base(version) is None:
       break
+  marked = {v.path for v in complete}
   for name in tf.io.gfile.listdir(root):
     name = name.rstrip("/")
     path = os.path.join(root, name)
     stale_tmp = name.startswith(_TMP_PREFIX)
     match = _VERSION_RE.match(name)
-    old_version = match and path not in keep and any(v.path == path for v in complete)
+    old_version = match and path in marked and path not in keep
     # A version older than the newest complete one that never got its marker (its publisher
     # died between the rename and the marker): no reader takes it, nothing else removes it.
-    unmarked = (match and complete and int(match.group(1)) < complete[0].step
-                and not any(v.path == path for v in complete))
+    unmarked = (match and path not in marked and complete
+                and int(match.group(1)) < complete[0].step)
     if stale_tmp or old_version or unmarked:
       try:
         tf.io.gfile.rmtree(path)

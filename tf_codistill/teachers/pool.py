@@ -105,17 +105,10 @@ class TeacherPool:
       self._thread.join()
       self._thread = None
 
-  def take_updates(self) -> List[TeacherUpdate]:
-    """Returns (and forgets) the updates loaded since the last call; cheap, never blocks on I/O."""
-    with self._lock:
-      updates = list(self._pending.values())
-      self._pending.clear()
-    return updates
-
   def activate_updates(self, activate: Callable[[TeacherUpdate], None]) -> List[TeacherUpdate]:
     """Calls ``activate`` on each update loaded since the last call, then forgets them, under
     the lock the loader holds while it decides which copy it may overwrite: a copy is never
-    written while it becomes the active one."""
+    written while it becomes the active one. Cheap, never blocks on I/O."""
     with self._lock:
       updates = list(self._pending.values())
       for update in updates:

@@ -30,7 +30,7 @@ SPEC = tf.TensorSpec([None, 4], tf.float32)
 
 def test_peer_without_versions_gives_no_teacher_then_its_publish_is_loaded(tmp_path):
   model, pool = student_and_pool(tmp_path)
-  assert pool.poll_once() == 0 and pool.take_updates() == []
+  assert pool.poll_once() == 0 and activate_all(model, pool) == []
   peer = small_net(seed=7)
   exchange.publish(peer, str(tmp_path), 1, 50, SPEC)
   assert pool.poll_once() == 1
@@ -284,7 +284,7 @@ def test_a_wait_for_loaded_teachers_ends_when_the_pool_thread_loads_them_or_time
     late.join()
     pool.stop()
   # When the wait ends, every loaded version is there to be activated.
-  assert sorted(u.step for u in pool.take_updates()) == [40, 50]
+  assert sorted(u.step for u in activate_all(model, pool)) == [40, 50]
 
 
 def test_the_loader_writes_no_copy_while_it_becomes_the_active_one(tmp_path):
@@ -338,7 +338,7 @@ def test_a_peer_whose_versions_break_the_loader_leaves_the_other_peers_loading(t
   with caplog.at_level(logging.ERROR):
     assert pool.poll_once() == 1
   assert "unexpected error loading peer group 1" in caplog.text
-  assert [u.index for u in pool.take_updates()] == [1]
+  assert [u.index for u in activate_all(model, pool)] == [1]
 
 
 def test_pool_refuses_wrong_number_of_peers(tmp_path):

@@ -32,6 +32,8 @@ def test_three_groups_in_a_ring_learn_from_their_predecessor_only(tmp_path, crit
       results = json.load(f)
     assert results["teacher_graph"] == "ring" and results["teacher_groups"] == [predecessor]
     assert results["teacher_loads"] >= 1 and len(results["teacher_steps"]) == 1
+    assert results["teacher_loads_by_group"] == {str(predecessor): results["teacher_loads"]}
+    # What the log says agrees (the log is for people: the results above are the record).
     log = open(os.path.join(group_dir, "chief_0.log")).read()
     loaded = set(re.findall(r"teacher: loaded peer group (\d+) step", log))
-    assert loaded == {str(predecessor)}, log[-3000:]
+    assert loaded <= {str(predecessor)}, log[-3000:]

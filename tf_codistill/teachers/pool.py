@@ -294,6 +294,7 @@ class TeacherRefresh(step_hooks.StepHook):
     self.pool = pool
     self.summary_writer = summary_writer
     self.swaps = 0
+    self.loads_by_group: Dict[int, int] = {}  # peer group -> versions swapped in
     self.swap_seconds: List[float] = []
     self.load_seconds: List[float] = []  # each swapped version's load, off the training thread
     self.windows: List[Tuple[float, float]] = []  # (load began, swap ended), time.monotonic()
@@ -328,6 +329,7 @@ class TeacherRefresh(step_hooks.StepHook):
     for update in self.pool.activate_updates(activate):
       start, swap = swaps[update.index]
       self.swaps += 1
+      self.loads_by_group[update.peer] = self.loads_by_group.get(update.peer, 0) + 1
       self.swap_seconds.append(swap)
       self.load_seconds.append(update.load_seconds)
       self.windows.append((update.started_at, start + swap))

@@ -114,14 +114,16 @@ class ExchangeHooks:
       self.publisher.drain()
 
   def statistics(self) -> Dict[str, Any]:
-    """Teacher loads and rejections, publishes and their failures, the first teachers' wait,
+    """Teacher loads (in all and per peer group) and rejections, publishes and their failures, the first teachers' wait,
     averaging rounds."""
     stats: Dict[str, Any] = {}
     if self.averaging is not None:
       stats["averaging_rounds"] = self.averaging.statistics()
     if self.refresh is None:
       return stats
-    stats.update(teacher_loads=self.refresh.swaps, teacher_rejections=self.refresh.rejections)
+    stats.update(teacher_loads=self.refresh.swaps, teacher_rejections=self.refresh.rejections,
+                 teacher_loads_by_group={str(peer): n for peer, n in
+                                         sorted(self.refresh.loads_by_group.items())})
     if self.publisher is not None:
       seconds = self.publisher.publish_seconds
       stats.update(publishes=len(seconds), publish_failures=self.publisher.failures,

@@ -189,7 +189,7 @@ def test_refresh_picks_up_newer_version_while_training_continues(tmp_path):
   data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
   model.fit(data, epochs=1, verbose=0, callbacks=[step_hooks.BatchDriver([refresh]), player])
   assert model.teacher_steps.numpy().tolist() == [200]
-  assert refresh.swaps == 2
+  assert refresh.swaps == 2 and refresh.loads_by_group == {1: 2}
   # Each swap records its version's off-thread load, which ends before the swap does.
   assert len(refresh.load_seconds) == 2 and all(x > 0 for x in refresh.load_seconds)
   assert all(load <= end - start

@@ -4,7 +4,10 @@
 A suite is a gin file (``benchmarks/suites/<name>.gin``, read by ``load_suite``). It binds
 ``bench.*`` for itself, and the library's own settings for its runs: unscoped for every arm's
 runs (``trainer.train.train_steps = 1500``), in an arm's gin scope for that arm's alone (the arm
-``@codistill/bench.Arm()`` runs with ``codistill/tfc.Distillation.alpha = 1.0``). ``%B_STAR`` and
+``@codistill/bench.Arm()`` runs with ``codistill/tfc.Distillation.alpha = 1.0``). An arm built in
+a nested scope (``@codistill/same/bench.Arm()``) takes the settings of each scope it is nested in,
+outermost first, its own replacing theirs (gin's scoping, which also nests the ``bench.Arm``
+fields); a scope may configure only the arms nested in it (a template). ``%B_STAR`` and
 ``%TWO_B_STAR`` stand for the batch the scaling phase finds and its double. A suite that
 includes another changes the included arms' settings binding by binding (gin's rule: the last
 binding of a setting counts); it cannot remove one. Every binding outside ``bench.*`` reaches the
@@ -272,7 +275,7 @@ def load_suite(files: Sequence[str], bindings: Sequence[str] = ()) -> Suite:
   suite = Suite()
   statements = list(_binding_statements(files, bindings))
   settings = _run_settings(statements)
-  common = settings.pop("", [])
+  common = list(settings.pop("", {}).values())
   for binding in common:
     if any(placeholder in binding for placeholder in PLACEHOLDERS.values()):
       raise ValueError(f"{binding.split(' =')[0]} is bound to %B_STAR or %TWO_B_STAR outside an "
@@ -281,25 +284,45 @@ def load_suite(files: Sequence[str], bindings: Sequence[str] = ()) -> Suite:
   def own(arm: Optional[Arm]) -> Optional[Arm]:
     if arm is None or not arm.scope:
       return arm
-    return dataclasses.replace(arm, gin_bindings=[*arm.gin_bindings, *settings.get(arm.scope, [])])
+    return dataclasses.replace(arm, gin_bindings=[*arm.gin_bindings,
+                                                  *_scope_settings(settings, arm.scope)])
   arms = [own(arm) for arm in suite.arms]
   scaling_arm = own(suite.scaling_arm)
   # An arm the suite does not run (an included suite's) may keep its settings; a scope that
-  # configures no arm at all is a typo.
+  # configures no arm at all, itself or nested in it, is a typo.
   arm_scopes = {s.scope for s in statements if s.selector == "bench.Arm"}
-  orphans = sorted(set(settings) - arm_scopes - {a.scope for a in [*arms, scaling_arm] if a})
+  arm_scopes |= {a.scope for a in [*arms, scaling_arm] if a}
+  used = {prefix for arm_scope in arm_scopes for prefix in _scope_prefixes(arm_scope)}
+  orphans = sorted(set(settings) - used)
   if orphans:
     scope = orphans[0]
-    raise ValueError(f"{settings[scope][0].split(' =')[0]} is bound in scope {scope!r}, but no "
-                     f"arm is built in that scope (arms: "
+    raise ValueError(f"{next(iter(settings[scope]))} is bound in scope {scope!r}, but no arm is "
+                     f"built in that scope or one nested in it (arms: "
                      f"{', '.join(f'@{a.scope}/bench.Arm()' for a in arms if a.scope)})")
   return dataclasses.replace(suite, arms=arms, scaling_arm=scaling_arm,
                              common_bindings=[*suite.common_bindings, *common])
 
 
-def _run_settings(statements: Sequence[config_parser.BindingStatement]) -> Dict[str, List[str]]:
+def _scope_prefixes(scope: str) -> List[str]:
+  """The gin scopes whose bindings an arm built in ``scope`` takes, outermost first:
+  'codistill/long' -> ['codistill', 'codistill/long']."""
+  parts = scope.split("/")
+  return ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _scope_settings(settings: Mapping[str, Mapping[str, str]], scope: str) -> List[str]:
+  """An arm's own library settings: those of each scope it is nested in, outermost first, an
+  inner scope's binding of a setting replacing the outer one's in place (gin's rule)."""
+  merged: Dict[str, str] = {}
+  for prefix in _scope_prefixes(scope):
+    merged.update(settings.get(prefix, {}))
+  return list(merged.values())
+
+
+def _run_settings(statements: Sequence[config_parser.BindingStatement]
+                  ) -> Dict[str, Dict[str, str]]:
   """The library settings a suite's binding ``statements`` give its runs, as bindings:
-  {scope: ["selector.name = value", ...]} ('' for every arm), in the order first written; a
+  {scope: {setting: "selector.name = value"}} ('' for every arm), in the order first written; a
   later binding of a setting replaces its value in place (gin's rule: the last one counts)."""
   settings: Dict[str, Dict[str, str]] = {}
   for statement in statements:
@@ -307,7 +330,7 @@ def _run_settings(statements: Sequence[config_parser.BindingStatement]) -> Dict[
       continue
     key = ".".join(filter(None, (statement.selector, statement.arg_name)))
     settings.setdefault(statement.scope, {})[key] = f"{key} = {statement.value!r}"
-  return {scope: list(values.values()) for scope, values in settings.items()}
+  return settings
 
 
 class _AsWritten:

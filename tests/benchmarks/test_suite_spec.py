@@ -70,8 +70,8 @@ def test_a_later_binding_replaces_a_setting_where_it_was_first_written(tmp_path)
 def test_settings_in_a_scope_that_builds_no_arm_are_refused_naming_them(tmp_path):
   text = SUITE + "codistil/tfc.Distillation.alpha = 0.5\n"
   with pytest.raises(ValueError, match=r"tfc\.Distillation\.alpha is bound in scope "
-                                       r"'codistil', but no arm is built in that scope "
-                                       r"\(arms: @base/bench"):
+                                       r"'codistil', but no arm is built in that scope or "
+                                       r"one nested in it \(arms: @base/bench"):
     spec.load_suite([_suite_file(tmp_path, text)])
 
 
@@ -79,6 +79,38 @@ def test_an_arm_the_suite_does_not_run_may_keep_its_settings(tmp_path):
   text = SUITE + "spare/bench.Arm.name = 'spare'\nspare/tfc.Distillation.alpha = 0.5\n"
   suite = spec.load_suite([_suite_file(tmp_path, text)])
   assert [arm.name for arm in suite.arms] == ["base", "codistill"]
+
+
+def test_an_arm_nested_in_a_scope_takes_its_settings_and_replaces_them_with_its_own(tmp_path):
+  arms = "@codistill/bench.Arm(), @codistill/same/bench.Arm(), @template/h50/bench.Arm()]"
+  text = SUITE.replace("@codistill/bench.Arm()]", arms) + """
+codistill/same/bench.Arm.name = 'codistill_same'
+codistill/same/tfc.Data.split = 'same'
+codistill/same/tfc.Distillation.alpha = 0.5
+template/tfc.Exchange.publish_every_steps = 500
+template/bench.Arm.num_groups = 2
+template/h50/bench.Arm.name = 'h50'
+template/h50/tfc.Exchange.publish_every_steps = 50
+"""
+  suite = spec.load_suite([_suite_file(tmp_path, text)])
+  codistill, same, h50 = suite.arms[1:]
+  # Its parent's settings in their places, its own value replacing the parent's in place, then
+  # its own new settings; the Arm fields nest by gin's own scoping.
+  assert same.gin_bindings == ["tfc.Data.batch_size = {2B*}",
+                               "trainer.train.exchange = @tfc.Exchange",
+                               "tfc.Exchange.publish_every_steps = 50",
+                               "tfc.Data.split = 'same'", "tfc.Distillation.alpha = 0.5"]
+  assert (same.name, same.num_groups, same.scope) == ("codistill_same", 2, "codistill/same")
+  assert codistill.gin_bindings[-1] == "tfc.Data.split = 'disjoint'"  # the parent is unchanged
+  # A scope that builds no arm itself (a template) configures the arms nested in it.
+  assert (h50.gin_bindings, h50.num_groups) == (["tfc.Exchange.publish_every_steps = 50"], 2)
+
+
+def test_settings_in_a_scope_no_arm_is_built_in_or_nested_in_are_refused(tmp_path):
+  text = SUITE + "template/tfc.Distillation.alpha = 0.5\nother/h50/tfc.Distillation.alpha = 0.1\n"
+  with pytest.raises(ValueError, match=r"tfc\.Distillation\.alpha is bound in scope 'other/h50'"
+                                       r", but no arm is built in that scope or one nested in it"):
+    spec.load_suite([_suite_file(tmp_path, text)])
 
 
 def test_b_star_outside_an_arm_scope_is_refused(tmp_path):

@@ -114,8 +114,8 @@ class ExchangeHooks:
       self.publisher.drain()
 
   def statistics(self) -> Dict[str, Any]:
-    """Teacher loads (in all and per peer group) and rejections, publishes and their failures, the first teachers' wait,
-    averaging rounds."""
+    """Teacher loads (in all and per peer group) and rejections, publishes and their failures,
+    the first teachers' wait, averaging rounds."""
     stats: Dict[str, Any] = {}
     if self.averaging is not None:
       stats["averaging_rounds"] = self.averaging.statistics()

@@ -50,24 +50,46 @@ def average_teacher_target(teacher_logits: tf.Tensor, weights: tf.Tensor, *, out
 
 
 def distillation_loss(student_logits: tf.Tensor, target: tf.Tensor, *, output: str,
-                      kind: str = "xent", temperature: float = 1.0) -> tf.Tensor:
+                      kind: str = "xent", temperature: float = 1.0,
+                      sample_weight: Optional[tf.Tensor] = None) -> tf.Tensor:
   """Distillation term D(student, teachers' average) as a scalar.
 
   ``xent``: cross-entropy of the student's tempered distribution against the averaged teacher
   probabilities, scaled by temperature**2 so gradient magnitudes do not shrink with the
   temperature (Hinton et al. 2015). ``mse_logits``: mean squared error to the averaged logits.
+  ``sample_weight`` (per example, or per token of a sequence) weighs each item's term as Keras
+  weighs the task loss: the weighted sum over the items' count, so an item of weight 0 (a padded
+  token) is pulled toward no teacher.
   """
   _check("kind", kind, DISTILL_KINDS)
   _check("output", output, OUTPUTS)
   target = tf.stop_gradient(tf.cast(target, student_logits.dtype))
   if kind == "mse_logits":
-    return tf.reduce_mean(tf.math.squared_difference(student_logits, target))
-  scaled = student_logits / temperature
-  if output == "sigmoid":
-    per_item = tf.nn.sigmoid_cross_entropy_with_logits(labels=target, logits=scaled)
+    per_item = tf.reduce_mean(tf.math.squared_difference(student_logits, target), axis=-1)
+    scale = 1.0
   else:
-    per_item = tf.nn.softmax_cross_entropy_with_logits(labels=target, logits=scaled, axis=-1)
-  return tf.reduce_mean(per_item) * (temperature**2)
+    scaled = student_logits / temperature
+    scale = temperature**2
+    if output == "sigmoid":
+      per_item = tf.nn.sigmoid_cross_entropy_with_logits(labels=target, logits=scaled)
+    else:
+      per_item = tf.nn.softmax_cross_entropy_with_logits(labels=target, logits=scaled, axis=-1)
+  if sample_weight is None:
+    return tf.reduce_mean(per_item) * scale
+  weighted = per_item * _like_items(tf.cast(sample_weight, per_item.dtype), per_item.shape.rank)
+  return tf.reduce_sum(weighted) / tf.cast(tf.size(weighted), per_item.dtype) * scale
+
+
+def _like_items(weight: tf.Tensor, rank: Optional[int]) -> tf.Tensor:
+  """``weight`` with the items' rank (as Keras matches sample weights to losses): trailing
+  axes of size 1 dropped or added, so a weight per example covers its tokens or outputs."""
+  if rank is None or weight.shape.rank is None:
+    return weight
+  while weight.shape.rank > rank and weight.shape[-1] == 1:
+    weight = tf.squeeze(weight, -1)
+  while weight.shape.rank < rank:
+    weight = weight[..., tf.newaxis]
+  return weight
 
 
 @gin.configurable(module="tfc")
@@ -115,9 +137,12 @@ class Distillation:
     return average_teacher_target(teacher_logits, weights, output=output, kind=self.kind,
                                   temperature=self.temperature)
 
-  def loss(self, student_logits: tf.Tensor, target: tf.Tensor, output: str) -> tf.Tensor:
-    """The term (unweighted) of ``student_logits`` toward ``target``."""
+  def loss(self, student_logits: tf.Tensor, target: tf.Tensor, output: str,
+           sample_weight: Optional[tf.Tensor] = None) -> tf.Tensor:
+    """The term (before alpha) of ``student_logits`` toward ``target``, each item weighed by
+    ``sample_weight`` where given."""
     return distillation_loss(student_logits, target, output=output, kind=self.kind,
+                             sample_weight=sample_weight,
                              temperature=self.temperature)
 
 

@@ -66,6 +66,35 @@ def test_mse_logits_value():
   assert loss.numpy() == pytest.approx((1.0 + 4.0) / 2)
 
 
+@pytest.mark.parametrize("output, kind", [("sigmoid", "xent"), ("softmax", "xent"),
+                                          ("softmax", "mse_logits")])
+def test_sample_weights_weigh_each_items_term_as_keras_weighs_the_task_loss(output, kind):
+  rng = np.random.default_rng(0)
+  # 4 sequences of 3 tokens over 5 classes (sigmoid: one output per token).
+  width = 1 if output == "sigmoid" else 5
+  z = tf.constant(rng.normal(size=(4, 3, width)), tf.float32)
+  t = rng.uniform(size=(4, 3, width)).astype("float32")
+  target = tf.constant(t if output == "sigmoid" else t / t.sum(-1, keepdims=True))
+
+  def term(weight=None):
+    return float(losses.distillation_loss(z, target, output=output, kind=kind, temperature=2.0,
+                                          sample_weight=weight))
+  unweighted = term()
+  assert term(tf.ones([4])) == pytest.approx(unweighted, rel=1e-6)
+  # Keras' rule: the weighted sum over the number of items; weight 0 drops an item's pull.
+  per_token = np.array([[1, 1, 0], [1, 0, 0], [0, 0, 0], [2, 1, 1]], "float32")
+  items = np.array([[float(losses.distillation_loss(  # each item's own term, alone
+      z[b:b + 1, i:i + 1], target[b:b + 1, i:i + 1], output=output, kind=kind, temperature=2.0))
+                     for i in range(3)] for b in range(4)])
+  assert term(tf.constant(per_token)) == pytest.approx((items * per_token).sum() / 12, rel=1e-5)
+  # A weight per sequence covers its tokens, as a (batch,) or (batch, 1) tensor.
+  per_sequence = np.array([0, 1, 2, 0], "float32")
+  want = (items * per_sequence[:, None]).sum() / 12
+  assert term(tf.constant(per_sequence)) == pytest.approx(want, rel=1e-5)
+  assert term(tf.constant(per_sequence[:, None])) == pytest.approx(want, rel=1e-5)
+  assert term(tf.zeros([4])) == 0.0
+
+
 def test_distillation_gradient_is_student_prob_minus_target_and_stops_at_target():
   z = tf.Variable([[0.3], [-1.2]])
   q = tf.Variable([[0.9], [0.1]])

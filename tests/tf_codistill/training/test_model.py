@@ -268,6 +268,29 @@ def test_the_distill_term_is_the_loss_toward_the_teachers_target_and_zero_when_o
   assert float(term(x, logits, tf.constant(0.0))) == 0.0
 
 
+def test_sample_weights_weigh_the_distillation_term_as_they_weigh_the_task_loss():
+  # A padded example (weight 0) is pulled toward no teacher; doubling every weight doubles both
+  # terms, as Keras does for the task loss.
+  x, y = next(iter(_data(32, 32)))
+
+  def one_step(weight):
+    model = _with_loaded_teacher()
+    model.set_teacher_weights(0, _functional(seed=7).get_weights(), step=0)
+    logs = model.train_on_batch(x, y, sample_weight=weight, return_dict=True)
+    return logs, model.student.get_weights()
+  ones, _ = one_step(np.ones(32, "float32"))
+  twos, _ = one_step(np.full(32, 2.0, "float32"))
+  zeros, weights = one_step(np.zeros(32, "float32"))
+  assert ones["distill_loss"] > 0 and zeros["distill_loss"] == 0.0
+  assert twos["distill_loss"] == pytest.approx(2 * ones["distill_loss"], rel=1e-5)
+  # The task loss holds the student's L2 penalty, which no sample weight scales.
+  penalty = zeros["task_loss"]
+  assert twos["task_loss"] - penalty == pytest.approx(2 * (ones["task_loss"] - penalty), rel=1e-5)
+  untrained = _with_loaded_teacher()
+  for after, before in zip(weights, untrained.student.get_weights()):  # only the L2 penalty
+    np.testing.assert_allclose(after, before, atol=1e-3)
+
+
 def test_a_step_with_a_loaded_teacher_compiles_under_xla():
   # Both branches of the teachers' cond give a target of the logits' shape, as XLA requires.
   model = CodistillModel(_functional(), 1,

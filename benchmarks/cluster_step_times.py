@@ -464,12 +464,11 @@ def goals(groups: Dict[str, dict]) -> Dict[str, dict]:
   medians = refresh[worst].get("process_medians")
   out["refresh_throughput_loss"] = (losses[worst], [1.0 - high, 1.0 - low],
                                     None if medians is None else [1.0 - m for m in medians])
-  verdicts = {}
-  for name, (value, interval, launch_values) in out.items():
-    op, threshold = GOALS[name]
-    met = value >= threshold if op == ">=" else value <= threshold
-    verdicts[name] = {"value": value, "threshold": [op, threshold], "interval90": interval,
-                      "launch_values": launch_values, "met": bool(met)}
+  met = registry.verdicts({name: value for name, (value, _, _) in out.items()},
+                          {name: GOALS[name] for name in out})
+  verdicts = {name: {**met[name], "value": value, "interval90": interval,
+                     "launch_values": launch_values}
+              for name, (value, interval, launch_values) in out.items()}
   verdicts["refresh_throughput_loss"]["group"] = worst
   return verdicts
 

@@ -369,9 +369,8 @@ def measure_comm(ctx: registry.Context, rounds: int = 2, train_steps: int = 300,
       "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
       "bytes": table, "cluster_throughput": throughput, "publish_formats": lean,
       "goals": goals,
-      "goal_verdicts": {name: {"threshold": [">=", GOAL], "met": value is not None
-                               and value >= GOAL}
-                        for name, value in goals.items() if name.startswith("codistill_traffic")},
+      "goal_verdicts": registry.verdicts(goals, {name: (">=", GOAL) for name in goals
+                                                 if name.startswith("codistill_traffic")}),
       "codistill_traffic_reduction_by_model": {
           name: entry["reduction_at_default_interval"] for name, entry in table.items()},
   }

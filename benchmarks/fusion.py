@@ -255,9 +255,10 @@ def _goals(ratios: Dict[str, dict]) -> dict:
   return {"best_fusion_arm": best_key, "best_fusion_speedup_best_rounds": best_rounds,
           "best_fusion_speedup_by_model": by_model,
           "goals": {"best_fusion_speedup": best, "models_with_fusion_speedup": count},
-          "goal_verdicts": {"best_fusion_speedup": {"threshold": [">=", GOAL], "met": best >= GOAL},
-                            "models_with_fusion_speedup": {"threshold": [">=", GOAL_MODELS],
-                                                           "met": count >= GOAL_MODELS}}}
+          "goal_verdicts": registry.verdicts(
+              {"best_fusion_speedup": best, "models_with_fusion_speedup": count},
+              {"best_fusion_speedup": (">=", GOAL),
+               "models_with_fusion_speedup": (">=", GOAL_MODELS)})}
 
 
 def _step_time_table(summary: dict) -> List[str]:

@@ -139,11 +139,11 @@ def _goals(results: Dict[str, Dict]) -> tuple:
                                           / results["tsv"]["examples_per_cpu_second"])
     goals["parquet_over_tsv"] = (results["parquet"]["examples_per_sec"]
                                  / results["tsv"]["examples_per_sec"])
-  thresholds = {"parquet_over_tsv_per_core": GOAL}  # Parquet within 2x of TSV per core
+  thresholds = {"parquet_over_tsv_per_core": (">=", GOAL)}  # Parquet within 2x of TSV per core
   if "token_lm" in results:
     goals["token_pipeline_over_training_per_core"] = (
         results["token_lm"]["pipeline_over_training_per_core"])
-    thresholds["token_pipeline_over_training_per_core"] = TOKEN_GOAL
+    thresholds["token_pipeline_over_training_per_core"] = (">=", TOKEN_GOAL)
   return goals, thresholds
 
 
@@ -173,9 +173,7 @@ def measure_throughput(ctx: registry.Context, num_rows: int = 200_000, num_files
   summary = {
       "suite": "parse_throughput",
       "goals": goals,
-      "goal_verdicts": {name: {"threshold": [">=", thresholds[name]],
-                               "met": value >= thresholds[name]}
-                        for name, value in goals.items() if name in thresholds},
+      "goal_verdicts": registry.verdicts(goals, thresholds),
       "num_rows": num_rows,
       "num_files": num_files,
       "batch_size": batch_size,

@@ -40,6 +40,7 @@ from absl import logging
 import tf_codistill as tfc
 from benchmarks import machine
 from benchmarks import protocol
+from benchmarks import registry
 from benchmarks import reuse
 from benchmarks import suite_spec as spec
 from tf_codistill import layout
@@ -877,28 +878,9 @@ def summarize(suite: spec.Suite, paths: spec.RunPaths,
           "target_loss": target, "target_from_arm": suite.target_from_arm,
           "target_rule": suite.target_rule, "sync_arms": list(suite.sync_arms),
           "protocol": protocol_record, "arms": arms, "goals": goals, "goal_spreads": spreads,
-          "goal_verdicts": verdicts(goals, suite.goal_thresholds),
+          "goal_verdicts": registry.verdicts(goals, suite.goal_thresholds),
           "churn_at_matched_loss": protocol.churn_at_matched_loss(
               {n: (a.get("churn") or {}).get("curves", []) for n, a in arms.items()})}
-
-
-def verdicts(goals: Mapping[str, Optional[float]], thresholds: Mapping[str, Sequence]
-             ) -> Dict[str, dict]:
-  """Per goal with a threshold ``(op, value)`` or ``(op, value, bound)``: met when the value
-  passes and, with a bound, its whole ``<goal>_interval`` lies beyond the bound (below it for
-  ``<``/``<=``, above for ``>``/``>=``). A goal whose value (or needed interval) is missing, a
-  target never reached, churn not measured, is missed, never left blank."""
-  out = {}
-  for name, (op, threshold, *bound) in thresholds.items():
-    value, interval = goals.get(name), goals.get(f"{name}_interval")
-    met = value is not None and spec.OPS[op](value, threshold)
-    if bound:
-      below = op.startswith("<")
-      end = (interval or [None, None])[1 if below else 0]
-      met = met and end is not None and (end < bound[0] if below else end > bound[0])
-    out[name] = {"threshold": [op, threshold, *bound], "met": bool(met),
-                 "missing": value is None or (bool(bound) and not interval)}
-  return out
 
 
 def prepare(suite: spec.Suite, paths: spec.RunPaths, data: Sequence[str],

@@ -30,6 +30,7 @@ import tf_codistill as tfc
 
 # Imported for its gin configurables: the goal figures a Suite binds.
 from benchmarks import goal_figures  # noqa: F401  # pylint: disable=unused-import
+from benchmarks import registry
 from tf_codistill import layout
 from tf_codistill import losses
 from tf_codistill.launch import gin_config
@@ -44,8 +45,6 @@ CORPORA = {"debian_english": ("english", {"bad_lines": "skip"}),
            "debian_kernel": ("kernel", {"bad_lines": "skip", "sample_fraction": 0.25})}
 LOSS_KEY = "val_logloss"  # the default Suite.loss_key (CTR)
 TARGET_RULES = ("final", "best_sync")
-OPS = {"<=": lambda a, b: a <= b, "<": lambda a, b: a < b, ">=": lambda a, b: a >= b,
-       ">": lambda a, b: a > b}  # the comparisons of goal thresholds
 TUNING_DIR = "tuning"  # results_dir/runs/tuning/<tuning_name>/lr_<value>/: tuning runs
 # What %B_STAR and %TWO_B_STAR become in an arm's bindings: the runner puts B* and 2B* there.
 PLACEHOLDERS = {"B_STAR": "{B*}", "TWO_B_STAR": "{2B*}"}
@@ -242,9 +241,10 @@ class Suite:
     for goal, threshold in self.goal_thresholds.items():
       if goal not in self.goals:
         raise ValueError(f"suite {self.name!r}: goal_thresholds names unknown goal {goal!r}")
-      if threshold[0] not in OPS or len(threshold) not in (2, 3):
+      if threshold[0] not in registry.OPS or len(threshold) not in (2, 3):
         raise ValueError(f"suite {self.name!r}: goal_thresholds[{goal!r}]={threshold!r} is not "
-                         f"(op, value) or (op, value, interval bound) with op in {list(OPS)}")
+                         f"(op, value) or (op, value, interval bound) with op in "
+                         f"{list(registry.OPS)}")
     if TUNING_DIR in names:
       raise ValueError(f"suite {self.name!r}: {TUNING_DIR!r} is reserved for tuning runs")
     tuned = [a.name for a in self.arms if a.tune_learning_rate]

@@ -278,10 +278,10 @@ def measure_overhead(ctx: registry.Context, batch_size: int = 512, num_buckets: 
   values = {goal: summary["ratios"][ratio] for goal, ratio in GOAL_RATIOS.items()}
   summary["goals"] = {name: v["median"] for name, v in values.items()}
   summary["goal_ratios"] = GOAL_RATIOS
-  summary["goal_verdicts"] = {
-      name: {"threshold": list(GOALS[name]), "interval90": v["interval90"],
-             "process_medians": v["process_medians"], "met": bool(v["median"] >= GOALS[name][1])}
-      for name, v in values.items()}
+  verdicts = registry.verdicts(summary["goals"], GOALS)
+  summary["goal_verdicts"] = {name: {**verdicts[name], "interval90": v["interval90"],
+                                     "process_medians": v["process_medians"]}
+                              for name, v in values.items()}
   ctx.progress("\n".join(_tables(summary)))
   return summary
 

@@ -67,6 +67,7 @@ from benchmarks import models
 from benchmarks import registry
 from benchmarks import standalone
 from benchmarks import step_times
+from benchmarks import verdicts
 from tf_codistill import step_hooks
 from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import directory as exchange
@@ -464,13 +465,13 @@ def goals(groups: Dict[str, dict]) -> Dict[str, dict]:
   medians = refresh[worst].get("process_medians")
   out["refresh_throughput_loss"] = (losses[worst], [1.0 - high, 1.0 - low],
                                     None if medians is None else [1.0 - m for m in medians])
-  met = registry.verdicts({name: value for name, (value, _, _) in out.items()},
+  met = verdicts.judge({name: value for name, (value, _, _) in out.items()},
                           {name: GOALS[name] for name in out})
-  verdicts = {name: {**met[name], "value": value, "interval90": interval,
-                     "launch_values": launch_values}
-              for name, (value, interval, launch_values) in out.items()}
-  verdicts["refresh_throughput_loss"]["group"] = worst
-  return verdicts
+  judged = {name: {**met[name], "value": value, "interval90": interval,
+                   "launch_values": launch_values}
+            for name, (value, interval, launch_values) in out.items()}
+  judged["refresh_throughput_loss"]["group"] = worst
+  return judged
 
 
 def _check(groups: Sequence[str], launches: int, window_pairs: int, loader_nice: int,
@@ -545,9 +546,9 @@ def summarize_groups(records: Dict[str, List[dict]], settings: dict, launches: i
   groups = {group: {**summarize([r["part"] for r in runs]),
                     "launch_records": [{key: r.get(key) for key in LAUNCH_RECORD} for r in runs]}
             for group, runs in records.items()}
-  verdicts = goals(groups)
-  return {"groups": groups, "goals": {k: v["value"] for k, v in verdicts.items()},
-          "goal_verdicts": verdicts, "config": {**settings, "launches": launches},
+  judged = goals(groups)
+  return {"groups": groups, "goals": {k: v["value"] for k, v in judged.items()},
+          "goal_verdicts": judged, "config": {**settings, "launches": launches},
           "harness": "per-step times inside one fit, arms interleaved, mean step time ratios, "
                      "launches pooled (intervals resample launches); refresh windows "
                      "alternating inside one fit of the refreshing arm"}

@@ -35,6 +35,7 @@ from benchmarks import models as bench_models
 from benchmarks import registry
 from benchmarks import standalone
 from benchmarks import traffic
+from benchmarks import verdicts
 
 # name -> (allreduce dtype, bytes_per_pack)
 VARIANTS = {"plain": ("float32", 1), "packed": ("float32", 0), "float16": ("float16", 0),
@@ -369,7 +370,7 @@ def measure_comm(ctx: registry.Context, rounds: int = 2, train_steps: int = 300,
       "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
       "bytes": table, "cluster_throughput": throughput, "publish_formats": lean,
       "goals": goals,
-      "goal_verdicts": registry.verdicts(goals, {name: (">=", GOAL) for name in goals
+      "goal_verdicts": verdicts.judge(goals, {name: (">=", GOAL) for name in goals
                                                  if name.startswith("codistill_traffic")}),
       "codistill_traffic_reduction_by_model": {
           name: entry["reduction_at_default_interval"] for name, entry in table.items()},

@@ -42,6 +42,7 @@ from benchmarks import machine
 from benchmarks import registry
 from benchmarks import standalone
 from benchmarks import step_times
+from benchmarks import verdicts
 from benchmarks.models import MODELS
 from benchmarks.models import NO_JIT
 from benchmarks.models import Arm
@@ -255,7 +256,7 @@ def _goals(ratios: Dict[str, dict]) -> dict:
   return {"best_fusion_arm": best_key, "best_fusion_speedup_best_rounds": best_rounds,
           "best_fusion_speedup_by_model": by_model,
           "goals": {"best_fusion_speedup": best, "models_with_fusion_speedup": count},
-          "goal_verdicts": registry.verdicts(
+          "goal_verdicts": verdicts.judge(
               {"best_fusion_speedup": best, "models_with_fusion_speedup": count},
               {"best_fusion_speedup": (">=", GOAL),
                "models_with_fusion_speedup": (">=", GOAL_MODELS)})}

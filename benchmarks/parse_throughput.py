@@ -39,6 +39,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from benchmarks import registry
+from benchmarks import verdicts
 from data_pipelines import corpus
 from data_pipelines import criteo
 from data_pipelines import make_criteo_like
@@ -173,7 +174,7 @@ def measure_throughput(ctx: registry.Context, num_rows: int = 200_000, num_files
   summary = {
       "suite": "parse_throughput",
       "goals": goals,
-      "goal_verdicts": registry.verdicts(goals, thresholds),
+      "goal_verdicts": verdicts.judge(goals, thresholds),
       "num_rows": num_rows,
       "num_files": num_files,
       "batch_size": batch_size,

@@ -17,16 +17,13 @@ import importlib
 import json
 import os
 import sys
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import machine
 
 BENCHMARKS_DIR = os.path.dirname(os.path.abspath(__file__))
 SUITES_DIR = os.path.join(BENCHMARKS_DIR, "suites")
 RESULTS_DIR = os.path.join(BENCHMARKS_DIR, "results")
-
-OPS = {"<=": lambda a, b: a <= b, "<": lambda a, b: a < b, ">=": lambda a, b: a >= b,
-       ">": lambda a, b: a > b}  # the comparisons of goal thresholds
 
 # name -> the module that defines it (imported only when that benchmark runs).
 MODULES: Dict[str, str] = {
@@ -148,22 +145,3 @@ def command(name: str, bindings: List[str] = (), python: str = sys.executable,
           + ([f"--results_dir={results_dir}"] if results_dir else [])
           + ([f"--work_dir={work_dir}"] if work_dir else [])
           + [f"--gin_bindings={b}" for b in bindings])
-
-
-def verdicts(goals: Mapping[str, Optional[float]], thresholds: Mapping[str, Sequence]
-             ) -> Dict[str, dict]:
-  """Per goal with a threshold ``(op, value)`` or ``(op, value, bound)``: met when the value
-  passes and, with a bound, its whole ``<goal>_interval`` lies beyond the bound (below it for
-  ``<``/``<=``, above for ``>``/``>=``). A goal whose value (or needed interval) is missing, a
-  target never reached, churn not measured, is missed, never left blank."""
-  out = {}
-  for name, (op, threshold, *bound) in thresholds.items():
-    value, interval = goals.get(name), goals.get(f"{name}_interval")
-    met = value is not None and OPS[op](value, threshold)
-    if bound:
-      below = op.startswith("<")
-      end = (interval or [None, None])[1 if below else 0]
-      met = met and end is not None and (end < bound[0] if below else end > bound[0])
-    out[name] = {"threshold": [op, threshold, *bound], "met": bool(met),
-                 "missing": value is None or (bool(bound) and not interval)}
-  return out

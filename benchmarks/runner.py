@@ -40,9 +40,9 @@ from absl import logging
 import tf_codistill as tfc
 from benchmarks import machine
 from benchmarks import protocol
-from benchmarks import registry
 from benchmarks import reuse
 from benchmarks import suite_spec as spec
+from benchmarks import verdicts
 from tf_codistill import layout
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.launch import demo
@@ -878,7 +878,7 @@ def summarize(suite: spec.Suite, paths: spec.RunPaths,
           "target_loss": target, "target_from_arm": suite.target_from_arm,
           "target_rule": suite.target_rule, "sync_arms": list(suite.sync_arms),
           "protocol": protocol_record, "arms": arms, "goals": goals, "goal_spreads": spreads,
-          "goal_verdicts": registry.verdicts(goals, suite.goal_thresholds),
+          "goal_verdicts": verdicts.judge(goals, suite.goal_thresholds),
           "churn_at_matched_loss": protocol.churn_at_matched_loss(
               {n: (a.get("churn") or {}).get("curves", []) for n, a in arms.items()})}
 

@@ -30,7 +30,7 @@ import tf_codistill as tfc
 
 # Imported for its gin configurables: the goal figures a Suite binds.
 from benchmarks import goal_figures  # noqa: F401  # pylint: disable=unused-import
-from benchmarks import registry
+from benchmarks import verdicts
 from tf_codistill import layout
 from tf_codistill import losses
 from tf_codistill.launch import gin_config
@@ -241,10 +241,10 @@ class Suite:
     for goal, threshold in self.goal_thresholds.items():
       if goal not in self.goals:
         raise ValueError(f"suite {self.name!r}: goal_thresholds names unknown goal {goal!r}")
-      if threshold[0] not in registry.OPS or len(threshold) not in (2, 3):
+      if threshold[0] not in verdicts.OPS or len(threshold) not in (2, 3):
         raise ValueError(f"suite {self.name!r}: goal_thresholds[{goal!r}]={threshold!r} is not "
                          f"(op, value) or (op, value, interval bound) with op in "
-                         f"{list(registry.OPS)}")
+                         f"{list(verdicts.OPS)}")
     if TUNING_DIR in names:
       raise ValueError(f"suite {self.name!r}: {TUNING_DIR!r} is reserved for tuning runs")
     tuned = [a.name for a in self.arms if a.tune_learning_rate]

@@ -43,6 +43,7 @@ import tf_codistill as tfc
 from benchmarks import models
 from benchmarks import registry
 from benchmarks import step_times
+from benchmarks import verdicts
 from tf_codistill.models import ctr
 from tf_codistill.teachers import quantization
 
@@ -278,8 +279,8 @@ def measure_overhead(ctx: registry.Context, batch_size: int = 512, num_buckets: 
   values = {goal: summary["ratios"][ratio] for goal, ratio in GOAL_RATIOS.items()}
   summary["goals"] = {name: v["median"] for name, v in values.items()}
   summary["goal_ratios"] = GOAL_RATIOS
-  verdicts = registry.verdicts(summary["goals"], GOALS)
-  summary["goal_verdicts"] = {name: {**verdicts[name], "interval90": v["interval90"],
+  met = verdicts.judge(summary["goals"], GOALS)
+  summary["goal_verdicts"] = {name: {**met[name], "interval90": v["interval90"],
                                      "process_medians": v["process_medians"]}
                               for name, v in values.items()}
   ctx.progress("\n".join(_tables(summary)))

@@ -34,9 +34,9 @@ def _protocol_summary(data, minus_sync, interval, ratio, churn):
   thresholds = {"codistill_steps_ratio": ("<=", 0.7, 1.0),
                 "codistill_minus_best_sync_loss": ("<", 0.0, 0.0),
                 "churn_reduction": (">=", 0.3, 0.0)}
-  from benchmarks import registry
+  from benchmarks import verdicts
   return {"data": data, "target_rule": "best_sync", "goals": goals,
-          "goal_verdicts": registry.verdicts(goals, thresholds),
+          "goal_verdicts": verdicts.judge(goals, thresholds),
           "protocol": {"scaling": {"b_star": 256}}}
 
 

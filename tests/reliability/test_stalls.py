@@ -91,4 +91,5 @@ def test_a_stalled_group_out_of_restarts_fails_naming_the_setting(tmp_path, crit
   assert launch.wait(timeout=300) == 1
   assert "group 0 chief:0 made no step progress for 30 s (at step" in launch.stderr
   assert "--stall_timeout_s" in launch.stderr
+  assert "out of restarts (--max_restarts=0)" in launch.stderr
   assert [e["event"] for e in launcher.read_events(model_dir)][-2:] == ["stalled", "failed"]

@@ -9,12 +9,18 @@ logging is initialized, and such lines go to stderr whatever the level (abseil-c
 the import's stderr is read back and its lines below the level are dropped.
 """
 
+import faulthandler
 import os
 import re
+import signal
 import sys
 import tempfile
 
 from absl import flags
+
+# SIGUSR1 dumps every thread's stack (the launcher's stall watchdog asks a task for them), from
+# here on: a task still importing TensorFlow would otherwise be killed by the signal, unseen.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 DEFAULT_TF_LOG_LEVEL = "2"
 TF_LOG_LEVELS = ("0", "1", "2", "3")

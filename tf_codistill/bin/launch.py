@@ -1,5 +1,6 @@
 """tf-codistill-launch: runs n codistillation groups as processes on this machine."""
 
+import signal
 import sys
 
 from absl import app
@@ -81,9 +82,10 @@ def main(argv):
   except tfc.GroupFailedError as e:
     logging.error("%s", e)
     sys.exit(1)
-  except KeyboardInterrupt:
-    logging.error("interrupted: stopped every group")
-    sys.exit(130)
+  except KeyboardInterrupt as e:
+    signum = getattr(e, "signum", signal.SIGINT)  # Ctrl-C before the launcher's handler is set
+    logging.error("interrupted by %s: stopped every group", signal.Signals(signum).name)
+    sys.exit(128 + signum)
   for group, path in dirs.items():
     print(f"group {group}: {path}")
 

@@ -5,9 +5,6 @@ Exit statuses: 0 done; 2 configuration error, 3 bad input data, 4 non-finite los
 stderr says what to fix; the launcher does not restart these); anything else is a crash.
 """
 
-import faulthandler
-import signal
-
 from absl import app
 from absl import flags
 
@@ -41,7 +38,6 @@ def main(argv):
 
 def run():
   common.PROGRAM[0] = "tf-codistill-train"
-  faulthandler.register(signal.SIGUSR1, all_threads=True)
   app.run(main, flags_parser=common.parse_flags_or_exit)
 
 

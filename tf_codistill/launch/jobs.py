@@ -65,7 +65,8 @@ def launch_job(model_dir: str, num_groups: int = 2, *, gin_files: Sequence[str] 
                     teacher_graph=teacher_graph,
                     stall_timeout_s=launch_options.get("stall_timeout_s",
                                                        launcher.DEFAULT_STALL_TIMEOUT_S),
-                    pin_groups=bool(launch_options.get("pin_groups")))
+                    pin_groups=bool(launch_options.get("pin_groups")),
+                    groups=launch_options.get("groups"))
   return launcher.launch_groups(model_dir, num_groups, exchange_dir=exchange_dir,
                                 gin_files=[job.config_file], shape=job.shape, **launch_options)
 
@@ -75,7 +76,7 @@ def prepare_job(model_dir: str, num_groups: int, *, gin_files: Sequence[str] = (
                 strategy: Optional[str] = None, workers_per_group: Optional[int] = None,
                 ps_per_group: Optional[int] = None, teacher_graph: Optional[str] = None,
                 stall_timeout_s: float = launcher.DEFAULT_STALL_TIMEOUT_S,
-                pin_groups: bool = False) -> Job:
+                pin_groups: bool = False, groups: Optional[Sequence[int]] = None) -> Job:
   """Everything ``launch_job`` does before starting a process: parses and checks the
   configuration, binds the flags that override it, and writes it to ``model_dir/config.gin``
   (atomically, and only once every check passed), the one file its tasks parse."""
@@ -99,7 +100,7 @@ def prepare_job(model_dir: str, num_groups: int, *, gin_files: Sequence[str] = (
   _check_waits(train_config_lib.exchange_for(train_config, shared_exchange, 0, num_groups),
                stall_timeout_s)
   if pin_groups:
-    launcher.split_cpus(num_groups)
+    launcher.split_cpus(len(groups) if groups is not None else num_groups)
   for flag, directory in (("--model_dir", model_dir), ("--exchange_dir", shared_exchange)):
     exchange.check_writable(directory, flag)
   config_file = os.path.abspath(layout.job_config(model_dir))

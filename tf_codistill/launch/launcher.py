@@ -64,6 +64,7 @@ from tf_codistill.launch import isolation
 from tf_codistill.training import group as group_lib
 
 _GRACE_SECONDS = 10.0
+_KILL_WAIT_SECONDS = 10.0  # after SIGKILL, for the kernel to end a task
 DEFAULT_MAX_RESTARTS = 3
 _SYNC_WORKER_FINISH_SECONDS = 60.0
 SETTLE_S = 2.0  # tasks lost to one fault (a machine, a group killed) die within this of each other
@@ -75,6 +76,14 @@ FAILURE_POLICIES = ("stop_all", "continue")
 
 class GroupFailedError(RuntimeError):
   """A group failed for good (out of restarts)."""
+
+
+class Interrupted(KeyboardInterrupt):
+  """The launcher was stopped by ``signum`` (SIGINT, SIGTERM); every task was stopped."""
+
+  def __init__(self, signum: int):
+    super().__init__(f"signal {signal.Signals(signum).name}")
+    self.signum = signum
 
 
 def _ephemeral_ports() -> range:
@@ -159,17 +168,24 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 
 def stop_processes(procs: Sequence[subprocess.Popen], grace: float = _GRACE_SECONDS) -> None:
-  """SIGTERM every live process (and its children), SIGKILL what is left after ``grace``."""
-  for proc in procs:
-    if proc.poll() is None:
-      _signal_group(proc, signal.SIGTERM)
+  """SIGTERM every live process and its process group (its children), SIGKILL what is left of
+  those groups after ``grace``, the leaders that ended included (a child may outlive its task)."""
+  live = [proc for proc in procs if proc.poll() is None]
+  for proc in live:
+    _signal_group(proc, signal.SIGTERM)
   deadline = time.monotonic() + grace
-  for proc in procs:
+  for proc in live:
     try:
       proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-      _signal_group(proc, signal.SIGKILL)
-      proc.wait()
+      pass
+  for proc in live:
+    _signal_group(proc, signal.SIGKILL)
+    try:
+      proc.wait(timeout=_KILL_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:  # uninterruptible (a hung filesystem): not waited for
+      logging.error("pid %d did not end %.0f s after SIGKILL (in uninterruptible sleep?): "
+                    "left behind", proc.pid, _KILL_WAIT_SECONDS)
 
 
 def split_cpus(num_groups: int, cpus: Optional[Set[int]] = None) -> List[Set[int]]:
@@ -374,7 +390,7 @@ def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
   SIGTERM, or when a group fails under ``stop_all``, every process started is stopped."""
 
   def on_signal(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise Interrupted(signum)
 
   # Only the main thread may set handlers; a launch from another thread (benchmarks running
   # several at once) is stopped by its caller's process ending, or runs to its end.
@@ -394,7 +410,13 @@ def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
           if group.failed and on_group_failure == "stop_all":
             raise GroupFailedError(group.failed)
       time.sleep(poll_seconds)
+  except Interrupted as e:
+    if groups:
+      groups[0].events.write("interrupted", signal=signal.Signals(e.signum).name)
+    raise
   finally:
+    for s in previous:  # a second signal must not cut the clean-up short, orphaning tasks
+      signal.signal(s, signal.SIG_IGN)
     stop_processes([p for g in groups for p in g.procs.values()])
     for s, handler in previous.items():
       signal.signal(s, handler)
@@ -469,6 +491,10 @@ def _supervise(group: _Group, max_restarts: int) -> None:
   # of the right scope (not a worker's restart, then the group's for its chief, gone a bit later).
   # The cause named is a task seen dead first (the chief of a killed ps dies of it moments later).
   time.sleep(SETTLE_S)
+  if chief.poll() == 0:  # training ended meanwhile (a task died in its clean-up): finished
+    logging.warning("group %d: %s exited with %s as its chief finished", group.index,
+                    ", ".join(f"{t}:{k}" for (t, k), _ in first), _describe(first[0][1]))
+    return  # the next look takes the finished path
   dead = _dead_tasks(group)
   task, status = first[0]
   permanent = [(t, code) for t, code in dead if code in errors.PERMANENT_EXIT_CODES]
@@ -476,9 +502,6 @@ def _supervise(group: _Group, max_restarts: int) -> None:
     task, status = permanent[0]
     _fail(group, task, status, f"stopped on a {errors.PERMANENT_EXIT_CODES[status]} (exit status "
                                f"{status}), not restarted")
-    return
-  if group.restarts >= max_restarts:
-    _fail(group, task, status, f"exited with status {status}")
     return
   worker_only = (group.shape.strategy == "parameter_server"
                  and all(t[0] == "worker" for t, _ in dead))
@@ -498,7 +521,7 @@ def _restart(group: _Group, task: Tuple[str, int], status: int, what: str, max_r
   """Restarts ``workers`` alone (parameter-server workers) or the whole group, because ``task``
   ``what``; fails the group once it is out of restarts."""
   if group.restarts >= max_restarts:
-    _fail(group, task, status, what)
+    _fail(group, task, status, f"{what}; out of restarts (--max_restarts={max_restarts})")
     return
   group.restarts += 1
   group.events.write("restarted", group=group.index, task=task[0], index=task[1], status=status,
@@ -536,6 +559,8 @@ def _check_progress(group: _Group, stall_timeout_s: float, max_restarts: int) ->
     if proc.poll() is None:
       proc.send_signal(signal.SIGUSR1)  # tf-codistill-train dumps its stacks
   time.sleep(1.0)
+  if group.procs[("chief", 0)].poll() == 0:  # it ended meanwhile: finished, not stalled
+    return
   group.events.write("stalled", group=group.index, step=step, seconds=now - group.progress_at)
   _restart(group, ("chief", 0), STALLED_STATUS,
            f"made no step progress for {stall_timeout_s:.0f} s ({where}; --stall_timeout_s)",

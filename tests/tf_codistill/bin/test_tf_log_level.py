@@ -52,3 +52,20 @@ def test_absl_lines_below_the_level_are_dropped_with_their_continuation_lines():
   assert binaries.shown_lines(text, 3) == ""  # the Python line follows a hidden error: its tail
   assert binaries.shown_lines(text, 0) == text
   assert binaries.shown_lines("plain output\n", 3) == "plain output\n"
+
+
+def test_a_task_asked_for_its_stacks_while_importing_tensorflow_dumps_them_and_lives():
+  # The launcher's stall watchdog sends SIGUSR1; a task restarted seconds before may still be
+  # importing TensorFlow, which must not make the signal kill it.
+  code = ("import os, signal, sys, threading, time\n"
+          "def ask():\n"
+          "  while 'tensorflow' not in sys.modules:\n"
+          "    time.sleep(0.001)\n"
+          "  os.kill(os.getpid(), signal.SIGUSR1)\n"
+          "threading.Thread(target=ask, daemon=True).start()\n"
+          "import tf_codistill.bin\n"
+          "print('alive')\n")
+  done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0 and done.stdout.strip() == "alive", done.stderr[-2000:]
+  assert "Current thread" in done.stderr or "Thread 0x" in done.stderr, done.stderr[-2000:]

@@ -98,3 +98,15 @@ def test_a_binding_that_cannot_be_written_as_gin_text_is_refused_by_name():
   with pytest.raises(config.ConfigError,
                      match=r"trainer\.train\.learning_rate = <object .*> cannot be written"):
     config.config_text()
+
+
+def test_pinned_groups_need_a_cpu_for_each_group_run_here_not_for_each_of_the_job(tmp_path):
+  # --num_groups=<CPUs + 1> --groups=0 --pin_groups: the one group run here gets its CPUs.
+  num_groups = len(os.sched_getaffinity(0)) + 1
+  jobs.prepare_job(str(tmp_path / "one"), num_groups, gin_files=[_suite(tmp_path)],
+                   pin_groups=True, groups=[0])
+  gin.clear_config()
+  with pytest.raises(errors.ConfigurationError,
+                     match=rf"--pin_groups needs a CPU per group: {num_groups} groups"):
+    jobs.prepare_job(str(tmp_path / "all"), num_groups, gin_files=[_suite(tmp_path)],
+                     pin_groups=True)

@@ -4,9 +4,11 @@ flags."""
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 import types
 
 import gin
@@ -237,3 +239,104 @@ def test_tasks_that_die_moments_apart_cost_one_restart_of_their_group(tmp_path):
   finally:
     group.stop_all()
 
+
+
+def _sleeper_group(tmp_path, code: str, shape=None):
+  """A group of real processes running ``code`` (Python) in place of training."""
+  shape = shape or group_lib.Group(strategy="one_device", workers_per_group=0, ps_per_group=0)
+  events = launcher.EventLog(layout.launch_events(str(tmp_path)))
+  group = launcher._Group(0, 1, shape, str(tmp_path), str(tmp_path / "exchange"), [], [],
+                          set(), events)
+  group.command = [sys.executable, "-c", code]
+  return group
+
+
+def _wait_until(condition, timeout_s: float) -> None:
+  deadline = time.monotonic() + timeout_s
+  while not condition():
+    assert time.monotonic() < deadline, f"not within {timeout_s} s"
+    time.sleep(0.05)
+
+
+def _gone(pid: int) -> bool:
+  """Whether ``pid`` has ended (no process, or a zombie nobody reaped yet)."""
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+  except FileNotFoundError:
+    return True
+
+
+def test_a_task_that_dies_as_its_chief_finishes_costs_no_restart(tmp_path):
+  # A synchronous worker exits (killed) in its clean-up and the chief ends with status 0 a
+  # moment later, inside the settle window: the group finished, neither restarted nor failed.
+  shape = group_lib.Group(strategy="multi_worker_mirrored", workers_per_group=1, ps_per_group=0)
+  group = _sleeper_group(tmp_path, "import json, os, time; task = json.loads(os.environ["
+                         "'TF_CONFIG'])['task']['type']; time.sleep(1.0 if task == 'chief' "
+                         "else 120)", shape)
+  try:
+    group.start_all()
+    group.procs[("worker", 0)].kill()
+    group.procs[("worker", 0)].wait()
+    launcher._supervise(group, max_restarts=0)
+    assert not group.failed and group.restarts == 0 and not group.done
+    launcher._supervise(group, max_restarts=0)
+    assert group.done and not group.failed
+    events = [e["event"] for e in launcher.read_events(str(tmp_path))]
+    assert "restarted" not in events and "failed" not in events and events[-1] == "finished"
+  finally:
+    group.stop_all()
+
+
+def test_stopping_a_task_stops_the_children_it_leaves_behind(tmp_path):
+  # The task exits on SIGTERM; its child ignores SIGTERM: SIGKILL of the task's process group
+  # after the grace period still reaches the child.
+  child_pid = tmp_path / "child.pid"
+  code = (f"import os, signal, time\n"
+          f"if os.fork() == 0:\n"
+          f"  signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+          f"  open({str(child_pid)!r}, 'w').write(str(os.getpid()))\n"
+          f"  time.sleep(120)\n"
+          f"else:\n"
+          f"  time.sleep(120)\n")
+  proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+  _wait_until(lambda: child_pid.exists() and child_pid.read_text(), 30)
+  pid = int(child_pid.read_text())
+  launcher.stop_processes([proc], grace=0.5)
+  assert proc.poll() is not None
+  _wait_until(lambda: _gone(pid), 10)
+
+
+def test_a_second_signal_does_not_cut_the_clean_up_short(tmp_path):
+  # The launcher is sent SIGTERM twice, the second while it waits for a task that ignores
+  # SIGTERM: it still kills the task, records the interruption, and exits 128 + SIGTERM.
+  task_pid = tmp_path / "task.pid"
+  task = (f"import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+          f"open({str(task_pid)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
+  script = (f"import sys\n"
+            f"sys.path.insert(0, {REPO!r})\n"
+            f"from tf_codistill import layout\n"
+            f"from tf_codistill.launch import launcher\n"
+            f"from tf_codistill.training import group as group_lib\n"
+            f"shape = group_lib.Group('one_device', 0, 0)\n"
+            f"events = launcher.EventLog(layout.launch_events({str(tmp_path)!r}))\n"
+            f"group = launcher._Group(0, 1, shape, {str(tmp_path)!r}, {str(tmp_path)!r}, [], [],"
+            f" set(), events)\n"
+            f"group.command = [sys.executable, '-c', {task!r}]\n"
+            f"try:\n"
+            f"  launcher._run([group], 0, 'stop_all', 0.2)\n"
+            f"except launcher.Interrupted as e:\n"
+            f"  sys.exit(128 + e.signum)\n")
+  proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+  try:
+    _wait_until(lambda: task_pid.exists() and task_pid.read_text(), 60)
+    pid = int(task_pid.read_text())
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)  # the launcher now waits out the task's grace period
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert _gone(pid)
+    events = launcher.read_events(str(tmp_path))
+    assert {"event": "interrupted", "signal": "SIGTERM"}.items() <= events[-1].items()
+  finally:
+    proc.kill()

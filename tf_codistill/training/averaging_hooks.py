@@ -3,16 +3,19 @@
 ``AveragingRound`` is a StepHook run between two steps (a batch callback: one device, Mirrored,
 MultiWorkerMirrored). At the start of ``fit`` every process takes the shared parameters
 (``seed_group``'s at a fresh start, the newest shared state after a restart, then every decided
-round since, replayed from the stored changes). Every ``every_steps`` steps the chief publishes
-its change, every process waits for the round's decision, reads the members' stored changes,
-averages them and takes the outer step in numpy (``optim.outer``), checks the result is finite,
-and only then assigns it to the student's trainable variables: nothing is half-applied. The
-inner optimizer's state is never touched. Under MultiWorkerMirrored every worker computes the
-same numbers from the same files and assigns its own copy; the one collective agrees on the
-round they catch up to (``agree``), so a decision that lands between two workers' reads cannot
-leave them a round apart. Under ParameterServerStrategy ``ScheduledRounds`` runs the same rounds
-from the coordinator, with no step in flight. Rounds fall on the multiples of H, after a restart
-too, so every group's last round is the same step.
+round since, replayed from the stored changes). Every ``every_steps`` steps the chief publishes its
+change, every process waits for the round's decision, reads the members' stored changes, averages
+them and takes the outer step in numpy (``optim.outer``), checks the result is finite, and only
+then assigns it to the student's trainable variables: nothing is half-applied. The inner
+optimizer's state is never touched. The round applied and the step its period began are in the
+model's checkpoint (``CodistillModel.averaging_position``): a group resumed from a checkpoint with
+no round decided since keeps its checkpoint's parameters and goes on in that round's period, as if
+it had not stopped; one that missed rounds takes the newest. Under MultiWorkerMirrored every worker
+computes the same numbers from the same files and assigns its own copy; the one collective agrees
+on the round they catch up to (``agree``), so a decision that lands between two workers' reads
+cannot leave them a round apart. Under ParameterServerStrategy ``ScheduledRounds`` runs the same
+rounds from the coordinator, with no step in flight. Rounds fall on the multiples of H, after a
+restart too, so every group's last round is the same step.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class AveragingRound(step_hooks.StepHook):
     self.anchor: List[np.ndarray] = []
     self.momentum: Optional[List[np.ndarray]] = None
     self.variables: List[tf.Variable] = []
+    self.position: Optional[tf.Variable] = None  # the model's (round applied, period start)
     # Held while the variables are assigned: a publisher's snapshot on another thread (parameter
     # servers) takes it too, so it never holds half a round.
     self.lock = threading.Lock()
@@ -69,6 +73,7 @@ class AveragingRound(step_hooks.StepHook):
 
   def on_begin(self, model, step):
     self.variables = list(model.student.trainable_variables)
+    self.position = getattr(model, "averaging_position", None)
     state = averaging.read_shared_state(self.exchange_dir)
     if state is None:
       if self.chief and self.group == self.config.seed_group:
@@ -77,11 +82,32 @@ class AveragingRound(step_hooks.StepHook):
             0, theta, None, outer.digest(theta)), self.config.keep_rounds)
       state = self._wait_for_start()
     self.round = -1  # below every shared state: _reach starts from the newest it may take
-    self._reach(self.agree(self._decided_through(state.round)))  # rounds decided meanwhile
+    target = self.agree(self._decided_through(state.round))  # rounds decided meanwhile
+    restored, period_start = ((-1, 0) if self.position is None
+                              else (int(v) for v in self.position.numpy()))
+    if 0 <= restored == target:
+      # Resumed from a checkpoint and no round decided since: its parameters are its round's
+      # plus the steps trained since, which the next change must hold (a round due at the
+      # checkpoint's step, which the checkpoint was written before, is taken now).
+      self._reach(restored)
+      self.round_start_step = period_start
+      logging.info("averaging: group %d resumes in round %d's period (from step %d) at step %d "
+                   "with its checkpoint's parameters", self.group, self.round, period_start, step)
+      if step - period_start >= self.config.every_steps:
+        self.run_round(model, step)
+      return
+    self._reach(target)
     self._assign(self.anchor)
-    self.round_start_step = self.grid(step)
+    self._begin_period(step)
     logging.info("averaging: group %d starts at round %d (step %d, parameters %s)", self.group,
                  self.round, step, outer.digest(self.anchor))
+
+  def _begin_period(self, step: int) -> None:
+    """The round period after the round now applied begins at the last multiple of H; both go
+    into the model's checkpointed ``averaging_position``, which a resumed run starts from."""
+    self.round_start_step = self.grid(step)
+    if self.position is not None:
+      self.position.assign(tf.constant([self.round, self.round_start_step], tf.int64))
 
   def grid(self, step: int) -> int:
     """The last multiple of H at or before ``step``: where the current round period began."""
@@ -162,13 +188,13 @@ class AveragingRound(step_hooks.StepHook):
       self._reach(round_)
       self._reach(self.agree(self._decided_through(self.round)))
       self._assign(self.anchor)
-      self.round_start_step = self.grid(step)
+      self._begin_period(step)
       return
     waited = time.monotonic() - start
     received = sum(nbytes for g, (_, nbytes) in changes.items() if g != self.group)
     digest = self._apply(decision, changes)
     self._assign(self.anchor)
-    self.round_start_step = self.grid(step)
+    self._begin_period(step)
     entry = {"round": round_, "step": step, "members": list(decision.members),
              "excluded": {str(g): why for g, why in decision.excluded.items()},
              "late": self.group not in decision.members, "wait_s": waited,
@@ -184,6 +210,7 @@ class AveragingRound(step_hooks.StepHook):
     self._reach(self.agree(self._decided_through(self.round)))
     if self.round > behind:
       self._assign(self.anchor)
+      self._begin_period(step)
 
   def _decide(self, round_: int, start: float
               ) -> Tuple[averaging.Decision, Dict[int, Tuple[List[np.ndarray], int]]]:

@@ -236,6 +236,10 @@ class CodistillModel(keras.Model):
                                      trainable=False, name="teacher_steps")
     self.active_slot = tf.Variable(tf.zeros([num_teachers], tf.int32), trainable=False,
                                    name="active_slot")
+    # Parameter averaging's (round applied, step its period began), checkpointed with the
+    # student whose parameters it describes (averaging_hooks.AveragingRound); -1: none.
+    self.averaging_position = tf.Variable(tf.constant([-1, 0], tf.int64), trainable=False,
+                                          name="averaging_position")
     self._teacher_weights = tf.constant(teacher_weights, tf.float32, shape=[num_teachers])
     self.loss_tracker = keras.metrics.Mean(name="loss")
     self.task_loss_tracker = keras.metrics.Mean(name="task_loss")

@@ -14,6 +14,7 @@ import types
 import averaging_group
 import numpy as np
 import pytest
+import tensorflow as tf
 import tf_keras as keras
 
 from tf_codistill import errors
@@ -190,6 +191,79 @@ def test_a_group_behind_catches_up_to_the_agreed_round_exactly(tmp_path):
   ahead, model = _in_process(tmp_path, 1)
   ahead.on_begin(model, 30)
   assert ahead.round == 3 and outer.digest(ahead.anchor) == digests[3]
+
+
+def _alone_from_fixed_weights(tmp_path, name):
+  """Group 0 alone over exchange ``name``, its student at fixed weights, with the model's
+  checkpointed ``averaging_position`` (a CodistillModel's)."""
+  rounds, model = _in_process(tmp_path / name, 0)
+  for i, variable in enumerate(model.student.trainable_variables):
+    variable.assign(np.linspace(-1.0, 1.0, variable.shape.num_elements(), dtype=np.float32)
+                    .reshape(variable.shape) * (i + 1))
+  model.averaging_position = tf.Variable(tf.constant([-1, 0], tf.int64))
+  return rounds, model
+
+
+def _local_steps(rounds, model, first, last, round_at_last=True):
+  for step in range(first, last + 1):
+    for variable in model.student.trainable_variables:
+      variable.assign_add(np.full(variable.shape, 0.01 * step, np.float32))
+    if step < last or round_at_last:
+      rounds.on_step(model, step, {})
+
+
+def _resume(tmp_path, name, model, step):
+  """A new process (a new AveragingRound over the same exchange) restored from ``model``'s
+  checkpointed state at ``step``."""
+  rounds, resumed = _alone_from_fixed_weights(tmp_path, name)
+  for variable, saved in zip(resumed.student.trainable_variables,
+                             model.student.trainable_variables):
+    variable.assign(saved)
+  resumed.averaging_position.assign(model.averaging_position)
+  rounds.on_begin(resumed, step)
+  return rounds, resumed
+
+
+def _digest(model):
+  return outer.digest([v.numpy() for v in model.student.trainable_variables])
+
+
+def test_a_group_resumed_from_a_checkpoint_goes_on_as_if_it_had_not_stopped(tmp_path):
+  # H = 10, the peer never publishes (each round decided without it after 0.2 s).
+  full, model = _alone_from_fixed_weights(tmp_path, "full")
+  full.on_begin(model, 0)
+  _local_steps(full, model, 1, 30)
+  assert [e["round"] for e in full.log] == [1, 2, 3]
+  # Checkpointed at step 25, in round 2's period: the resumed group keeps its 5 local steps
+  # (not round 2's parameters) and its round 3 at step 30 is the uninterrupted run's, bit for bit.
+  part, model = _alone_from_fixed_weights(tmp_path, "part")
+  part.on_begin(model, 0)
+  _local_steps(part, model, 1, 25)
+  assert model.averaging_position.numpy().tolist() == [2, 20]
+  again, resumed = _resume(tmp_path, "part", model, 25)
+  assert (again.round, again.round_start_step, _digest(resumed)) == (2, 20, _digest(model))
+  _local_steps(again, resumed, 26, 30)
+  assert again.log[-1]["round"] == 3 and again.log[-1]["digest"] == full.log[-1]["digest"]
+  # Checkpointed at step 20 before that step's round: the round is taken at once on resuming.
+  cut, model = _alone_from_fixed_weights(tmp_path, "cut")
+  cut.on_begin(model, 0)
+  _local_steps(cut, model, 1, 20, round_at_last=False)
+  again, resumed = _resume(tmp_path, "cut", model, 20)
+  assert again.log[0]["round"] == 2 and again.log[0]["digest"] == full.log[1]["digest"]
+  assert resumed.averaging_position.numpy().tolist() == [2, 20]
+  # Rounds decided after its checkpoint (the others went on): it takes the newest instead.
+  late, model = _alone_from_fixed_weights(tmp_path, "late")
+  late.on_begin(model, 0)
+  _local_steps(late, model, 1, 25)
+  checkpoint = (model.averaging_position.numpy(),
+                [v.numpy() for v in model.student.trainable_variables])
+  _local_steps(late, model, 26, 30)  # round 3 decided, then the process is lost
+  model.averaging_position.assign(checkpoint[0])
+  for variable, saved in zip(model.student.trainable_variables, checkpoint[1]):
+    variable.assign(saved)
+  again, resumed = _resume(tmp_path, "late", model, 25)
+  assert again.round == 3 and _digest(resumed) == late.log[-1]["digest"]
+  assert again.round_start_step == 20
 
 
 def test_non_finite_parameters_stop_the_round_before_anything_is_published(tmp_path):

@@ -74,6 +74,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
 
   def restore(self) -> int:
     """Restores the newest checkpoint if there is one; returns the optimizer step."""
+    newest_step(self.directory)  # refuses checkpoint files it cannot resume from
     path = self.manager.restore_or_initialize()
     step = current_step(self.manager.checkpoint.model)
     if path:
@@ -157,9 +158,46 @@ class StepBackup(fused_models.BackupAndRestore):
 
 
 def newest_step(directory: str) -> int:
-  """The optimizer step of the newest checkpoint in ``directory`` (0 if there is none)."""
+  """The optimizer step of the newest checkpoint in ``directory`` (0 if there is none).
+
+  Raises:
+    ConfigurationError: ``directory`` holds checkpoint files but no readable newest one (a
+      missing or damaged ``checkpoint`` state file, its ``.index`` gone or truncated): the run
+      would silently start over and overwrite its curve.
+  """
   path = tf.train.latest_checkpoint(directory)
-  return (checkpoint_step(path) or 0) if path else 0
+  if path is None:
+    check_no_lost_checkpoints(directory)
+    return 0
+  try:
+    return checkpoint_step(path) or 0
+  except (tf.errors.OpError, ValueError) as e:
+    raise errors.ConfigurationError(
+        f"{path}: the newest checkpoint cannot be read ({type(e).__name__}: "
+        f"{str(e).splitlines()[0] if str(e) else ''}); {_KEEP_OR_MOVE.format(directory)}") from e
+
+
+_KEEP_OR_MOVE = ("nothing was trained: restore the checkpoint's files to resume, or move {} "
+                 "away to start over")
+
+
+def check_no_lost_checkpoints(directory: str) -> None:
+  """ConfigurationError if ``directory``'s ``checkpoint`` state file (written once a checkpoint
+  is complete) is there although TF finds no newest checkpoint (``tf.train.latest_checkpoint``
+  is None): the file is damaged or its checkpoint's ``.index`` is gone. Checkpoint files with no
+  state file are a first save cut short: the run starts over."""
+  if not tf.io.gfile.exists(os.path.join(directory, "checkpoint")):
+    leftovers = tf.io.gfile.glob(os.path.join(directory, "ckpt-*"))
+    if leftovers:
+      logging.warning("%s: %d file(s) of a first checkpoint never completed: starting over",
+                      directory, len(leftovers))
+    return
+  found = sorted(os.path.basename(p) for p in tf.io.gfile.glob(os.path.join(directory, "ckpt-*")))
+  raise errors.ConfigurationError(
+      f"{directory}: its 'checkpoint' state file names no readable checkpoint (the file is "
+      f"damaged, or the .index of the checkpoint it names is gone; checkpoint files here: "
+      f"{', '.join(found[:4]) or 'none'}{', ...' if len(found) > 4 else ''}): resuming would "
+      f"start over and overwrite the run's progress; {_KEEP_OR_MOVE.format(directory)}")
 
 
 def backup_checkpoints(backup_dir: str) -> str:

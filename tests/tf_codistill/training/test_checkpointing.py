@@ -3,6 +3,7 @@ kept and restored like CheckpointManager's, saved through one traced function (n
 growth per save)."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -117,6 +118,44 @@ def test_the_resume_step_is_the_newest_checkpoints_optimizer_step(tmp_path):
   assert checkpointing.newest_step(run.checkpoints) == 60
   assert tfc.resume_step(str(tmp_path)) == 60
   assert checkpointing.backup_checkpoints(run.backup) == os.path.join(run.backup, "chief")
+
+
+def _two_checkpoints(tmp_path):
+  run = layout.RunDir(str(tmp_path))
+  model = _compiled()
+  checkpoints = checkpointing.EpochCheckpoint(run.checkpoints, model)
+  for step in (30, 60):
+    model.optimizer.iterations.assign(step)
+    checkpoints.save(step)
+  return run.checkpoints, model
+
+
+@pytest.mark.parametrize("damage", ["state_file", "index_gone", "index_truncated"])
+def test_checkpoints_that_cannot_be_resumed_from_stop_the_run_naming_them(tmp_path, damage):
+  # TF would find no newest checkpoint (or fail on it) and the run would start over, rewriting
+  # its progress: it stops instead, before anything is trained, naming the directory.
+  directory, model = _two_checkpoints(tmp_path)
+  if damage == "state_file":
+    with open(os.path.join(directory, "checkpoint"), "w") as f:
+      f.write("model_checkpoint_path: \"ckpt-60")  # cut short: not a readable state
+  elif damage == "index_gone":
+    os.remove(os.path.join(directory, "ckpt-60.index"))
+  else:
+    with open(os.path.join(directory, "ckpt-60.index"), "r+b") as f:
+      f.truncate(10)
+  with pytest.raises(ConfigurationError, match=re.escape(directory)) as raised:
+    checkpointing.newest_step(directory)
+  assert "move" in str(raised.value) and "start over" in str(raised.value)
+  with pytest.raises(ConfigurationError, match=re.escape(directory)):
+    tfc.resume_step(str(tmp_path))
+  with pytest.raises(ConfigurationError, match=re.escape(directory)):
+    checkpointing.EpochCheckpoint(directory, model).restore()
+
+
+def test_a_first_checkpoint_cut_short_starts_the_run_over(tmp_path):
+  directory, _ = _two_checkpoints(tmp_path)
+  os.remove(os.path.join(directory, "checkpoint"))  # killed before its state file was written
+  assert checkpointing.newest_step(directory) == 0
 
 
 def test_step_backups_count_steps_wait_for_the_epochs_end_and_outlive_fit(tmp_path):

@@ -128,13 +128,16 @@ def driver_for(strategy: tf.distribute.Strategy,
 
 class StepLimit(keras.callbacks.Callback):
   """Ends ``fit`` after exactly ``total_steps`` steps, also when that is not a whole number of
-  epochs (the last epoch is cut short; its epoch-end callbacks still run)."""
+  epochs (the last epoch is cut short; its epoch-end callbacks still run). ``offset``: the steps
+  taken before ``fit``'s first epoch began beyond its whole epochs (a parameter-server run
+  resumed from a checkpoint taken mid-epoch starts that epoch over, ``offset`` steps ahead)."""
 
-  def __init__(self, total_steps: int, steps_per_epoch: int):
+  def __init__(self, total_steps: int, steps_per_epoch: int, offset: int = 0):
     super().__init__()
     self._supports_tf_logs = True  # reads no logs: ParameterServerStrategy allows its batch hook
     self.total_steps = total_steps
     self.steps_per_epoch = steps_per_epoch
+    self.offset = offset
     self._epoch = 0
 
   def on_epoch_begin(self, epoch, logs=None):
@@ -143,7 +146,7 @@ class StepLimit(keras.callbacks.Callback):
   def on_train_batch_end(self, batch, logs=None):
     # ``batch`` is the index in this epoch of the last step run (with parameter servers:
     # scheduled).
-    if self._epoch * self.steps_per_epoch + batch + 1 >= self.total_steps:
+    if self._epoch * self.steps_per_epoch + batch + 1 + self.offset >= self.total_steps:
       self.model.stop_training = True
 
 

@@ -38,6 +38,19 @@ def test_step_limit_ends_fit_at_exactly_the_steps_asked_for(total, steps_per_epo
   assert ends[-1] == total and len(ends) == epochs
 
 
+def test_step_limit_counts_the_steps_a_run_took_before_its_first_epoch_began():
+  # A parameter-server run resumed from a checkpoint at step 250 (epochs of 100) starts epoch 2
+  # over: 50 steps of it were taken, so 700 more make the run's 1000 steps, not 750.
+  model = small_net()
+  model.compile(optimizer="sgd", loss="mse")
+  model.optimizer.iterations.assign(250)
+  data = tf.data.Dataset.from_tensor_slices(
+      (np.ones([64, 4], "float32"), np.ones([64, 1], "float32"))).batch(8).repeat()
+  model.fit(data, epochs=10, initial_epoch=2, steps_per_epoch=100, verbose=0,
+            callbacks=[step_hooks.StepLimit(1000, 100, offset=250 % 100)])
+  assert step_hooks.current_step(model) == 1000
+
+
 def test_batch_driver_runs_hooks_with_float_logs_and_the_guard_stops_at_nan():
   seen = []
 

@@ -127,12 +127,16 @@ class StepBackup(fused_models.BackupAndRestore):
     executions;
   * the backup outlives ``fit``, as parameter-server groups' checkpoints do: a run stopped while
     it finishes (or a group of a job whose other groups were stopped) resumes at its end,
-    evaluating and exporting again, instead of training from the start.
+    evaluating and exporting again, instead of training from the start;
+  * the run's last step (``total_steps``, where ``StepLimit`` ends ``fit``, perhaps mid-epoch) is
+    backed up at that epoch's end as the epoch's end, so a run started again trains no step.
   """
 
-  def __init__(self, backup_dir: str, flush: Callable[[], None], every_steps: int):
+  def __init__(self, backup_dir: str, flush: Callable[[], None], every_steps: int,
+               total_steps: Optional[int] = None):
     super().__init__(backup_dir, flush, save_freq=every_steps, delete_checkpoint=False)
     self.every_steps = every_steps
+    self.total_steps = total_steps
     self._saved_step = 0
     self._due = False
 
@@ -144,6 +148,11 @@ class StepBackup(fused_models.BackupAndRestore):
     self._training_state._ckpt_saved_batch.assign(batch)
     self._training_state.backup_if_preempted()
     step = current_step(self.model)
+    if self.total_steps is not None and step >= self.total_steps:
+      # tf_keras resumes after a backup of an epoch's last batch at the next epoch: past the end.
+      self._training_state._ckpt_saved_batch.assign(self.params["steps"] - 1)
+      self._saved_step, self._due = step, True
+      return
     if step // self.every_steps > self._saved_step // self.every_steps:
       self._saved_step = step
       if batch + 1 >= self.params.get("steps", batch + 2):

@@ -60,10 +60,14 @@ def build(config: TrainConfig, where: GroupTask, model: CodistillModel,
         where.run_dir.checkpoints, model, max_to_keep=config.checkpoints.max_to_keep,
         before_save=model.flush_fusion)
     callbacks.resume_step = checkpoints.restore()
-    callbacks.initial_epoch = callbacks.resume_step // config.steps_per_epoch
+    # A checkpoint of the run's last step (its last epoch may be cut short) leaves nothing to
+    # train; one taken mid-epoch (a stop on max_wall_seconds) resumes in that epoch.
+    callbacks.initial_epoch = (-(-config.train_steps // config.steps_per_epoch)
+                               if callbacks.resume_step >= config.train_steps
+                               else callbacks.resume_step // config.steps_per_epoch)
   else:  # fit restores it
     checkpoints = checkpointing.StepBackup(where.run_dir.backup, model.flush_fusion,
-                                           config.checkpoints.every_steps)
+                                           config.checkpoints.every_steps, config.train_steps)
     callbacks.resume_step = checkpointing.newest_step(
         checkpointing.backup_checkpoints(where.run_dir.backup))
   hooks: List[step_hooks.StepHook] = []
@@ -82,7 +86,9 @@ def build(config: TrainConfig, where: GroupTask, model: CodistillModel,
     # The guard comes first: a NaN step is never checkpointed (BackupAndRestore) or published.
     callbacks.hooks = hooks
     callbacks.fit = [guard] + epoch_callbacks
-  callbacks.fit.append(step_hooks.StepLimit(config.train_steps, config.steps_per_epoch))
+  callbacks.fit.append(step_hooks.StepLimit(
+      config.train_steps, config.steps_per_epoch,
+      callbacks.resume_step % config.steps_per_epoch if parameter_server else 0))
   return callbacks
 
 

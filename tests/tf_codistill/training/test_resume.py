@@ -112,3 +112,23 @@ def test_a_finished_run_started_again_resumes_at_its_end(criteo_dir, uninterrupt
   assert results["resumed_from_step"] == STEPS and results["steps"] == STEPS
   assert results["weights_digest"] == expected_results["weights_digest"]
   assert curve == expected_curve
+
+
+def test_a_finished_run_whose_last_epoch_was_cut_short_trains_nothing_when_started_again(
+    criteo_dir, tmp_path):
+  # 150 steps in epochs of 40: the last epoch ends at step 150 (StepLimit), mid-epoch; started
+  # again, the run resumes past it instead of taking a step of a fifth epoch.
+  model_dir = str(tmp_path / "m")
+  short = ("trainer.train.train_steps = 150", "trainer.train.steps_per_epoch = 40",
+           "tfc.Checkpoints.every_steps = 50", "trainer.train.steps_per_execution = 1")
+  for _ in range(2):
+    subprocess.run(_command(criteo_dir, model_dir, *short), check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+    if _ == 0:
+      first, first_curve = _results(model_dir)
+      assert first["steps"] == 150 and tfc.resume_step(model_dir) == 150
+  again, curve = _results(model_dir)
+  assert again["resumed_from_step"] == 150 and again["steps"] == 150
+  assert again["weights_digest"] == first["weights_digest"]
+  assert [r["step"] for r in curve] == [r["step"] for r in first_curve] == [40, 80, 120, 150]
+

@@ -8,6 +8,7 @@ import os
 from typing import Callable, Optional
 
 import gin
+import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 from absl import logging
@@ -32,7 +33,8 @@ class Checkpoints:
   worker skips an even share (a batch may be read twice or left out), and a worker restarted
   alone reads on from where its pipeline began. A finished run keeps its last checkpoint: started
   again in the same model directory it resumes at its end (trains nothing, evaluates and exports
-  again); train again in a new one. Checked when made."""
+  again); train again in a new one. A resumed run takes the configured ``tfc.Distillation.alpha``
+  and float learning rate, not the checkpoint's (``ConfiguredValues``). Checked when made."""
   every_steps: int = 500
   max_to_keep: int = 2
   resume_input: bool = True
@@ -164,6 +166,31 @@ class StepBackup(fused_models.BackupAndRestore):
     if self._due:
       self._due = False
       self._backup(epoch=epoch)
+
+
+class ConfiguredValues(keras.callbacks.Callback):
+  """After a checkpoint's restore (the callback before it): the configuration's alpha and
+  learning rate, not the checkpoint's. A run resumed with ``tfc.Distillation.alpha`` or a float
+  ``trainer.train.learning_rate`` changed takes the new value, and says so."""
+
+  def __init__(self, alpha: float, learning_rate):
+    super().__init__()
+    self.alpha = alpha
+    self.learning_rate = learning_rate
+
+  def on_train_begin(self, logs=None):
+    settings = [("tfc.Distillation.alpha", getattr(self.model, "alpha", None), self.alpha)]
+    if isinstance(self.learning_rate, (int, float)):
+      settings.append(("trainer.train.learning_rate",
+                       getattr(self.model.optimizer, "learning_rate", None), self.learning_rate))
+    for name, variable, value in settings:
+      if not isinstance(variable, tf.Variable):
+        continue
+      restored = float(variable.numpy())
+      if not np.isclose(restored, value, rtol=1e-6, atol=0.0):
+        logging.warning("%s=%s, not the checkpoint's %s: the configured value is used", name,
+                        value, restored)
+        variable.assign(value)
 
 
 def newest_step(directory: str) -> int:

@@ -76,7 +76,8 @@ def build(config: TrainConfig, where: GroupTask, model: CodistillModel,
     hooks, epoch_callbacks = _chief_callbacks(config, where, local, data, callbacks)
   # After the evaluation and the progress log: a checkpoint at an epoch's end exists only once
   # that epoch's evaluation does, so a resumed run's curve has every point.
-  epoch_callbacks.append(checkpoints)
+  epoch_callbacks += [checkpoints, checkpointing.ConfiguredValues(config.distillation.alpha,
+                                                                   config.learning_rate)]
   guard = step_hooks.NonFiniteGuard()
   if parameter_server:
     # The guard runs first in fit's polling thread; it makes the driver stop training.

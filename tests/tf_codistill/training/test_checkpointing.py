@@ -181,3 +181,18 @@ def test_step_backups_count_steps_wait_for_the_epochs_end_and_outlive_fit(tmp_pa
   reader = tf.train.load_checkpoint(
       [p for p in tf.train.get_checkpoint_state(newest).all_model_checkpoint_paths][0])
   assert reader.get_tensor("ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE") == 5  # step 12
+
+
+def test_a_resumed_run_takes_the_configured_alpha_and_learning_rate_not_the_checkpoints():
+  from tf_codistill.training.model import CodistillModel
+  model = CodistillModel(small_net(), 1)
+  model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+  model(tf.zeros([1, 4]))
+  model.alpha.assign(0.5)  # as a checkpoint of a run configured so restores them
+  model.optimizer.learning_rate.assign(0.01)
+  data = tf.data.Dataset.from_tensor_slices(
+      (np.ones([8, 4], "float32"), np.ones([8, 1], "float32"))).batch(8)
+  model.fit(data, epochs=1, verbose=0, callbacks=[checkpointing.ConfiguredValues(1.0, 0.1)])
+  assert float(model.alpha.numpy()) == 1.0
+  assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.1)
+

@@ -54,8 +54,10 @@ def test_synchronous_chief_guards_first_backs_up_after_evaluating_and_limits_ste
   callbacks = _build(built, CHIEF, checkpoints=checkpointing.Checkpoints(every_steps=40))
   kinds = _kinds(callbacks.fit)
   assert kinds[0] is step_hooks.NonFiniteGuard
-  assert kinds[-2:] == [checkpointing.StepBackup, step_hooks.StepLimit]
-  assert callbacks.fit[-2].every_steps == 40
+  # The configuration's alpha and rate, not a restored checkpoint's, once it is restored.
+  assert kinds[-3:] == [checkpointing.StepBackup, checkpointing.ConfiguredValues,
+                        step_hooks.StepLimit]
+  assert callbacks.fit[-3].every_steps == 40
   # A checkpoint at an epoch's end comes after its evaluation and progress line.
   assert kinds.index(monitoring.LocalEvaluation) < kinds.index(checkpointing.StepBackup)
   assert kinds.index(monitoring.ProgressLog) < kinds.index(checkpointing.StepBackup)
@@ -70,9 +72,10 @@ def test_parameter_server_chief_runs_the_guard_first_in_the_polling_thread(built
                      checkpoints=checkpointing.Checkpoints(max_to_keep=3))
   assert _kinds(callbacks.hooks)[0] is step_hooks.NonFiniteGuard
   kinds = _kinds(callbacks.fit)
-  assert kinds[-2:] == [checkpointing.EpochCheckpoint, step_hooks.StepLimit]
+  assert kinds[-3:] == [checkpointing.EpochCheckpoint, checkpointing.ConfiguredValues,
+                        step_hooks.StepLimit]
   assert step_hooks.NonFiniteGuard not in kinds
-  assert callbacks.fit[-2].max_to_keep == 3
+  assert callbacks.fit[-3].max_to_keep == 3
   assert step_timing.ClosureTimer in kinds
   assert isinstance(callbacks.step_timer, step_timing.ClosureTimer)
 
@@ -80,7 +83,7 @@ def test_parameter_server_chief_runs_the_guard_first_in_the_polling_thread(built
 def test_a_worker_that_is_not_the_chief_only_guards_backs_up_and_counts(built):
   callbacks = _build(built, MWM_WORKER, shape=group_lib.Group("multi_worker_mirrored", 1))
   assert _kinds(callbacks.fit) == [step_hooks.NonFiniteGuard, checkpointing.StepBackup,
-                                   step_hooks.StepLimit]
+                                   checkpointing.ConfiguredValues, step_hooks.StepLimit]
   assert callbacks.hooks == [] and callbacks.summary_writer is None
 
 

@@ -99,6 +99,11 @@ def prepare_job(model_dir: str, num_groups: int, *, gin_files: Sequence[str] = (
                               exchange_dir=shared_exchange)
   _check_waits(train_config_lib.exchange_for(train_config, shared_exchange, 0, num_groups),
                stall_timeout_s)
+  if stall_timeout_s and train_config.heartbeat_every_s > stall_timeout_s / 2:
+    raise ConfigurationError(
+        f"trainer.train.heartbeat_every_s={train_config.heartbeat_every_s:g} is not at most half "
+        f"of --stall_timeout_s={stall_timeout_s:g}: the watchdog would take a training group "
+        "for hung; lower the interval or raise the timeout")
   if pin_groups:
     launcher.split_cpus(len(groups) if groups is not None else num_groups)
   for flag, directory in (("--model_dir", model_dir), ("--exchange_dir", shared_exchange)):

@@ -25,12 +25,14 @@ Supervision:
 - a group out of restarts has failed: ``on_group_failure='stop_all'`` stops every group,
   ``'continue'`` lets its peers finish (they keep their last teacher); either way ``launch_groups``
   then raises ``GroupFailedError`` naming the group, the task and its log;
-- a group whose chief's step has not moved for ``stall_timeout_s`` (its heartbeat.json) is hung:
-  every task dumps its stacks into its log (SIGUSR1), then the group restarts as if a task had
-  failed, or fails once out of restarts, naming the step and the setting; a time the launcher
-  itself was stopped (SIGSTOP/Ctrl-Z of the whole job, a suspended machine: a poll due more than
-  ``SUSPENDED_AFTER_S`` earlier) is not counted, as the groups were stopped with it;
-- SIGINT/SIGTERM stop every process started (no orphans).
+- a group whose chief has made no progress for ``stall_timeout_s`` (its heartbeat.json: no step,
+  no pulse of an evaluation or export) is hung: every task dumps its stacks into its log
+  (SIGUSR1), then the group restarts as if a task had failed, or fails once out of restarts,
+  naming the step and the setting; a time the launcher itself was stopped (SIGSTOP of the whole
+  job, a suspended machine: a poll due more than ``SUSPENDED_AFTER_S`` earlier) is not counted,
+  as the groups were stopped with it (Ctrl-Z stops the launcher alone: its tasks, in sessions
+  of their own, run on unsupervised until it is continued);
+- SIGINT/SIGTERM stop every process started (no orphans), a second one included.
 
 ``pin_groups`` pins each group's tasks to its own share of the CPUs (``split_cpus``).
 
@@ -247,7 +249,8 @@ class _Group:
     self.procs: Dict[Tuple[str, int], subprocess.Popen] = {}
     self.cluster: Dict[str, List[str]] = {}
     self.restarts = 0
-    self.progress_step: Optional[int] = None  # the chief's newest heartbeat step
+    # The chief's newest heartbeat progress (step, phase, pulses between steps).
+    self.progress_mark: Optional[Tuple] = None
     self.progress_at = time.monotonic()  # when it last changed (or the group started)
     self.chief_done_at: Optional[float] = None
     self.done = False
@@ -256,19 +259,22 @@ class _Group:
   def log_path(self, task: Tuple[str, int]) -> str:
     return layout.RunDir(self.dir).task_log(*task)
 
-  def heartbeat_step(self) -> Optional[int]:
-    """The step of the chief's heartbeat.json, None before the first one is readable."""
+  def heartbeat(self) -> Tuple[Optional[int], Optional[Tuple]]:
+    """The step of the chief's heartbeat.json and its progress mark (step, phase, pulses
+    between steps: an evaluation or export going on), Nones before one is readable."""
     try:
       with open(layout.RunDir(self.dir).heartbeat) as f:
-        return int(json.load(f)["step"])
+        record = json.load(f)
+      step = int(record["step"])
+      return step, (step, record.get("phase"), record.get("beats"))
     except (OSError, ValueError, KeyError, TypeError):
-      return None
+      return None, None
 
   def start_all(self) -> None:
     os.makedirs(self.dir, exist_ok=True)
     self.cluster = cluster_spec(self.shape, self.ports)
     self.chief_done_at = None
-    self.progress_step, self.progress_at = self.heartbeat_step(), time.monotonic()
+    self.progress_mark, self.progress_at = self.heartbeat()[1], time.monotonic()
     for task in self.shape.tasks():
       self.start(task)
 
@@ -542,13 +548,13 @@ def _restart(group: _Group, task: Tuple[str, int], status: int, what: str, max_r
 
 
 def _check_progress(group: _Group, stall_timeout_s: float, max_restarts: int) -> None:
-  """Restarts (or fails) a group whose chief's step has not moved for ``stall_timeout_s``
-  (heartbeat.json; counted from the group's start until its first heartbeat), after every task
-  dumped its stacks into its log."""
-  step = group.heartbeat_step()
+  """Restarts (or fails) a group whose chief has made no progress for ``stall_timeout_s``: no
+  step, and no pulse of an evaluation or export between steps (heartbeat.json; counted from the
+  group's start until its first heartbeat), after every task dumped its stacks into its log."""
+  step, mark = group.heartbeat()
   now = time.monotonic()
-  if step != group.progress_step:
-    group.progress_step, group.progress_at = step, now
+  if mark != group.progress_mark:  # a step, or a pulse of an evaluation or export
+    group.progress_mark, group.progress_at = mark, now
     return
   if not stall_timeout_s or now - group.progress_at < stall_timeout_s:
     return
@@ -559,7 +565,8 @@ def _check_progress(group: _Group, stall_timeout_s: float, max_restarts: int) ->
     if proc.poll() is None:
       proc.send_signal(signal.SIGUSR1)  # tf-codistill-train dumps its stacks
   time.sleep(1.0)
-  if group.procs[("chief", 0)].poll() == 0:  # it ended meanwhile: finished, not stalled
+  chief = group.procs.get(("chief", 0))
+  if chief is not None and chief.poll() == 0:  # it ended meanwhile: finished, not stalled
     return
   group.events.write("stalled", group=group.index, step=step, seconds=now - group.progress_at)
   _restart(group, ("chief", 0), STALLED_STATUS,

@@ -35,6 +35,12 @@ class FitCallbacks:
   summary_writer: Optional[tf.summary.SummaryWriter] = None
   step_summaries: Optional[monitoring.StepSummaries] = None
   step_timer: Optional[Union[step_timing.StepTimer, step_timing.ClosureTimer]] = None
+  heartbeat: Optional[monitoring.Heartbeat] = None  # the chief's
+
+  def pulse(self, phase: str) -> None:
+    """Progress between steps for the launcher's stall watchdog (no heartbeat: a worker)."""
+    if self.heartbeat is not None:
+      self.heartbeat.pulse(phase)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,10 +108,10 @@ def _chief_callbacks(config: TrainConfig, where: GroupTask, local: publishing.Lo
   callbacks.step_summaries = monitoring.StepSummaries(
       callbacks.summary_writer, config.data.batch_size, config.summary_every_steps,
       counters={results_lib.SKIPPED_LINES_TAG: lambda: data.bad_lines.count})
-  hooks: List[step_hooks.StepHook] = [
-      monitoring.Heartbeat(run.heartbeat, config.heartbeat_every_s,
-                           f"{info.task_type or 'chief'}:{info.task_id}"),
-      callbacks.step_summaries]
+  callbacks.heartbeat = monitoring.Heartbeat(run.heartbeat, config.heartbeat_every_s,
+                                             f"{info.task_type or 'chief'}:{info.task_id}")
+  callbacks.evaluation.pulse = callbacks.heartbeat.pulse
+  hooks: List[step_hooks.StepHook] = [callbacks.heartbeat, callbacks.step_summaries]
   parameter_server = config.shape.asynchronous
   if parameter_server:  # each scheduled step, timed as it finishes (a batch callback)
     callbacks.step_timer = step_timing.ClosureTimer(config.steps_per_execution)

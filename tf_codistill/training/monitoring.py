@@ -26,8 +26,9 @@ from tf_codistill.step_hooks import scalar_logs
 
 
 class Heartbeat(StepHook):
-  """Writes ``path`` (JSON: step, start step, time, pid) at most every ``every_seconds``: shows
-  that a task is alive and progressing, and from which step a restarted task resumed."""
+  """Writes ``path`` (JSON: step, start step, time, pid, phase, pulses) at most every
+  ``every_seconds``: shows that a task is alive and progressing (steps, or ``pulse``s of an
+  evaluation or export between them), and from which step a restarted task resumed."""
 
   reads_logs = False
 
@@ -37,10 +38,13 @@ class Heartbeat(StepHook):
     self.task = task
     self.start_step: Optional[int] = None
     self._last = -math.inf
+    self._step = 0
+    self._beats = 0  # pulses between steps (evaluating, exporting): progress the launcher sees
 
-  def _write(self, step: int) -> None:
+  def _write(self, step: int, phase: str = "training") -> None:
+    self._step = int(step)
     record = {"step": int(step), "start_step": self.start_step, "time": time.time(),
-              "pid": os.getpid(), "task": self.task}
+              "pid": os.getpid(), "task": self.task, "phase": phase, "beats": self._beats}
     try:
       exchange.write_atomically(self.path, json.dumps(record))
     except (tf.errors.OpError, OSError) as e:  # monitoring only: never stops training
@@ -60,6 +64,13 @@ class Heartbeat(StepHook):
   def on_end(self, model, step):
     self._write(step)
 
+  def pulse(self, phase: str) -> None:
+    """Progress between steps (a batch evaluated, an export begun): the launcher's stall
+    watchdog counts it as progress, so a long evaluation or the run's end is not a hang."""
+    self._beats += 1
+    if time.monotonic() - self._last >= self.every_seconds:
+      self._write(self._step, phase)
+
 
 class LocalEvaluation(keras.callbacks.Callback):
   """Evaluates the student on the chief at each epoch end and adds ``val_*`` to the logs.
@@ -76,6 +87,7 @@ class LocalEvaluation(keras.callbacks.Callback):
     self.task_loss = task_loss
     self.metrics = [keras.metrics.Mean(name="loss")] + metrics()
     self.last: Dict[str, float] = {}
+    self.pulse: Optional[Callable[[str], None]] = None  # Heartbeat.pulse, on the chief
 
     @tf.function
     def update(x, y):
@@ -94,6 +106,8 @@ class LocalEvaluation(keras.callbacks.Callback):
         metric.reset_state()
       for x, y in self.dataset:
         self._update(x, y)
+        if self.pulse is not None:
+          self.pulse("evaluating")
       self.last = {m.name: float(m.result().numpy()) for m in self.metrics}
     return self.last
 

@@ -223,6 +223,7 @@ class GroupTrainer:
     config, run = self.config, self.run_dir
     step = current_step(model)
     final = callbacks.evaluation.evaluate()
+    callbacks.pulse("exporting")
     weights = local.snapshot()
     with local.at_step(step, weights) as final_model:
       problem = publishing.finiteness_problem(final_model, weights,
@@ -233,6 +234,7 @@ class GroupTrainer:
       exchange.save_model(final_model, run.export, data.input_spec, serving.raw_signatures(
           final_model, config.data.raw_parser, self.task.output))
     if config.save_eval_predictions:
+      callbacks.pulse("saving predictions")
       probs, labels = metrics_lib.model_probabilities(
           local.model, data.predictions(config.prediction_batches), self.task.output)
       results_lib.save_npz(run.eval_predictions, probs=probs, labels=labels)

@@ -110,3 +110,12 @@ def test_pinned_groups_need_a_cpu_for_each_group_run_here_not_for_each_of_the_jo
                      match=rf"--pin_groups needs a CPU per group: {num_groups} groups"):
     jobs.prepare_job(str(tmp_path / "all"), num_groups, gin_files=[_suite(tmp_path)],
                      pin_groups=True)
+
+
+def test_a_heartbeat_too_rare_for_the_stall_timeout_is_refused_naming_both(tmp_path):
+  with pytest.raises(errors.ConfigurationError,
+                     match=r"trainer.train.heartbeat_every_s=40 is not at most half of "
+                           r"--stall_timeout_s=60"):
+    jobs.prepare_job(str(tmp_path / "job"), 2, gin_files=[_suite(tmp_path)],
+                     gin_bindings=["trainer.train.heartbeat_every_s = 40"], stall_timeout_s=60)
+

@@ -340,3 +340,29 @@ def test_a_second_signal_does_not_cut_the_clean_up_short(tmp_path):
     assert {"event": "interrupted", "signal": "SIGTERM"}.items() <= events[-1].items()
   finally:
     proc.kill()
+
+
+def test_a_chief_evaluating_or_exporting_between_steps_is_not_taken_for_a_stalled_one(
+    tmp_path, monkeypatch):
+  group = _sleeper_group(tmp_path, "import time; time.sleep(120)")
+  heartbeat = layout.RunDir(group.dir).heartbeat
+  os.makedirs(group.dir, exist_ok=True)
+  clock = [1000.0]
+  monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+  monkeypatch.setattr(launcher.time, "sleep", lambda seconds: None)
+
+  def beat(step, phase, beats):
+    with open(heartbeat, "w") as f:
+      json.dump({"step": step, "phase": phase, "beats": beats}, f)
+  beat(40, "training", 0)
+  group.progress_mark, group.progress_at = group.heartbeat()[1], clock[0]
+  # The step stands for 3 stall timeouts, but an evaluation (then the export) pulses.
+  for beats, phase in ((1, "evaluating"), (2, "evaluating"), (3, "exporting")):
+    clock[0] += 50.0
+    beat(40, phase, beats)
+    launcher._check_progress(group, stall_timeout_s=60.0, max_restarts=0)
+  assert not group.failed
+  clock[0] += 61.0  # nothing since: a hang
+  launcher._check_progress(group, stall_timeout_s=60.0, max_restarts=0)
+  assert "made no step progress for 60 s (at step 40" in group.failed
+

@@ -3,6 +3,7 @@ the chief's monitoring only on the chief."""
 
 import dataclasses
 import functools
+import json
 
 import pytest
 import tensorflow as tf
@@ -92,3 +93,24 @@ def test_optional_callbacks_come_with_their_settings(built):
                      prediction_history=True)
   assert step_hooks.WallClockLimit in _kinds(callbacks.hooks)
   assert monitoring.PredictionHistory in _kinds(callbacks.fit)
+
+
+def test_the_chiefs_evaluation_pulses_its_heartbeat_between_steps(built):
+  # An evaluation (or the run's export) longer than --stall_timeout_s is progress, not a hang:
+  # each batch evaluated changes heartbeat.json, which the launcher's watchdog reads.
+  callbacks = _build(built, CHIEF)
+  heartbeat = callbacks.heartbeat
+  assert callbacks.evaluation.pulse == heartbeat.pulse
+  heartbeat.every_seconds = 0.0
+  heartbeat.on_begin(None, 7)
+  marks = []
+  for phase in ("evaluating", "evaluating", "exporting"):
+    callbacks.pulse(phase)
+    with open(heartbeat.path) as f:
+      record = json.load(f)
+    marks.append((record["step"], record["phase"], record["beats"]))
+  assert marks == [(7, "evaluating", 1), (7, "evaluating", 2), (7, "exporting", 3)]
+  callbacks.evaluation.set_model(built[2])
+  callbacks.evaluation.evaluate()  # a pulse per batch evaluated
+  with open(heartbeat.path) as f:
+    assert json.load(f)["beats"] > 3

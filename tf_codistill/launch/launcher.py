@@ -88,14 +88,18 @@ class Interrupted(KeyboardInterrupt):
     self.signum = signum
 
 
+_NAMESPACE_EPHEMERAL = range(32768, 61000)  # Linux's default, what a new network namespace has
+
+
 def _ephemeral_ports() -> range:
-  """The kernel's range for outgoing connections' local ports (Linux; a common default else)."""
+  """The local ports outgoing connections may take: this machine's range (Linux; its default
+  else) and a fresh network namespace's, where isolated tasks run, whatever this one is tuned to."""
   try:
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
       low, high = (int(x) for x in f.read().split())
-    return range(low, high + 1)
   except (OSError, ValueError):
-    return range(32768, 61000)
+    return _NAMESPACE_EPHEMERAL
+  return range(min(low, _NAMESPACE_EPHEMERAL.start), max(high + 1, _NAMESPACE_EPHEMERAL.stop))
 
 
 def free_port(taken: Set[int]) -> int:
@@ -116,8 +120,8 @@ def free_port(taken: Set[int]) -> int:
     if port in taken:
       continue
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-      try:
-        s.bind(("127.0.0.1", port))
+      try:  # every interface, as a TF server binds: a port held on any of them is taken
+        s.bind(("", port))
       except OSError:
         continue
     taken.add(port)

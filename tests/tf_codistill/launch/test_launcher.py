@@ -2,9 +2,11 @@
 flags."""
 
 import glob
+import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -42,8 +44,20 @@ def test_groups_of_one_launch_never_share_a_port():
   ports = [int(a.rsplit(":", 1)[1]) for _ in range(20)
            for tasks in launcher.cluster_spec(shape, taken).values() for a in tasks]
   assert len(ports) == 20 * 7 and len(set(ports)) == len(ports) and taken == set(ports)
-  # Outside the range the kernel gives outgoing connections, which could take a port first.
+  # Outside the range the kernel gives outgoing connections, which could take a port first,
+  # here and in the fresh network namespace isolated tasks run in (Linux's default range there).
   assert not set(ports) & set(launcher._ephemeral_ports())
+  assert set(range(32768, 61000)) <= set(launcher._ephemeral_ports())
+
+
+def test_a_port_another_process_holds_is_not_given_out(monkeypatch):
+  # A TF server binds every interface: a port another process holds on one of them is taken.
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+    held.bind(("", 0))
+    port = held.getsockname()[1]
+    choices = itertools.chain([port, port], itertools.count(20000))
+    monkeypatch.setattr(launcher.random, "choice", lambda candidates: next(choices))
+    assert launcher.free_port(set()) != port
 
 
 def test_every_task_resolves_its_role_from_the_generated_tf_config():

@@ -11,6 +11,7 @@ import pytest
 
 import tf_codistill as tfc
 from tf_codistill import layout
+from tf_codistill.launch import launcher
 
 from testing_utils import TRANSIENT_PS_FAULTS
 from testing_utils import Launch
@@ -246,9 +247,10 @@ def test_sigterm_to_the_launcher_stops_every_task_it_started(tmp_path, criteo_di
                   "the first epoch")
   pids = list(launch.pids.values())
   launch.proc.send_signal(signal.SIGTERM)
-  assert launch.wait(timeout=60) == 130, launch.stderr[-4000:]
-  assert "interrupted: stopped every group" in launch.stderr
+  assert launch.wait(timeout=60) == 128 + signal.SIGTERM, launch.stderr[-4000:]
+  assert "interrupted by SIGTERM: stopped every group" in launch.stderr
   assert not [pid for pid in pids if alive(pid)], pids
+  assert launcher.read_events(model_dir)[-1]["event"] == "interrupted"
 
 
 def _listening_ports(net_tcp_path):

@@ -20,7 +20,10 @@ from absl import flags
 
 # SIGUSR1 dumps every thread's stack (the launcher's stall watchdog asks a task for them), from
 # here on: a task still importing TensorFlow would otherwise be killed by the signal, unseen.
-faulthandler.register(signal.SIGUSR1, all_threads=True)
+# Into a copy of stderr made now: while TensorFlow is imported, stderr is read back for its
+# start-up lines, and a dump held there would be lost with a task stopped meanwhile.
+_STACKS = os.fdopen(os.dup(2), "w")
+faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)
 
 DEFAULT_TF_LOG_LEVEL = "2"
 TF_LOG_LEVELS = ("0", "1", "2", "3")

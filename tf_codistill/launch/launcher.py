@@ -103,7 +103,8 @@ def _ephemeral_ports() -> range:
 
 
 def free_port(taken: Set[int]) -> int:
-  """A port that is free on 127.0.0.1 now, outside the ephemeral range and ``taken`` (joins it).
+  """A port that is free on every interface now, outside the ephemeral range and ``taken``
+  (joins it).
 
   Outside the ephemeral range, the outgoing connections of tasks already running cannot take
   the port in the seconds before its server binds it (bind(0) ports are ephemeral ones).
@@ -126,7 +127,7 @@ def free_port(taken: Set[int]) -> int:
         continue
     taken.add(port)
     return port
-  raise RuntimeError(f"no free port on 127.0.0.1 in {candidates} after 200 tries")
+  raise RuntimeError(f"no free port in {candidates} after 200 tries")
 
 
 def cluster_spec(shape: group_lib.Group, taken: Optional[Set[int]] = None) -> Dict[str, List[str]]:

@@ -95,6 +95,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
             if p != prefix and tf.io.gfile.exists(f"{p}.index")] + [prefix]  # gone ones dropped
     # Written times, which CheckpointManager needs to list them again.
     times = [tf.io.gfile.stat(f"{p}.index").mtime_nsec / 1e9 for p in kept[-self.max_to_keep:]]
+    # TF writes the names relative to the directory: a relative --model_dir, or a run directory
+    # moved elsewhere, still finds them.
     tf.compat.v1.train.update_checkpoint_state(
         self.directory, prefix, all_model_checkpoint_paths=kept[-self.max_to_keep:],
         all_model_checkpoint_timestamps=times, last_preserved_timestamp=min(times) - 1)

@@ -40,9 +40,10 @@ class Heartbeat(StepHook):
     self._last = -math.inf
     self._step = 0
     self._beats = 0  # pulses between steps (evaluating, exporting): progress the launcher sees
+    self._phase = "training"
 
   def _write(self, step: int, phase: str = "training") -> None:
-    self._step = int(step)
+    self._step, self._phase = int(step), phase
     record = {"step": int(step), "start_step": self.start_step, "time": time.time(),
               "pid": os.getpid(), "task": self.task, "phase": phase, "beats": self._beats}
     try:
@@ -68,8 +69,8 @@ class Heartbeat(StepHook):
     """Progress between steps (a batch evaluated, an export begun): the launcher's stall
     watchdog counts it as progress, so a long evaluation or the run's end is not a hang."""
     self._beats += 1
-    if time.monotonic() - self._last >= self.every_seconds:
-      self._write(self._step, phase)
+    if phase != self._phase or time.monotonic() - self._last >= self.every_seconds:
+      self._write(self._step, phase)  # a new phase at once: its clock starts now
 
 
 class LocalEvaluation(keras.callbacks.Callback):

@@ -196,3 +196,19 @@ def test_a_resumed_run_takes_the_configured_alpha_and_learning_rate_not_the_chec
   assert float(model.alpha.numpy()) == 1.0
   assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.1)
 
+
+def test_checkpoints_under_a_relative_or_moved_directory_are_resumed_from(tmp_path, monkeypatch):
+  # The state file names checkpoints relative to their directory, as TF reads them: a relative
+  # --model_dir, or a run directory moved elsewhere, resumes instead of being refused as damaged.
+  monkeypatch.chdir(tmp_path)
+  model = _compiled()
+  checkpoints = checkpointing.EpochCheckpoint(os.path.join("run", "checkpoints"), model)
+  for step in (30, 60):
+    model.optimizer.iterations.assign(step)
+    checkpoints.save(step)
+  assert checkpointing.newest_step(os.path.join("run", "checkpoints")) == 60
+  os.rename("run", "moved")
+  again = _compiled()
+  assert checkpointing.EpochCheckpoint(os.path.join("moved", "checkpoints"), again).restore() == 60
+  assert checkpointing.newest_step(str(tmp_path / "moved" / "checkpoints")) == 60
+

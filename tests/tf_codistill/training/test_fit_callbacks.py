@@ -114,3 +114,22 @@ def test_the_chiefs_evaluation_pulses_its_heartbeat_between_steps(built):
   callbacks.evaluation.evaluate()  # a pulse per batch evaluated
   with open(heartbeat.path) as f:
     assert json.load(f)["beats"] > 3
+
+
+def test_a_new_phase_is_written_at_once_and_pulses_within_one_are_spaced(tmp_path):
+  # The export follows the evaluation's pulses at once: its own must reach the launcher, which
+  # counts the export's time from it.
+  heartbeat = monitoring.Heartbeat(str(tmp_path / "heartbeat.json"), every_seconds=1000.0)
+  heartbeat.on_begin(None, 5)
+
+  def written():
+    with open(heartbeat.path) as f:
+      record = json.load(f)
+    return record["phase"], record["beats"]
+  heartbeat.pulse("evaluating")
+  assert written() == ("evaluating", 1)
+  heartbeat.pulse("evaluating")
+  assert written() == ("evaluating", 1)  # within every_seconds: not written again
+  heartbeat.pulse("exporting")
+  assert written() == ("exporting", 3)
+

@@ -264,22 +264,21 @@ class _Group:
   def log_path(self, task: Tuple[str, int]) -> str:
     return layout.RunDir(self.dir).task_log(*task)
 
-  def heartbeat(self) -> Tuple[Optional[int], Optional[Tuple]]:
-    """The step of the chief's heartbeat.json and its progress mark (step, phase, pulses
-    between steps: an evaluation or export going on), Nones before one is readable."""
+  def heartbeat(self) -> Optional[Tuple]:
+    """The progress mark of the chief's heartbeat.json: (step, phase, pulses between steps: an
+    evaluation or export going on), None before one is readable."""
     try:
       with open(layout.RunDir(self.dir).heartbeat) as f:
         record = json.load(f)
-      step = int(record["step"])
-      return step, (step, record.get("phase"), record.get("beats"))
+      return int(record["step"]), record.get("phase"), record.get("beats")
     except (OSError, ValueError, KeyError, TypeError):
-      return None, None
+      return None
 
   def start_all(self) -> None:
     os.makedirs(self.dir, exist_ok=True)
     self.cluster = cluster_spec(self.shape, self.ports)
     self.chief_done_at = None
-    self.progress_mark, self.progress_at = self.heartbeat()[1], time.monotonic()
+    self.progress_mark, self.progress_at = self.heartbeat(), time.monotonic()
     for task in self.shape.tasks():
       self.start(task)
 
@@ -556,7 +555,8 @@ def _check_progress(group: _Group, stall_timeout_s: float, max_restarts: int) ->
   """Restarts (or fails) a group whose chief has made no progress for ``stall_timeout_s``: no
   step, and no pulse of an evaluation or export between steps (heartbeat.json; counted from the
   group's start until its first heartbeat), after every task dumped its stacks into its log."""
-  step, mark = group.heartbeat()
+  mark = group.heartbeat()
+  step = mark and mark[0]
   now = time.monotonic()
   if mark != group.progress_mark:  # a step, or a pulse of an evaluation or export
     group.progress_mark, group.progress_at = mark, now

@@ -369,7 +369,7 @@ def test_a_chief_evaluating_or_exporting_between_steps_is_not_taken_for_a_stalle
     with open(heartbeat, "w") as f:
       json.dump({"step": step, "phase": phase, "beats": beats}, f)
   beat(40, "training", 0)
-  group.progress_mark, group.progress_at = group.heartbeat()[1], clock[0]
+  group.progress_mark, group.progress_at = group.heartbeat(), clock[0]
   # The step stands for 3 stall timeouts, but an evaluation (then the export) pulses.
   for beats, phase in ((1, "evaluating"), (2, "evaluating"), (3, "exporting")):
     clock[0] += 50.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Callable, Optional
 
 import gin
@@ -203,7 +204,7 @@ def newest_step(directory: str) -> int:
       missing or damaged ``checkpoint`` state file, its ``.index`` gone or truncated): the run
       would silently start over and overwrite its curve.
   """
-  path = tf.train.latest_checkpoint(directory)
+  path = _latest_checkpoint(directory)
   if path is None:
     check_no_lost_checkpoints(directory)
     return 0
@@ -213,6 +214,19 @@ def newest_step(directory: str) -> int:
     raise errors.ConfigurationError(
         f"{path}: the newest checkpoint cannot be read ({type(e).__name__}: "
         f"{str(e).splitlines()[0] if str(e) else ''}); {_KEEP_OR_MOVE.format(directory)}") from e
+
+
+def _latest_checkpoint(directory: str, reads: int = 3, pause_s: float = 0.2) -> Optional[str]:
+  """``tf.train.latest_checkpoint``, read again while it is None but a state file is there: a run
+  saving meanwhile names its new checkpoint in the state file before it deletes the old one, so a
+  read of the old name that finds its ``.index`` gone is a save under way, not damage."""
+  for attempt in range(reads):
+    path = tf.train.latest_checkpoint(directory)
+    if path is not None or not tf.io.gfile.exists(os.path.join(directory, "checkpoint")):
+      return path
+    if attempt + 1 < reads:
+      time.sleep(pause_s)
+  return None
 
 
 _KEEP_OR_MOVE = ("nothing was trained: restore the checkpoint's files to resume, or move {} "

@@ -4,6 +4,7 @@ growth per save)."""
 
 import os
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -150,6 +151,25 @@ def test_checkpoints_that_cannot_be_resumed_from_stop_the_run_naming_them(tmp_pa
     tfc.resume_step(str(tmp_path))
   with pytest.raises(ConfigurationError, match=re.escape(directory)):
     checkpointing.EpochCheckpoint(directory, model).restore()
+
+
+def test_a_save_under_way_is_not_taken_for_damage(tmp_path):
+  # What a reader of a running group's directory can see (CI saw it: a test polling
+  # tfc.resume_step): the state file read still names the old checkpoint, whose .index the save's
+  # sweep has just deleted; the save had already named its new checkpoint in the state file.
+  directory, _ = _two_checkpoints(tmp_path)
+  state = os.path.join(directory, "checkpoint")
+  with open(state) as f:
+    newest_state = f.read()
+  with open(state, "w") as f:
+    f.write(re.sub(r'^(model_checkpoint_path: ".*ckpt-)60"', r'\g<1>30"', newest_state))
+  os.remove(os.path.join(directory, "ckpt-30.index"))
+  writer = threading.Timer(0.1, lambda: open(state, "w").write(newest_state))
+  writer.start()
+  try:
+    assert checkpointing.newest_step(directory) == 60
+  finally:
+    writer.join()
 
 
 def test_a_first_checkpoint_cut_short_starts_the_run_over(tmp_path):

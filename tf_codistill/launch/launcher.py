@@ -15,7 +15,8 @@ a client sends, so nothing outside the launch may reach them. Where no namespace
 
 Supervision:
 - a group is done when its chief exits 0; its remaining tasks (parameter-server workers and ps
-  tasks, which serve forever) are then stopped;
+  tasks, which serve forever) are then stopped; one of those that ends before (even with
+  status 0) has failed;
 - a parameter-server worker that dies is restarted (the coordinator reschedules its steps
   meanwhile); any other failed task restarts the whole group, which resumes from its checkpoint;
   at most ``max_restarts`` restarts per group (default ``DEFAULT_MAX_RESTARTS``); the tasks
@@ -515,15 +516,18 @@ def _supervise(group: _Group, max_restarts: int) -> None:
     return
   worker_only = (group.shape.strategy == "parameter_server"
                  and all(t[0] == "worker" for t, _ in dead))
-  _restart(group, task, status, f"exited with {_describe(status)}", max_restarts,
-           [t for t, _ in dead] if worker_only else None)
+  what = f"exited with {_describe(status)}" + (
+      " while its chief trains (parameter-server tasks serve until stopped)" if status == 0 else "")
+  _restart(group, task, status, what, max_restarts, [t for t, _ in dead] if worker_only else None)
 
 
 def _dead_tasks(group: _Group) -> List[Tuple[Tuple[str, int], int]]:
-  """The group's tasks that failed, with their exit statuses (synchronous workers finish by
-  themselves, status 0, just before their chief)."""
+  """The group's tasks that failed, with their exit statuses. Synchronous workers finish by
+  themselves, status 0, just before their chief; parameter-server workers and ps tasks serve
+  until stopped, so one that ended while its chief trains failed, whatever its status."""
+  serving = group.shape.strategy == "parameter_server"
   return [(task, proc.returncode) for task, proc in group.procs.items()
-          if proc.poll() not in (None, 0)]
+          if proc.poll() is not None and (proc.returncode != 0 or (serving and task[0] != "chief"))]
 
 
 def _restart(group: _Group, task: Tuple[str, int], status: int, what: str, max_restarts: int,
@@ -564,8 +568,9 @@ def _check_progress(group: _Group, stall_timeout_s: float, max_restarts: int) ->
   if not stall_timeout_s or now - group.progress_at < stall_timeout_s:
     return
   where = "before its first step" if step is None else f"at step {step}"
-  logging.error("group %d made no step progress for %.0f s (%s): every task dumps its stacks "
-                "into its log", group.index, now - group.progress_at, where)
+  logging.error("group %d made no progress for %.0f s (no step, evaluation or export; %s): "
+                "every task dumps its stacks into its log", group.index, now - group.progress_at,
+                where)
   for proc in group.procs.values():
     if proc.poll() is None:
       proc.send_signal(signal.SIGUSR1)  # tf-codistill-train dumps its stacks
@@ -575,5 +580,6 @@ def _check_progress(group: _Group, stall_timeout_s: float, max_restarts: int) ->
     return
   group.events.write("stalled", group=group.index, step=step, seconds=now - group.progress_at)
   _restart(group, ("chief", 0), STALLED_STATUS,
-           f"made no step progress for {stall_timeout_s:.0f} s ({where}; --stall_timeout_s)",
+           f"made no progress for {stall_timeout_s:.0f} s (no step, evaluation or export; {where}; "
+           "--stall_timeout_s)",
            max_restarts)

@@ -302,6 +302,25 @@ def test_a_task_that_dies_as_its_chief_finishes_costs_no_restart(tmp_path):
     group.stop_all()
 
 
+def test_a_parameter_server_task_that_ends_while_its_chief_trains_is_restarted(tmp_path):
+  # A ps task serves until stopped: one that exits with status 0 while its chief trains left the
+  # chief waiting on it (until the stall watchdog, if any). It costs a restart of the group now.
+  shape = group_lib.Group(strategy="parameter_server", workers_per_group=1, ps_per_group=1)
+  group = _sleeper_group(tmp_path, "import json, os, time; task = json.loads(os.environ["
+                         "'TF_CONFIG'])['task']['type']; time.sleep(0.2 if task == 'ps' else 120)",
+                         shape)
+  try:
+    group.start_all()
+    first = dict(group.procs)
+    first[("ps", 0)].wait()
+    launcher._supervise(group, max_restarts=3)
+    restarts = [e for e in launcher.read_events(str(tmp_path)) if e["event"] == "restarted"]
+    assert [(e["scope"], e["task"], e["status"]) for e in restarts] == [("group", "ps", 0)]
+    assert group.procs[("chief", 0)].pid != first[("chief", 0)].pid
+  finally:
+    group.stop_all()
+
+
 def test_stopping_a_task_stops_the_children_it_leaves_behind(tmp_path):
   # The task exits on SIGTERM; its child ignores SIGTERM: SIGKILL of the task's process group
   # after the grace period still reaches the child.
@@ -378,5 +397,5 @@ def test_a_chief_evaluating_or_exporting_between_steps_is_not_taken_for_a_stalle
   assert not group.failed
   clock[0] += 61.0  # nothing since: a hang
   launcher._check_progress(group, stall_timeout_s=60.0, max_restarts=0)
-  assert "made no step progress for 60 s (at step 40" in group.failed
+  assert "made no progress for 60 s (no step, evaluation or export; at step 40" in group.failed
 

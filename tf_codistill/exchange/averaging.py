@@ -377,6 +377,8 @@ def read_shared_state(exchange_dir: str, newest_at_most: Optional[int] = None
       momentum = ([reader.get_tensor(f"{i}/momentum") for i in range(count)]
                   if marker.get("momentum") else None)
     except (directory.InvalidVersionError, tf.errors.OpError, KeyError, ValueError) as e:
+      if not tf.io.gfile.exists(path):  # removed meanwhile by a decider keeping keep_rounds
+        continue
       raise AveragingError(f"{path}: unreadable shared state ({e})") from None
     if outer.digest(theta) != marker.get("digest"):
       raise AveragingError(f"{path}: its parameters do not match the digest in its marker")

@@ -14,8 +14,10 @@ it had not stopped; one that missed rounds takes the newest. Under MultiWorkerMi
 computes the same numbers from the same files and assigns its own copy; the one collective agrees
 on the round they catch up to (``agree``), so a decision that lands between two workers' reads
 cannot leave them a round apart. Under ParameterServerStrategy ``ScheduledRounds`` runs the same
-rounds from the coordinator, with no step in flight. Rounds fall on the multiples of H, after a
-restart too, so every group's last round is the same step.
+rounds from the coordinator, with no step in flight. Round r falls on step r * H in every group,
+after a restart or a catch-up too (a group that took rounds decided without it takes its next one
+where its peers do, at once if that step is past), so groups meet on the same round at the same
+step and every group's last round is the same one.
 """
 
 from __future__ import annotations
@@ -98,20 +100,17 @@ class AveragingRound(step_hooks.StepHook):
       return
     self._reach(target)
     self._assign(self.anchor)
-    self._begin_period(step)
+    self._begin_period()
     logging.info("averaging: group %d starts at round %d (step %d, parameters %s)", self.group,
                  self.round, step, outer.digest(self.anchor))
 
-  def _begin_period(self, step: int) -> None:
-    """The round period after the round now applied begins at the last multiple of H; both go
-    into the model's checkpointed ``averaging_position``, which a resumed run starts from."""
-    self.round_start_step = self.grid(step)
+  def _begin_period(self) -> None:
+    """The period after round r (now applied) began at step r * H, where every group took it,
+    also when this group took it later (late or catching up); both go into the model's
+    checkpointed ``averaging_position``, which a resumed run starts from."""
+    self.round_start_step = self.round * self.config.every_steps
     if self.position is not None:
       self.position.assign(tf.constant([self.round, self.round_start_step], tf.int64))
-
-  def grid(self, step: int) -> int:
-    """The last multiple of H at or before ``step``: where the current round period began."""
-    return step - step % self.config.every_steps
 
   def _wait_for_start(self) -> averaging.SharedState:
     deadline = time.monotonic() + self.config.peer_timeout_s
@@ -188,13 +187,13 @@ class AveragingRound(step_hooks.StepHook):
       self._reach(round_)
       self._reach(self.agree(self._decided_through(self.round)))
       self._assign(self.anchor)
-      self._begin_period(step)
+      self._begin_period()
       return
     waited = time.monotonic() - start
     received = sum(nbytes for g, (_, nbytes) in changes.items() if g != self.group)
     digest = self._apply(decision, changes)
     self._assign(self.anchor)
-    self._begin_period(step)
+    self._begin_period()
     entry = {"round": round_, "step": step, "members": list(decision.members),
              "excluded": {str(g): why for g, why in decision.excluded.items()},
              "late": self.group not in decision.members, "wait_s": waited,
@@ -210,7 +209,7 @@ class AveragingRound(step_hooks.StepHook):
     self._reach(self.agree(self._decided_through(self.round)))
     if self.round > behind:
       self._assign(self.anchor)
-      self._begin_period(step)
+      self._begin_period()
 
   def _decide(self, round_: int, start: float
               ) -> Tuple[averaging.Decision, Dict[int, Tuple[List[np.ndarray], int]]]:
@@ -356,32 +355,33 @@ class ScheduledRounds(keras.callbacks.Callback):
   ``every_steps`` scheduled steps it waits for every step in flight
   (``ClusterCoordinator.join``), so the round reads exact values and the workers stand still
   while it assigns the new ones to the variables on the ps tasks. A thread polling the step would
-  let ``fit`` schedule steps during the round."""
+  let ``fit`` schedule steps during the round. (Under other strategies a step is done when its
+  batch callback runs: nothing to wait for.)"""
 
   def __init__(self, rounds: AveragingRound):
     super().__init__()
     self._supports_tf_logs = True
     self.rounds = rounds
     self._epoch = 0
-    self._round_start: Optional[int] = None
+    self._start_step = 0  # the step fit began at (a resumed run's checkpoint)
+    self._offset: Optional[int] = None
 
   def on_train_begin(self, logs=None):
-    self.rounds.on_begin(self.model, step_hooks.current_step(self.model))
-    self._round_start = None
+    self._start_step = step_hooks.current_step(self.model)
+    self.rounds.on_begin(self.model, self._start_step)
+    self._offset = None
 
   def on_epoch_begin(self, epoch, logs=None):
     self._epoch = epoch
-    if self._round_start is None:  # the first epoch of this fit (initial_epoch after a restart)
-      self._round_start = self.rounds.grid(self._scheduled(epoch, -1))
-
-  def _scheduled(self, epoch: int, batch: int) -> int:
-    return epoch * int(self.params["steps"]) + batch + 1
+    if self._offset is None:
+      # A run resumed from a checkpoint taken mid-epoch starts that epoch over, steps ahead.
+      self._offset = max(0, self._start_step - epoch * int(self.params["steps"]))
 
   def on_train_batch_end(self, batch, logs=None):
-    scheduled = self._scheduled(self._epoch, batch)
-    if scheduled - (self._round_start or 0) < self.rounds.config.every_steps:
+    scheduled = self._epoch * int(self.params["steps"]) + batch + 1 + (self._offset or 0)
+    if scheduled - self.rounds.round_start_step < self.rounds.config.every_steps:
       return
-    tf.distribute.experimental.coordinator.ClusterCoordinator(
-        self.model.distribute_strategy).join()
+    strategy = self.model.distribute_strategy
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+      tf.distribute.experimental.coordinator.ClusterCoordinator(strategy).join()
     self.rounds.run_round(self.model, step_hooks.current_step(self.model))
-    self._round_start = self.rounds.grid(scheduled)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -196,6 +197,20 @@ def test_shared_states_round_trip_and_old_ones_go_but_decisions_stay(tmp_path):
   assert averaging.read_shared_state(directory, newest_at_most=1) is None
   # A round is decided once: its decision outlives its shared state.
   assert averaging.read_decision(directory, 0) and averaging.read_decision(directory, 1)
+
+
+def test_a_shared_state_removed_while_it_is_read_is_taken_as_gone(tmp_path, monkeypatch):
+  # A reader lists the shared states, then a decider's clean-up (keep_rounds) removes the one it
+  # picked before it reads it: it is gone, not unreadable (the next older one is read).
+  directory = str(tmp_path)
+  for round_ in range(3):
+    theta = _arrays(round_)
+    averaging.write_shared_state(directory, averaging.SharedState(
+        round_, theta, None, outer.digest(theta)), keep_rounds=5)
+  listed = averaging.directory.complete_steps(averaging.shared_dir(directory))
+  shutil.rmtree(os.path.join(averaging.shared_dir(directory), "step_2"))
+  monkeypatch.setattr(averaging.directory, "complete_steps", lambda base: listed)
+  assert averaging.read_shared_state(directory, newest_at_most=2).round == 1
 
 
 def test_a_shared_state_that_does_not_match_its_digest_is_an_error(tmp_path):

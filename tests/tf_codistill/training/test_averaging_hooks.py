@@ -18,6 +18,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tf_codistill import errors
+from tf_codistill import step_hooks
 from tf_codistill.exchange import averaging
 from tf_codistill.optim import outer
 from tf_codistill.training import averaging_hooks
@@ -106,10 +107,12 @@ def test_a_dead_peer_is_left_out_after_the_timeout_and_a_restart_rejoins(tmp_pat
   assert "no change within 3 s" in a["log"][1]["excluded"]["1"]
   assert a["statistics"]["averaging_rounds"]["rounds_short_of_groups"] == 2
   assert a["log"][0]["digest"] == b["log"][0]["digest"]
-  # Group 1 restarted: it starts from the shared state of round 3 and takes round 4 alone.
-  [again] = _finish([_start(tmp_path, 1, name="again", steps=5, every=5, peer_timeout_s=3)])
+  # Group 1 restarted with no checkpoint: it starts from the shared state of round 3 and takes
+  # round 4 alone where every group takes it, at step 20 (round r at step r * H), so its last
+  # round is the one its peers' is at the same step.
+  [again] = _finish([_start(tmp_path, 1, name="again", steps=20, every=5, peer_timeout_s=3)])
   assert "starts at round 3" in again["stderr"]
-  assert again["log"][0]["round"] == 4 and again["log"][0]["members"] == [1]
+  assert [(e["round"], e["step"], e["members"]) for e in again["log"]] == [(4, 20, [1])]
 
 
 def test_a_poisoned_change_is_rejected_naming_its_group_and_round(tmp_path):
@@ -185,7 +188,12 @@ def test_a_group_behind_catches_up_to_the_agreed_round_exactly(tmp_path):
   assert behind.round == 2
   assert outer.digest(behind.anchor) == digests[2]
   assert outer.digest([v.numpy() for v in model.student.trainable_variables]) == digests[2]
-  # Rounds fall on the multiples of H after a restart too (the next at 40, not 47).
+  # Round r falls on step r * H in every group: round 2's period began at step 20, so round 3
+  # (decided at step 30 without it) is due at once, and its round 4 falls at 40 like its peers'
+  # (not at 47, nor at 50 a round behind them).
+  assert behind.round_start_step == 20
+  behind.on_step(model, 38, {})
+  assert [(e["round"], e["late"], e["digest"]) for e in behind.log] == [(3, True, digests[3])]
   assert behind.round_start_step == 30
   # With every worker at round 3, the newest shared state is not needed either.
   ahead, model = _in_process(tmp_path, 1)
@@ -263,7 +271,7 @@ def test_a_group_resumed_from_a_checkpoint_goes_on_as_if_it_had_not_stopped(tmp_
     variable.assign(saved)
   again, resumed = _resume(tmp_path, "late", model, 25)
   assert again.round == 3 and _digest(resumed) == late.log[-1]["digest"]
-  assert again.round_start_step == 20
+  assert again.round_start_step == 30  # round 3's step: its round 4 falls at 40, as its peers'
 
 
 def test_non_finite_parameters_stop_the_round_before_anything_is_published(tmp_path):
@@ -276,3 +284,38 @@ def test_non_finite_parameters_stop_the_round_before_anything_is_published(tmp_p
                            "change for round 1 is not published"):
     rounds.on_step(model, 10, {})
   assert not averaging.has_change(str(tmp_path / "exchange"), 0, 1)
+
+
+class _Student(keras.Model):
+  """A model with a ``student`` (what AveragingRound averages) trained by ``fit``."""
+
+  def __init__(self):
+    super().__init__()
+    self.student = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+  def call(self, inputs):
+    return self.student(inputs)
+
+
+def test_scheduled_rounds_stay_on_the_multiples_of_h_in_an_epoch_resumed_mid_way(tmp_path):
+  # A parameter-server group checkpointed at step 25 in round 2's period (H = 10, alone), then
+  # resumed by fit in epochs of 10 steps: fit starts epoch 2 over, 5 steps in, and its rounds
+  # fall at steps 30, 40 and 50 as the uninterrupted run's would, not at 35 and 45.
+  part, model = _alone_from_fixed_weights(tmp_path, "ps")
+  part.on_begin(model, 0)
+  _local_steps(part, model, 1, 25)
+  assert model.averaging_position.numpy().tolist() == [2, 20]
+  rounds, _ = _in_process(tmp_path / "ps", 0)
+  resumed = _Student()
+  resumed.averaging_position = tf.Variable(model.averaging_position.numpy())
+  resumed.compile(optimizer="sgd", loss="mse")
+  resumed.optimizer.iterations.assign(25)
+  for variable, saved in zip(resumed.student.trainable_variables,
+                             model.student.trainable_variables):
+    variable.assign(saved)
+  data = tf.data.Dataset.from_tensor_slices(
+      (np.ones([8, 3], "float32"), np.ones([8, 2], "float32"))).batch(4).repeat()
+  resumed.fit(data, epochs=5, initial_epoch=2, steps_per_epoch=10, verbose=0,
+              callbacks=[averaging_hooks.ScheduledRounds(rounds),
+                         step_hooks.StepLimit(50, 10, offset=25 % 10)])
+  assert [(e["round"], e["step"]) for e in rounds.log] == [(3, 30), (4, 40), (5, 50)]

@@ -160,10 +160,17 @@ def cpu_models(summary: dict) -> collections.Counter:
   script's one model from its ``machine`` block when it has no runs."""
   runs = [r for a in (summary.get("arms") or {}).values() if isinstance(a, dict)
           for r in a.get("runs") or [] if isinstance(r, dict)]
-  counts = collections.Counter(r.get("cpu_model") or "not recorded" for r in runs)
+  counts = collections.Counter(_run_cpu_models(r) for r in runs)
   if not runs and (summary.get("machine") or {}).get("cpu_model"):
     counts[summary["machine"]["cpu_model"]] = 1
   return counts
+
+
+def _run_cpu_models(run: dict) -> str:
+  """The CPU model a run was taken on; a run resumed on other models names them all ("A + B")."""
+  models = {p.get("cpu_model") for p in run.get("parts") or [] if isinstance(p, dict)}
+  models = sorted(m for m in models | {run.get("cpu_model")} if m)
+  return " + ".join(models) or "not recorded"
 
 
 def _cpu_lines(summary: dict) -> List[str]:

@@ -63,14 +63,27 @@ def _stat(values: Sequence[Optional[float]]) -> Optional[Dict[str, float]]:
 
 def bytes_sent_per_step(result: Mapping[str, Any]) -> Optional[float]:
   """Bytes a group of a multi-group run sent its peers a step: its published versions' files and
-  its averaging changes; None for one group, or a run recorded without the counts."""
-  if int(result.get("num_groups") or 1) < 2 or not result.get("steps"):
+  its averaging changes, over the steps of the process that counted them (a run resumed after a
+  stop counts from its checkpoint's step); None for one group, a run recorded without the
+  counts, or a last part that trained no step."""
+  trained = int(result.get("steps") or 0) - int(result.get("resumed_from_step") or 0)
+  if int(result.get("num_groups") or 1) < 2 or trained <= 0:
     return None
   published = result.get("publish_bytes")
   if result.get("codistill") and published is None:
     return None
   rounds = result.get("averaging_rounds") or {}
-  return ((published or 0) + rounds.get("bytes_sent", 0)) / result["steps"]
+  return ((published or 0) + rounds.get("bytes_sent", 0)) / trained
+
+
+def examples_per_sec(result: Mapping[str, Any], curve: Sequence[Mapping[str, Any]]
+                     ) -> Optional[float]:
+  """A run's training rate: its record's median, or for a run resumed after a stop (whose
+  process measured only its last part) the median of every evaluation's rate in its curve."""
+  if not result.get("resumed_from_step"):
+    return result.get("examples_per_sec")
+  rates = [line["examples_per_sec"] for line in curve if line.get("examples_per_sec")]
+  return float(np.median(rates)) if rates else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -284,7 +297,13 @@ def stopped_run(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, seed: in
     _refuse_if_running(layout.group_run(model_dir, group).heartbeat, f"{arm.name} seed {seed}")
   parts = _read_parts(model_dir)
   recorded = next((p["config"] for p in reversed(parts) if p.get("config")), None)
-  return steps if recorded in (None, config, *also) else {}
+  if recorded in (config, *also):
+    return steps
+  logging.warning("%s seed %d: its stopped run (checkpoints at steps %s) was started under %s, "
+                  "not this configuration (%s): it starts over", arm.name, seed, steps,
+                  f"configuration {recorded}" if recorded else "no recorded configuration",
+                  config)
+  return {}
 
 
 def run_config_digest(arm: spec.Arm, suite: spec.Suite, data: Sequence[str],
@@ -805,7 +824,7 @@ def _target(suite: spec.Suite, paths: spec.RunPaths,
 
 
 # A run's figures the summary copies from its record (None where the record has none).
-_RESULT_KEYS = ("examples_per_sec", "load_avg_1m_before", "load_avg_1m_at_end",
+_RESULT_KEYS = ("load_avg_1m_before", "load_avg_1m_at_end",
                 "started_above_nproc_load", "cpu_model", "train_targets", "share_tokens",
                 "repeated_tokens", "trainable_parameter_bytes", "member_losses", "ensemble_gain")
 # The per-run figures an arm's summary gives statistics of (``_stat``).
@@ -828,6 +847,7 @@ def _run_figures(run: dict, suite: spec.Suite, target: Optional[float]) -> dict:
           **({"parts": result["parts"]} if result.get("parts") else {}),
           "best_val_loss": protocol.best_loss(protocol.curve_points(run["curve"], suite.loss_key)),
           "steps_to_target": steps, "wall_time_to_target_s": wall,
+          "examples_per_sec": examples_per_sec(result, run["curve"]),
           "bytes_sent_per_step": bytes_sent_per_step(result), "curve": run["curve_file"]}
 
 

@@ -40,6 +40,10 @@ def test_report_names_the_cpu_and_flags_runs_resumed_on_another_cpu_model():
   assert "comparable only between runs on the same one" in line
   assert report._cpu_lines({"arms": {}, "machine": {"cpu_model": "CPU Z"}}) == ["- CPU: CPU Z"]
   assert report._cpu_lines(arms({"load_avg_1m_before": 0.5})) == []
+  # One run whose parts ran on two CPU models is flagged though every run's last part agrees.
+  moved = dict(run("CPU X"), parts=[{"cpu_model": "CPU Y"}, {"cpu_model": "CPU X"}])
+  line, = report._cpu_lines(arms(run("CPU X"), moved))
+  assert "2 CPU models: CPU X (1 runs), CPU X + CPU Y (1 runs)" in line
 
 
 def test_the_report_names_the_runs_resumed_after_a_stop_and_from_which_steps():

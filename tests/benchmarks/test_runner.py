@@ -52,6 +52,17 @@ def test_bytes_per_step_counts_versions_and_averaging_changes_of_multi_group_run
   assert runner.bytes_sent_per_step({"num_groups": 1, "steps": 100}) is None
   # A codistillation run recorded before versions were counted says nothing.
   assert runner.bytes_sent_per_step(dict(codistill, publish_bytes=None)) is None
+  # A run resumed at step 60 counted what its last process sent, over the 40 steps it trained;
+  # one resumed at its end trained nothing and says nothing.
+  assert runner.bytes_sent_per_step(dict(codistill, resumed_from_step=60)) == 125
+  assert runner.bytes_sent_per_step(dict(codistill, resumed_from_step=100)) is None
+
+
+def test_a_resumed_runs_rate_is_read_from_every_part_of_its_curve():
+  curve = [{"step": s, "examples_per_sec": r} for s, r in ((10, 50.0), (20, 60.0), (30, 40.0))]
+  assert runner.examples_per_sec({"examples_per_sec": 45.0}, curve) == 45.0
+  assert runner.examples_per_sec({"examples_per_sec": 40.0, "resumed_from_step": 20}, curve) == 50
+  assert runner.examples_per_sec({"resumed_from_step": 30}, [{"step": 30}]) is None
 
 
 def _one_arm(tmp_path, seeds):
@@ -256,6 +267,12 @@ def test_a_stopped_run_resumes_from_its_checkpoints_and_records_its_parts(tmp_pa
   legacy = runner.run_config_digest(new_name, resuming, data, names="current")
   assert legacy != runner.run_config_digest(new_name, resuming, data)
   assert runner.stopped_run(arm, resuming, paths, 0, "another", also=[config]) == {0: 60, 1: 30}
+  # A run whose parts recorded no configuration (started by a path that records none, or its
+  # parts file lost) starts over: any configuration could have made it.
+  parts_file = os.path.join(model_dir, runner.PARTS_FILE)
+  os.rename(parts_file, parts_file + ".away")
+  assert runner.stopped_run(arm, resuming, paths, 0, config) == {}
+  os.rename(parts_file + ".away", parts_file)
   # A run whose chief is alive (a runner killed alone leaves its tasks running) is refused.
   heartbeat = os.path.join(model_dir, "group_1", "heartbeat.json")
   with open(heartbeat, "w") as f:

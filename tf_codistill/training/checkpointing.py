@@ -191,7 +191,7 @@ class ConfiguredValues(keras.callbacks.Callback):
         continue
       restored = float(variable.numpy())
       if not np.isclose(restored, value, rtol=1e-6, atol=0.0):
-        logging.warning("%s=%s, not the checkpoint's %s: the configured value is used", name,
+        logging.warning("%s=%.7g, not the checkpoint's %.7g: the configured value is used", name,
                         value, restored)
         variable.assign(value)
 

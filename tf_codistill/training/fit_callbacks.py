@@ -68,8 +68,7 @@ def build(config: TrainConfig, where: GroupTask, model: CodistillModel,
     callbacks.resume_step = checkpoints.restore()
     # A checkpoint of the run's last step (its last epoch may be cut short) leaves nothing to
     # train; one taken mid-epoch (a stop on max_wall_seconds) resumes in that epoch.
-    callbacks.initial_epoch = (-(-config.train_steps // config.steps_per_epoch)
-                               if callbacks.resume_step >= config.train_steps
+    callbacks.initial_epoch = (config.epochs if callbacks.resume_step >= config.train_steps
                                else callbacks.resume_step // config.steps_per_epoch)
   else:  # fit restores it
     checkpoints = checkpointing.StepBackup(where.run_dir.backup, model.flush_fusion,

@@ -146,6 +146,12 @@ class TrainConfig:
     """Whether the group exchanges anything with its peers (distillation or averaging)."""
     return self.exchange is not None
 
+  @property
+  def epochs(self) -> int:
+    """``fit``'s epochs: ``train_steps`` in epochs of ``steps_per_epoch`` (the last one may be
+    cut short by ``StepLimit``)."""
+    return max(1, -(-self.train_steps // self.steps_per_epoch))
+
 
 def check_renamed(names: Sequence[str]) -> None:
   """Raises ConfigurationError for a setting given by a name it no longer has."""

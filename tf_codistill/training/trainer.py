@@ -201,8 +201,7 @@ class GroupTrainer:
     try:
       with inputs.data_errors(config.data.dataset_fn,
                               [*config.data.train_files, *config.data.eval_files]):
-        epochs = max(1, -(-config.train_steps // config.steps_per_epoch))
-        history = model.fit(dataset, epochs=epochs,
+        history = model.fit(dataset, epochs=config.epochs,
                             steps_per_epoch=config.steps_per_epoch,
                             initial_epoch=callbacks.initial_epoch, callbacks=callbacks.fit,
                             verbose=config.verbose if self.info.is_chief else 0,

@@ -56,12 +56,15 @@ def test_absl_lines_below_the_level_are_dropped_with_their_continuation_lines():
 
 def test_a_task_asked_for_its_stacks_while_importing_tensorflow_dumps_them_and_lives():
   # The launcher's stall watchdog sends SIGUSR1; a task restarted seconds before may still be
-  # importing TensorFlow, which must not make the signal kill it.
+  # importing TensorFlow, which must not make the signal kill it. The asking thread stays alive:
+  # faulthandler walks every thread without the GIL, and a thread ending during the walk can
+  # crash it (CI saw a thread state of id 0, then SIGSEGV); the launcher signals from outside.
   code = ("import os, signal, sys, threading, time\n"
           "def ask():\n"
           "  while 'tensorflow' not in sys.modules:\n"
           "    time.sleep(0.001)\n"
-          "  os.kill(os.getpid(), signal.SIGUSR1)\n"
+          "  signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)\n"
+          "  threading.Event().wait()\n"
           "threading.Thread(target=ask, daemon=True).start()\n"
           "import tf_codistill.bin\n"
           "print('alive')\n")

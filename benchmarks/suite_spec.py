@@ -56,7 +56,8 @@ class Arm:
   """One configuration of a suite.
 
   Attributes:
-    name: identifier (directory and table name).
+    name: identifier (directory and table name); default: the gin scope the arm is built in
+      (``@sync_b/bench.Arm()`` is ``sync_b``), which a nested scope cannot be.
     gin_files: trainer gin files, relative to the repo's ``gin/`` directory or absolute.
     gin_bindings: the arm's own bindings, after the suite's ``common_bindings``.
     num_groups: codistillation groups in one run (1: no peers).
@@ -79,7 +80,7 @@ class Arm:
       disjoint pairs of ``seed_list`` (0-1, 2-3, ...). How churn is measured, not how runs
       train: not part of the arm's recorded configuration.
   """
-  name: str
+  name: str = ""
   gin_files: Sequence[str] = ("criteo/baseline.gin",)
   gin_bindings: Sequence[str] = ()
   num_groups: int = 1
@@ -109,6 +110,8 @@ class Arm:
   def __post_init__(self):
     if not self.scope:
       object.__setattr__(self, "scope", gin.current_scope_str())
+      if not self.name and "/" not in self.scope:
+        object.__setattr__(self, "name", self.scope)
     if self.kind not in ARM_KINDS:
       raise ValueError(f"arm {self.name!r}: kind={self.kind!r} is not one of {ARM_KINDS}")
     if self.kind != "train" and not self.source_arm:
@@ -228,6 +231,10 @@ class Suite:
     if self.output not in losses.OUTPUTS:
       raise ValueError(f"suite {self.name!r}: output={self.output!r} is not one of "
                        f"{losses.OUTPUTS}")
+    for arm in [*self.arms, *([self.scaling_arm] if self.scaling_arm else [])]:
+      if not arm.name:
+        raise ValueError(f"suite {self.name!r}: the arm built in scope {arm.scope!r} needs a "
+                         f"name: bind {arm.scope + '/' if arm.scope else ''}bench.Arm.name")
     names = [arm.name for arm in self.arms]
     if len(set(names)) != len(names):
       raise ValueError(f"suite {self.name!r}: arm names repeat: {names}")

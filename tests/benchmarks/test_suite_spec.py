@@ -179,3 +179,18 @@ def test_each_suite_as_written_today_is_the_configuration_its_recorded_runs_used
       assert reuse.same_config(recorded[arm.name], today), (arm.name, recorded[arm.name], today)
   if name == "english_lm":
     assert b_star == 64 and {"sync_b", "sync_2b", "codistill", "codistill_long"} <= set(recorded)
+
+
+def test_an_arm_is_named_after_its_scope_unless_it_binds_a_name(tmp_path):
+  text = SUITE.replace("base/bench.Arm.name = 'base'\n", "")
+  suite = spec.load_suite([_suite_file(tmp_path, text)])
+  assert [(arm.name, arm.scope) for arm in suite.arms] == [("base", "base"),
+                                                           ("codistill", "codistill")]
+
+
+def test_a_nested_arm_without_a_name_is_refused_naming_the_binding(tmp_path):
+  text = (SUITE.replace("@codistill/bench.Arm()]", "@codistill/same/bench.Arm()]")
+          .replace("codistill/bench.Arm.name = 'codistill'\n", ""))
+  with pytest.raises(ValueError, match=r"the arm built in scope 'codistill/same' needs a name: "
+                                       r"bind codistill/same/bench\.Arm\.name"):
+    spec.load_suite([_suite_file(tmp_path, text)])

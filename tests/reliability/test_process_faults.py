@@ -8,9 +8,16 @@ runs with the other cluster tests; the repeated trials (``soak``, deselected by 
 docs/reliability.md.
 """
 
+import os
+import signal
+import time
+
 import pytest
 
 from benchmarks import fault_trials
+
+from testing_utils import Launch
+from testing_utils import launch_args
 
 TRAIN_STEPS = 240
 CHECKPOINT_EVERY = 40
@@ -69,3 +76,34 @@ def test_kill_9_at_a_random_step_recovers(work, kind):
 def test_repeated_kill_9_trials_recover(work, kind, seed):
   _check(fault_trials.run_trial(kind, seed=seed, work_dir=str(work), data_dir=str(work / "data"),
                                 train_steps=TRAIN_STEPS, steps_per_epoch=CHECKPOINT_EVERY))
+
+
+def _alive(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+  except OSError:
+    return False
+
+
+@pytest.mark.cluster
+def test_a_launcher_killed_outright_takes_every_task_with_it(tmp_path, criteo_dir):
+  # kill -9 leaves the launcher no time to stop its tasks: the kernel must (parent-death
+  # signal), or the ps task would serve forever and the workers would wait on it.
+  launch = Launch(launch_args(str(tmp_path / "job"), criteo_dir, "--num_groups=1",
+                              "--strategy=parameter_server", "--workers_per_group=1",
+                              "--ps_per_group=1", gin="baseline.gin",
+                              bindings=["trainer.train.train_steps = 100000"]))
+  tasks = {(0, "chief", 0), (0, "worker", 0), (0, "ps", 0)}
+  launch.wait_for(lambda: set(launch.pids) == tasks, 120, "every task's start")
+  pids = dict(launch.pids)
+  time.sleep(5)  # the tasks are past their start-up, serving
+  assert all(_alive(pid) for pid in pids.values()), pids
+  launch.proc.kill()
+  deadline = time.time() + 30
+  while time.time() < deadline and any(_alive(pid) for pid in pids.values()):
+    time.sleep(0.2)
+  survivors = [task for task, pid in pids.items() if _alive(pid)]
+  for task in survivors:  # no orphan outlives a failed test either
+    os.kill(pids[task], signal.SIGKILL)
+  assert not survivors, pids

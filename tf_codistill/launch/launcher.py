@@ -33,7 +33,11 @@ Supervision:
   job, a suspended machine: a poll due more than ``SUSPENDED_AFTER_S`` earlier) is not counted,
   as the groups were stopped with it (Ctrl-Z stops the launcher alone: its tasks, in sessions
   of their own, run on unsupervised until it is continued);
-- SIGINT/SIGTERM stop every process started (no orphans), a second one included.
+- SIGINT/SIGTERM stop every process started (no orphans), a second one included; a launcher
+  killed outright (kill -9, out of memory) takes its tasks with it: the kernel sends each task
+  SIGKILL when the launcher dies (Linux's parent-death signal), so no parameter server or worker
+  serves on forever. (Checkpoints and published versions are written atomically: nothing is lost
+  that a restart would not redo.)
 
 ``pin_groups`` pins each group's tasks to its own share of the CPUs (``split_cpus``).
 
@@ -48,6 +52,7 @@ every process here).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import random
@@ -73,6 +78,8 @@ _SYNC_WORKER_FINISH_SECONDS = 60.0
 SETTLE_S = 2.0  # tasks lost to one fault (a machine, a group killed) die within this of each other
 DEFAULT_STALL_TIMEOUT_S = 1800.0
 SUSPENDED_AFTER_S = 60.0  # a poll this late: the launcher (and the job with it) was stopped
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 STALLED_STATUS = -1000  # the status a stalled group's failure is recorded with (no process exit)
 FAILURE_POLICIES = ("stop_all", "continue")
 
@@ -166,6 +173,17 @@ def log_tail(path: str, lines: int = 15) -> str:
   except OSError:
     return ""
   return "\n".join(text.splitlines()[-lines:])
+
+
+def _in_child(cpus: Optional[Set[int]], launcher_pid: int) -> None:
+  """Runs in a task between fork and exec: pins it to ``cpus`` (before TF sizes its thread
+  pools) and asks the kernel for SIGKILL when the launcher dies."""
+  if cpus:
+    os.sched_setaffinity(0, cpus)
+  if _LIBC is not None:
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != launcher_pid:  # the launcher died before the request
+      os._exit(1)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -289,15 +307,14 @@ class _Group:
     if self.cluster:
       env["TF_CONFIG"] = json.dumps({"cluster": self.cluster,
                                     "task": {"type": task[0], "index": task[1]}})
-    cpus = self.cpus
-    # Pinned in the child before it starts, so that TF sizes its thread pools for those CPUs.
-    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    cpus, launcher_pid = self.cpus, os.getpid()
     with open(self.log_path(task), "ab") as log:
       # Own session: a terminal's Ctrl-C reaches the launcher, which stops tasks in order.
       command = self.network.command(self.command) if self.network else self.command
       self.procs[task] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=env,
-                                          start_new_session=True, preexec_fn=pin)
+                                          start_new_session=True,
+                                          preexec_fn=lambda: _in_child(cpus, launcher_pid))
     logging.info("launched group %d %s:%d (pid %d)%s, log %s", self.index, task[0], task[1],
                  self.procs[task].pid,
                  f" on CPUs {','.join(map(str, sorted(cpus)))}" if cpus else "",

@@ -65,15 +65,21 @@ def bytes_sent_per_step(result: Mapping[str, Any]) -> Optional[float]:
   """Bytes a group of a multi-group run sent its peers a step: its published versions' files and
   its averaging changes, over the steps of the process that counted them (a run resumed after a
   stop counts from its checkpoint's step); None for one group, a run recorded without the
-  counts, or a last part that trained no step."""
-  trained = int(result.get("steps") or 0) - int(result.get("resumed_from_step") or 0)
-  if int(result.get("num_groups") or 1) < 2 or trained <= 0:
+  counts, or a last part that trained no step. A resumed run's averaging changes are counted
+  as its last part's mean change for each round through its last (one change a round): a part
+  a few rounds long would otherwise count one round over far fewer steps than a round's."""
+  steps = int(result.get("steps") or 0)
+  resumed = int(result.get("resumed_from_step") or 0)
+  if int(result.get("num_groups") or 1) < 2 or steps - resumed <= 0:
     return None
   published = result.get("publish_bytes")
   if result.get("codistill") and published is None:
     return None
   rounds = result.get("averaging_rounds") or {}
-  return ((published or 0) + rounds.get("bytes_sent", 0)) / trained
+  averaged = rounds.get("bytes_sent", 0) / (steps - resumed)
+  if resumed and rounds.get("rounds"):
+    averaged = rounds["bytes_sent"] / rounds["rounds"] * rounds["last_round"] / steps
+  return (published or 0) / (steps - resumed) + averaged
 
 
 def examples_per_sec(result: Mapping[str, Any], curve: Sequence[Mapping[str, Any]]

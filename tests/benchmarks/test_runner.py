@@ -56,6 +56,12 @@ def test_bytes_per_step_counts_versions_and_averaging_changes_of_multi_group_run
   # one resumed at its end trained nothing and says nothing.
   assert runner.bytes_sent_per_step(dict(codistill, resumed_from_step=60)) == 125
   assert runner.bytes_sent_per_step(dict(codistill, resumed_from_step=100)) is None
+  # Averaging every 500 of 1500 steps, resumed at 1200: its last part took round 3 alone; the
+  # run sent one change of 1000 bytes a round, 3 rounds in 1500 steps, not 1 in 300.
+  averaged = {"num_groups": 2, "steps": 1500, "resumed_from_step": 1200,
+              "averaging_rounds": {"bytes_sent": 1000, "rounds": 1, "last_round": 3}}
+  assert runner.bytes_sent_per_step(averaged) == 2
+  assert runner.bytes_sent_per_step(dict(averaged, resumed_from_step=0)) == 1000 / 1500
 
 
 def test_a_resumed_runs_rate_is_read_from_every_part_of_its_curve():

@@ -70,16 +70,18 @@ def bytes_sent_per_step(result: Mapping[str, Any]) -> Optional[float]:
   a few rounds long would otherwise count one round over far fewer steps than a round's."""
   steps = int(result.get("steps") or 0)
   resumed = int(result.get("resumed_from_step") or 0)
-  if int(result.get("num_groups") or 1) < 2 or steps - resumed <= 0:
+  trained = steps - resumed
+  if int(result.get("num_groups") or 1) < 2 or trained <= 0:
     return None
   published = result.get("publish_bytes")
   if result.get("codistill") and published is None:
     return None
   rounds = result.get("averaging_rounds") or {}
-  averaged = rounds.get("bytes_sent", 0) / (steps - resumed)
   if resumed and rounds.get("rounds"):
     averaged = rounds["bytes_sent"] / rounds["rounds"] * rounds["last_round"] / steps
-  return (published or 0) / (steps - resumed) + averaged
+  else:
+    averaged = rounds.get("bytes_sent", 0) / trained
+  return (published or 0) / trained + averaged
 
 
 def examples_per_sec(result: Mapping[str, Any], curve: Sequence[Mapping[str, Any]]

@@ -17,6 +17,7 @@ import pytest
 from benchmarks import fault_trials
 
 from testing_utils import Launch
+from testing_utils import alive
 from testing_utils import launch_args
 
 TRAIN_STEPS = 240
@@ -78,14 +79,6 @@ def test_repeated_kill_9_trials_recover(work, kind, seed):
                                 train_steps=TRAIN_STEPS, steps_per_epoch=CHECKPOINT_EVERY))
 
 
-def _alive(pid):
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
-  except OSError:
-    return False
-
-
 @pytest.mark.cluster
 def test_a_launcher_killed_outright_takes_every_task_with_it(tmp_path, criteo_dir):
   # kill -9 leaves the launcher no time to stop its tasks: the kernel must (parent-death
@@ -98,12 +91,12 @@ def test_a_launcher_killed_outright_takes_every_task_with_it(tmp_path, criteo_di
   launch.wait_for(lambda: set(launch.pids) == tasks, 120, "every task's start")
   pids = dict(launch.pids)
   time.sleep(5)  # the tasks are past their start-up, serving
-  assert all(_alive(pid) for pid in pids.values()), pids
+  assert all(alive(pid) for pid in pids.values()), pids
   launch.proc.kill()
   deadline = time.time() + 30
-  while time.time() < deadline and any(_alive(pid) for pid in pids.values()):
+  while time.time() < deadline and any(alive(pid) for pid in pids.values()):
     time.sleep(0.2)
-  survivors = [task for task, pid in pids.items() if _alive(pid)]
+  survivors = [task for task, pid in pids.items() if alive(pid)]
   for task in survivors:  # no orphan outlives a failed test either
     os.kill(pids[task], signal.SIGKILL)
   assert not survivors, pids

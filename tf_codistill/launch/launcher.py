@@ -422,8 +422,11 @@ def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
 
   # Only the main thread may set handlers; a launch from another thread (benchmarks running
   # several at once) is stopped by its caller's process ending, or runs to its end.
+  main = threading.current_thread() is threading.main_thread()
   previous = ({s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-              if threading.current_thread() is threading.main_thread() else {})
+              if main else {})
+  previous_stop = (signal.signal(signal.SIGTSTP, lambda signum, frame: _stop_job(groups))
+                   if main else None)
   try:
     for group in groups:
       group.start_all()
@@ -448,6 +451,23 @@ def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
     stop_processes([p for g in groups for p in g.procs.values()])
     for s, handler in previous.items():
       signal.signal(s, handler)
+    if previous_stop is not None:
+      signal.signal(signal.SIGTSTP, previous_stop)
+
+
+def _stop_job(groups: Sequence[_Group]) -> None:
+  """Ctrl-Z (SIGTSTP): every task stops with the launcher (each runs in a process group of its
+  own, which the terminal's signal does not reach) and goes on when the launcher is continued
+  (fg, bg, SIGCONT); the stall clocks do not count the stop (``_discount_suspension``)."""
+  procs = [p for g in groups for p in g.procs.values() if p.poll() is None]
+  logging.warning("stopped (SIGTSTP): stopping the launcher and its %d tasks until SIGCONT",
+                  len(procs))
+  for proc in procs:
+    _signal_group(proc, signal.SIGSTOP)
+  os.kill(os.getpid(), signal.SIGSTOP)  # returns once the launcher is continued
+  for proc in procs:
+    _signal_group(proc, signal.SIGCONT)
+  logging.warning("continued: %d tasks continued with the launcher", len(procs))
 
 
 def _discount_suspension(groups: Sequence[_Group], polled: float, poll_seconds: float) -> float:

@@ -375,6 +375,65 @@ def test_a_second_signal_does_not_cut_the_clean_up_short(tmp_path):
     proc.kill()
 
 
+def _state(pid):
+  """The process's state letter (/proc/PID/stat): 'T' while stopped."""
+  with open(f"/proc/{pid}/stat") as f:
+    return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_ctrl_z_stops_every_task_with_the_launcher_and_continuing_it_continues_them(tmp_path):
+  # Each task runs in a process group of its own, which a terminal's SIGTSTP does not reach: the
+  # launcher must stop them itself, or they would train on while it is stopped.
+  task_pid, ticks = tmp_path / "task.pid", tmp_path / "ticks"
+  task = (f"import os, time\n"
+          f"open({str(task_pid)!r}, 'w').write(str(os.getpid()))\n"
+          f"n = 0\n"
+          f"while True:\n"
+          f"  n += 1\n"
+          f"  open({str(ticks)!r}, 'w').write(str(n))\n"
+          f"  time.sleep(0.05)\n")
+  script = (f"import sys\n"
+            f"sys.path.insert(0, {REPO!r})\n"
+            f"from tf_codistill import layout\n"
+            f"from tf_codistill.launch import launcher\n"
+            f"from tf_codistill.training import group as group_lib\n"
+            f"shape = group_lib.Group('one_device', 0, 0)\n"
+            f"events = launcher.EventLog(layout.launch_events({str(tmp_path)!r}))\n"
+            f"group = launcher._Group(0, 1, shape, {str(tmp_path)!r}, {str(tmp_path)!r}, [], [],"
+            f" set(), events)\n"
+            f"group.command = [sys.executable, '-c', {task!r}]\n"
+            f"try:\n"
+            f"  launcher._run([group], 0, 'stop_all', 0.2)\n"
+            f"except launcher.Interrupted as e:\n"
+            f"  sys.exit(128 + e.signum)\n")
+  proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+
+  def tick():
+    text = ticks.read_text() if ticks.exists() else ""
+    return int(text) if text else 0
+  try:
+    _wait_until(lambda: task_pid.exists() and task_pid.read_text() and tick() > 0, 60)
+    pid = int(task_pid.read_text())
+    proc.send_signal(signal.SIGTSTP)
+    _wait_until(lambda: _state(proc.pid) == "T" and _state(pid) == "T", 10)
+    stopped_at = tick()
+    time.sleep(1.0)
+    assert tick() == stopped_at and _state(pid) == "T"
+    proc.send_signal(signal.SIGCONT)
+    _wait_until(lambda: _state(pid) != "T" and tick() > stopped_at, 10)
+    assert _state(proc.pid) != "T"
+    proc.send_signal(signal.SIGTERM)  # and it still stops every task at the end
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert _gone(pid)
+  finally:
+    proc.kill()
+    if task_pid.exists() and task_pid.read_text():
+      try:
+        os.kill(int(task_pid.read_text()), signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+
+
 def test_a_chief_evaluating_or_exporting_between_steps_is_not_taken_for_a_stalled_one(
     tmp_path, monkeypatch):
   group = _sleeper_group(tmp_path, "import time; time.sleep(120)")

@@ -31,8 +31,10 @@ Supervision:
   (SIGUSR1), then the group restarts as if a task had failed, or fails once out of restarts,
   naming the step and the setting; a time the launcher itself was stopped (SIGSTOP of the whole
   job, a suspended machine: a poll due more than ``SUSPENDED_AFTER_S`` earlier) is not counted,
-  as the groups were stopped with it (Ctrl-Z stops the launcher alone: its tasks, in sessions
-  of their own, run on unsupervised until it is continued);
+  as the groups were stopped with it;
+- Ctrl-Z (SIGTSTP) stops every task with the launcher (tasks run in sessions of their own, which
+  the terminal's signal does not reach) and continuing the launcher continues them; the stall
+  clocks skip the stop;
 - SIGINT/SIGTERM stop every process started (no orphans), a second one included; a launcher
   killed outright (kill -9, out of memory) takes its tasks with it: the kernel sends each task
   SIGKILL when the launcher dies (Linux's parent-death signal), so no parameter server or worker
@@ -44,9 +46,10 @@ Supervision:
 Everything the launcher does is also written as one JSON object a line to
 ``model_dir/launch_events.jsonl`` (``EventLog``; read with ``read_events``): ``network``
 (isolated, namespace_pid), ``launched`` (group, task, index, pid, cpus, log, address),
-``stalled`` (group, step, seconds), ``suspended`` (seconds), ``restarted`` (group, task, index,
-status, scope ``task`` or ``group``, restart, max_restarts), ``finished`` and ``failed`` (group,
-reason), each with ``time`` (epoch seconds) and ``monotonic`` (CLOCK_MONOTONIC, one clock for
+``stalled`` (group, step, seconds), ``suspended`` (seconds; signal ``SIGTSTP`` for a Ctrl-Z),
+``restarted`` (group, task, index, status, scope ``task`` or ``group``, restart, max_restarts),
+``finished`` (group), ``failed`` (group, task, index, status, reason) and ``interrupted``
+(signal), each with ``time`` (epoch seconds) and ``monotonic`` (CLOCK_MONOTONIC, one clock for
 every process here).
 """
 
@@ -420,13 +423,17 @@ def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
   def on_signal(signum, frame):
     raise Interrupted(signum)
 
+  def on_terminal_stop(signum, frame):
+    nonlocal polled  # the poll loop must not take the stop for a suspension again
+    polled += _stop_job(groups)
+
   # Only the main thread may set handlers; a launch from another thread (benchmarks running
   # several at once) is stopped by its caller's process ending, or runs to its end.
   main = threading.current_thread() is threading.main_thread()
   previous = ({s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
               if main else {})
-  previous_stop = (signal.signal(signal.SIGTSTP, lambda signum, frame: _stop_job(groups))
-                   if main else None)
+  polled = time.monotonic()
+  previous_stop = signal.signal(signal.SIGTSTP, on_terminal_stop) if main else None
   try:
     for group in groups:
       group.start_all()
@@ -455,19 +462,28 @@ def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
       signal.signal(signal.SIGTSTP, previous_stop)
 
 
-def _stop_job(groups: Sequence[_Group]) -> None:
+def _stop_job(groups: Sequence[_Group]) -> float:
   """Ctrl-Z (SIGTSTP): every task stops with the launcher (each runs in a process group of its
   own, which the terminal's signal does not reach) and goes on when the launcher is continued
-  (fg, bg, SIGCONT); the stall clocks do not count the stop (``_discount_suspension``)."""
+  (fg, bg, SIGCONT). The stall clocks skip the stop, however short (recorded as ``suspended``).
+  Returns how long it lasted."""
   procs = [p for g in groups for p in g.procs.values() if p.poll() is None]
   logging.warning("stopped (SIGTSTP): stopping the launcher and its %d tasks until SIGCONT",
                   len(procs))
   for proc in procs:
     _signal_group(proc, signal.SIGSTOP)
+  stopped_at = time.monotonic()
   os.kill(os.getpid(), signal.SIGSTOP)  # returns once the launcher is continued
+  stopped_s = time.monotonic() - stopped_at
   for proc in procs:
     _signal_group(proc, signal.SIGCONT)
-  logging.warning("continued: %d tasks continued with the launcher", len(procs))
+  for group in groups:
+    group.progress_at += stopped_s
+  if groups:
+    groups[0].events.write("suspended", seconds=stopped_s, signal="SIGTSTP")
+  logging.warning("continued after %.0f s: %d tasks continued with the launcher", stopped_s,
+                  len(procs))
+  return stopped_s
 
 
 def _discount_suspension(groups: Sequence[_Group], polled: float, poll_seconds: float) -> float:

@@ -425,6 +425,9 @@ def test_ctrl_z_stops_every_task_with_the_launcher_and_continuing_it_continues_t
     proc.send_signal(signal.SIGTERM)  # and it still stops every task at the end
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert _gone(pid)
+    # The stop is recorded, and the stall clocks skip it, short as it was (60 s for other stops).
+    stops = [e for e in launcher.read_events(str(tmp_path)) if e["event"] == "suspended"]
+    assert len(stops) == 1 and stops[0]["signal"] == "SIGTSTP" and stops[0]["seconds"] >= 1.0
   finally:
     proc.kill()
     if task_pid.exists() and task_pid.read_text():

@@ -340,12 +340,9 @@ def test_stopping_a_task_stops_the_children_it_leaves_behind(tmp_path):
   _wait_until(lambda: _gone(pid), 10)
 
 
-def test_a_second_signal_does_not_cut_the_clean_up_short(tmp_path):
-  # The launcher is sent SIGTERM twice, the second while it waits for a task that ignores
-  # SIGTERM: it still kills the task, records the interruption, and exits 128 + SIGTERM.
-  task_pid = tmp_path / "task.pid"
-  task = (f"import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-          f"open({str(task_pid)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
+def _launch_one_task(tmp_path, task: str) -> subprocess.Popen:
+  """A launcher process supervising one group of one task (the Python code ``task``), exiting
+  128 + the signal that interrupted it."""
   script = (f"import sys\n"
             f"sys.path.insert(0, {REPO!r})\n"
             f"from tf_codistill import layout\n"
@@ -360,7 +357,16 @@ def test_a_second_signal_does_not_cut_the_clean_up_short(tmp_path):
             f"  launcher._run([group], 0, 'stop_all', 0.2)\n"
             f"except launcher.Interrupted as e:\n"
             f"  sys.exit(128 + e.signum)\n")
-  proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+  return subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+
+
+def test_a_second_signal_does_not_cut_the_clean_up_short(tmp_path):
+  # The launcher is sent SIGTERM twice, the second while it waits for a task that ignores
+  # SIGTERM: it still kills the task, records the interruption, and exits 128 + SIGTERM.
+  task_pid = tmp_path / "task.pid"
+  task = (f"import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+          f"open({str(task_pid)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
+  proc = _launch_one_task(tmp_path, task)
   try:
     _wait_until(lambda: task_pid.exists() and task_pid.read_text(), 60)
     pid = int(task_pid.read_text())
@@ -392,21 +398,7 @@ def test_ctrl_z_stops_every_task_with_the_launcher_and_continuing_it_continues_t
           f"  n += 1\n"
           f"  open({str(ticks)!r}, 'w').write(str(n))\n"
           f"  time.sleep(0.05)\n")
-  script = (f"import sys\n"
-            f"sys.path.insert(0, {REPO!r})\n"
-            f"from tf_codistill import layout\n"
-            f"from tf_codistill.launch import launcher\n"
-            f"from tf_codistill.training import group as group_lib\n"
-            f"shape = group_lib.Group('one_device', 0, 0)\n"
-            f"events = launcher.EventLog(layout.launch_events({str(tmp_path)!r}))\n"
-            f"group = launcher._Group(0, 1, shape, {str(tmp_path)!r}, {str(tmp_path)!r}, [], [],"
-            f" set(), events)\n"
-            f"group.command = [sys.executable, '-c', {task!r}]\n"
-            f"try:\n"
-            f"  launcher._run([group], 0, 'stop_all', 0.2)\n"
-            f"except launcher.Interrupted as e:\n"
-            f"  sys.exit(128 + e.signum)\n")
-  proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+  proc = _launch_one_task(tmp_path, task)
 
   def tick():
     text = ticks.read_text() if ticks.exists() else ""

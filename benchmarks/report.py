@@ -155,15 +155,28 @@ def _resumed_at(part: dict, run: dict) -> int:
   return part["from_step"].get(str(run.get("group", 0)), 0)
 
 
+def _runs(summary: dict) -> List[dict]:
+  """Every run a suite's summary records (none for a registered benchmark's)."""
+  return [r for a in (summary.get("arms") or {}).values() if isinstance(a, dict)
+          for r in a.get("runs") or [] if isinstance(r, dict)]
+
+
 def cpu_models(summary: dict) -> collections.Counter:
   """Runs per CPU model ("not recorded" for runs from before the record), or the standalone
   script's one model from its ``machine`` block when it has no runs."""
-  runs = [r for a in (summary.get("arms") or {}).values() if isinstance(a, dict)
-          for r in a.get("runs") or [] if isinstance(r, dict)]
+  runs = _runs(summary)
   counts = collections.Counter(_run_cpu_models(r) for r in runs)
   if not runs and (summary.get("machine") or {}).get("cpu_model"):
     counts[summary["machine"]["cpu_model"]] = 1
   return counts
+
+
+def tensorflow_versions(summary: dict) -> List[str]:
+  """The TensorFlow versions a summary's figures were taken on (its runs', else its ``machine``
+  block's); empty where none was recorded."""
+  versions = {r.get("tensorflow") for r in _runs(summary)}
+  versions.add((summary.get("machine") or {}).get("tensorflow"))
+  return sorted(v for v in versions if v)
 
 
 def _run_cpu_models(run: dict) -> str:

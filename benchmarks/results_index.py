@@ -44,6 +44,11 @@ def _cpu_cell(summary: dict) -> str:
   return " / ".join(sorted(set(report.cpu_models(summary)) - {"not recorded"})) or "not recorded"
 
 
+def _tensorflow_cell(summary: dict) -> str:
+  """The TensorFlow version(s) a summary's figures were taken on, or "not recorded"."""
+  return " / ".join(report.tensorflow_versions(summary)) or "not recorded"
+
+
 def _cell(summary: dict, goal: str) -> str:
   """A goal's value, interval and verdict in one table cell."""
   goals, verdict = summary.get("goals") or {}, (summary.get("goal_verdicts") or {}).get(goal)
@@ -134,14 +139,14 @@ def index_markdown(results_root: str) -> str:
   lines += helps_section(summaries, in_progress(results_root))
   lines += ["## Every suite's goal figures", "",
             "| suite | goal figure | value | 90% interval | spread (mean ± std [min, max]) | goal "
-            "| met | CPU |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| met | CPU | TensorFlow |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for name, summary in summaries.items():
     link = f"[`{name}`]({name}/report.md)" if os.path.exists(
         os.path.join(results_root, name, "report.md")) else f"`{name}`"
-    rows, cpu = report.goal_rows(summary), _cpu_cell(summary)
+    rows, where = report.goal_rows(summary), f"{_cpu_cell(summary)} | {_tensorflow_cell(summary)}"
     if not rows:
-      lines.append(f"| {link} | (no goal figures) | | | | | | {cpu} |")
-    lines += [f"| {link} | `{goal}` | " + " | ".join(cells) + f" | {cpu} |"
+      lines.append(f"| {link} | (no goal figures) | | | | | | {where} |")
+    lines += [f"| {link} | `{goal}` | " + " | ".join(cells) + f" | {where} |"
               for goal, *cells in rows]
   return "\n".join(lines) + "\n"
 

@@ -832,9 +832,9 @@ def _target(suite: spec.Suite, paths: spec.RunPaths,
 
 
 # A run's figures the summary copies from its record (None where the record has none).
-_RESULT_KEYS = ("load_avg_1m_before", "load_avg_1m_at_end",
-                "started_above_nproc_load", "cpu_model", "train_targets", "share_tokens",
-                "repeated_tokens", "trainable_parameter_bytes", "member_losses", "ensemble_gain")
+_RESULT_KEYS = ("load_avg_1m_before", "load_avg_1m_at_end", "started_above_nproc_load",
+                "cpu_model", "tensorflow", "train_targets", "share_tokens", "repeated_tokens",
+                "trainable_parameter_bytes", "member_losses", "ensemble_gain")
 # The per-run figures an arm's summary gives statistics of (``_stat``).
 _STAT_KEYS = ("final_val_loss", "final_val_auc", "final_val_accuracy", "final_val_perplexity",
               "steps_to_target", "wall_time_to_target_s", "wall_time_s", "examples_per_sec",

@@ -99,16 +99,22 @@ def test_index_shows_same_data_codistillation_and_a_b_star_taken_from_elsewhere(
   assert "| 0.2500 [0.1000, 0.4000] | -0.0020 | n/a | not reached  **missed** | [loss" in section
 
 
-def test_index_shows_each_suites_cpu(tmp_path):
+def test_index_shows_each_suites_cpu_and_tensorflow(tmp_path):
   (tmp_path / "step").mkdir()
   (tmp_path / "step" / "summary.json").write_text(json.dumps({
-      "goals": {"ratio": 0.96}, "machine": {"cpu_model": "CPU Z", "cores": 2}}))
+      "goals": {"ratio": 0.96},
+      "machine": {"cpu_model": "CPU Z", "cores": 2, "tensorflow": "2.21.0"}}))
   text = results_index.index_markdown(str(tmp_path))
-  assert "| met | CPU |" in text
-  assert "| `step` | `ratio` | 0.9600 |  |" in text and text.rstrip().endswith("| CPU Z |")
-  runs = {"arms": {"a": {"runs": [{"load_avg_1m_before": 0.5, "cpu_model": "CPU X"}]}}}
+  assert "| met | CPU | TensorFlow |" in text
+  assert "| `step` | `ratio` | 0.9600 |  |" in text
+  assert text.rstrip().endswith("| CPU Z | 2.21.0 |")
+  runs = {"arms": {"a": {"runs": [{"load_avg_1m_before": 0.5, "cpu_model": "CPU X",
+                                   "tensorflow": "2.17.1"}]},
+                   "b": {"runs": [{"cpu_model": "CPU X", "tensorflow": "2.21.0"}]}}}
   assert results_index._cpu_cell(runs) == "CPU X"
+  assert results_index._tensorflow_cell(runs) == "2.17.1 / 2.21.0"
   assert results_index._cpu_cell({"goals": {}}) == "not recorded"
+  assert results_index._tensorflow_cell({"goals": {}}) == "not recorded"
 
 
 def test_index_reads_each_folders_summary_and_leaves_history_and_partial_files_out(tmp_path):

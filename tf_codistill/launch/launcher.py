@@ -458,8 +458,8 @@ def _run(groups: Sequence[_Group], max_restarts: int, on_group_failure: str,
     stop_processes([p for g in groups for p in g.procs.values()])
     for s, handler in previous.items():
       signal.signal(s, handler)
-    if previous_stop is not None:
-      signal.signal(signal.SIGTSTP, previous_stop)
+    if main:  # None: a handler not set from Python, which cannot be put back; the default then
+      signal.signal(signal.SIGTSTP, signal.SIG_DFL if previous_stop is None else previous_stop)
 
 
 def _stop_job(groups: Sequence[_Group]) -> float:

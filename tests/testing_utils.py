@@ -382,14 +382,20 @@ def progress_steps(group_dir):
     return [int(re.search(r'"step": (\d+)', line).group(1)) for line in f if line.strip()]
 
 
+def process_state(pid):
+  """The process's state letter (/proc/PID/stat): 'T' stopped, 'Z' a zombie (it has exited and
+  waits for its parent)."""
+  with open(f"/proc/{pid}/stat") as f:
+    return f.read().rsplit(")", 1)[-1].split()[0]
+
+
 def alive(pid):
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
     return False
   try:
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited and waits for its parent
-      return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    return process_state(pid) != "Z"
   except FileNotFoundError:
     return False
 

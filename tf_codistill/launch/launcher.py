@@ -65,7 +65,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from absl import logging
 
@@ -477,10 +477,7 @@ def _stop_job(groups: Sequence[_Group]) -> float:
   stopped_s = time.monotonic() - stopped_at
   for proc in procs:
     _signal_group(proc, signal.SIGCONT)
-  for group in groups:
-    group.progress_at += stopped_s
-  if groups:
-    groups[0].events.write("suspended", seconds=stopped_s, signal="SIGTSTP")
+  _skip_stall_clocks(groups, stopped_s, signal="SIGTSTP")
   logging.warning("continued after %.0f s: %d tasks continued with the launcher", stopped_s,
                   len(procs))
   return stopped_s
@@ -495,11 +492,17 @@ def _discount_suspension(groups: Sequence[_Group], polled: float, poll_seconds: 
   if late > SUSPENDED_AFTER_S:
     logging.warning("the launcher resumed after %.0f s stopped (SIGSTOP or a suspended machine): "
                     "the stall watchdog does not count them", late)
-    for group in groups:
-      group.progress_at += late
-    if groups:
-      groups[0].events.write("suspended", seconds=late)
+    _skip_stall_clocks(groups, late)
   return now
+
+
+def _skip_stall_clocks(groups: Sequence[_Group], seconds: float, **event: Any) -> None:
+  """Moves every group's stall clock past a time the job was stopped, recorded as
+  ``suspended`` (with ``event``'s fields)."""
+  for group in groups:
+    group.progress_at += seconds
+  if groups:
+    groups[0].events.write("suspended", seconds=seconds, **event)
 
 
 def _fail(group: _Group, task: Tuple[str, int], status: int, what: str) -> None:

@@ -381,12 +381,6 @@ def test_a_second_signal_does_not_cut_the_clean_up_short(tmp_path):
     proc.kill()
 
 
-def _state(pid):
-  """The process's state letter (/proc/PID/stat): 'T' while stopped."""
-  with open(f"/proc/{pid}/stat") as f:
-    return f.read().rsplit(")", 1)[1].split()[0]
-
-
 def test_ctrl_z_stops_every_task_with_the_launcher_and_continuing_it_continues_them(tmp_path):
   # Each task runs in a process group of its own, which a terminal's SIGTSTP does not reach: the
   # launcher must stop them itself, or they would train on while it is stopped.
@@ -406,14 +400,15 @@ def test_ctrl_z_stops_every_task_with_the_launcher_and_continuing_it_continues_t
   try:
     _wait_until(lambda: task_pid.exists() and task_pid.read_text() and tick() > 0, 60)
     pid = int(task_pid.read_text())
+    state = testing_utils.process_state
     proc.send_signal(signal.SIGTSTP)
-    _wait_until(lambda: _state(proc.pid) == "T" and _state(pid) == "T", 10)
+    _wait_until(lambda: state(proc.pid) == "T" and state(pid) == "T", 10)
     stopped_at = tick()
     time.sleep(1.0)
-    assert tick() == stopped_at and _state(pid) == "T"
+    assert tick() == stopped_at and state(pid) == "T"
     proc.send_signal(signal.SIGCONT)
-    _wait_until(lambda: _state(pid) != "T" and tick() > stopped_at, 10)
-    assert _state(proc.pid) != "T"
+    _wait_until(lambda: state(pid) != "T" and tick() > stopped_at, 10)
+    assert state(proc.pid) != "T"
     proc.send_signal(signal.SIGTERM)  # and it still stops every task at the end
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert _gone(pid)

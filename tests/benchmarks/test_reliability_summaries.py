@@ -151,6 +151,41 @@ def test_fault_summary_and_doc_section(tmp_path):
   assert "| group_0/chief_0 | " in text and "| 0 | 3796 | 10.0 |" in text
 
 
+def _late_worker_kill(**fields):
+  """A worker trial whose job finished 6.6 s after the kill, before the relaunched worker
+  served (the shape of the recorded worker seed 5)."""
+  return {"kind": "worker", "seed": 5, "finished": True, "resumed_correctly": True,
+          "launcher_restarted": True, "progress_s": 0.3, "restart_s": None, "recovery_s": None,
+          "restarts_used": 1, "steps_lost": 0, "step_at_kill": 162, "killed_after_s": 21.19,
+          "wall_s": 27.8, "ok": False, **fields}
+
+
+def test_a_job_that_ends_before_the_relaunched_worker_serves_recovered():
+  assert fault_trials.recovered(_late_worker_kill(ended_before_replacement_served=True))
+  assert not fault_trials.recovered(_late_worker_kill(ended_before_replacement_served=False))
+  assert not fault_trials.recovered(_late_worker_kill(ended_before_replacement_served=True,
+                                                      finished=False))
+  assert not fault_trials.recovered(_late_worker_kill(ended_before_replacement_served=True,
+                                                      launcher_restarted=False))
+  # A record made before the field existed is judged from its times: the job ended 6.6 s after
+  # the kill, long before the recovery watch's deadline, so it ended first.
+  old = fault_trials.judged(_late_worker_kill())
+  assert old["ended_before_replacement_served"] and old["ok"]
+  # The same record with the watch run to its deadline (no restart within it) did not recover.
+  stuck = fault_trials.judged(_late_worker_kill(wall_s=21.19 + fault_trials.RECOVERY_TIMEOUT_S))
+  assert not stuck["ended_before_replacement_served"] and not stuck["ok"]
+  # Other kinds always need their restart time; a trial that timed out keeps its verdict.
+  chief = fault_trials.judged(_late_worker_kill(kind="chief"))
+  assert not chief["ok"]
+  assert fault_trials.judged({"kind": "worker", "ok": False, "error": "timed out"})["ok"] is False
+  summary = fault_trials.summarize([old, fault_trials.judged(_late_worker_kill(seed=6,
+                                                                               restart_s=7.0))])
+  assert summary["worker"]["ok"] == 2 and summary["worker"]["ended_before_replacement_served"] == 1
+  table = fault_trials.markdown_table({"summary": summary})
+  assert "2/2 finished, 2/2 resumed correctly, 1 finished before the relaunched worker served" in (
+      table)
+
+
 def test_network_trials_in_progress_are_shown_as_such(tmp_path):
   trial = {"case": "cut_worker_5s", "seed": 0, "wall_s": 120.0, "ok": True, "finished": True,
            "restarts_used": 0, "hung": False, "recovery_s": 2.0, "steps_during_fault": 10}

@@ -156,8 +156,9 @@ def _step(group_dir: str) -> Optional[int]:
 def _for_a_while(start: Callable[[], Callable[[], dict]], seconds: float, launch: standalone.Launch,
                  fault_step: int, timeout: float) -> dict:
   """Waits for group 0's ``fault_step``, makes the fault (``start()``, which returns how to end
-  it), waits ``seconds``, ends it; what the group did meanwhile and how long it took to step
-  again after the end."""
+  it), waits ``seconds`` (less if the launch ends first), ends it; what the group did meanwhile
+  and how long it took to step again after the end (None when the launch ended first:
+  ``launch_ended_first``)."""
   group_dir = layout.group_dir(launch.model_dir, 0)
   standalone.wait_for(lambda: (_step(group_dir) or 0) >= fault_step
                       or launch.proc.poll() is not None, timeout, f"step {fault_step}")
@@ -166,18 +167,30 @@ def _for_a_while(start: Callable[[], Callable[[], dict]], seconds: float, launch
                        f"{fault_step}")
   step_at_fault = _step(group_dir)
   end = start()
-  time.sleep(seconds)
+
+  def ended() -> bool:
+    return launch.proc.poll() is not None
+
+  def after_heal() -> Optional[str]:
+    if (_step(group_dir) or 0) > max(step_at_heal, step_at_fault):
+      return "stepped"
+    return "ended" if ended() else None
+
+  # A restart (the stall watchdog's) can finish the job while the fault still stands: then
+  # neither the fault's end nor a step after the heal is waited for.
+  with contextlib.suppress(TimeoutError):
+    standalone.wait_for(ended, seconds, "the launch's end", poll=0.5)
   step_at_heal = _step(group_dir)
   extra = end()
   healed_at = time.monotonic()
   try:
-    standalone.wait_for(lambda: (_step(group_dir) or 0) > max(step_at_heal, step_at_fault),
-                        timeout, "a step after the heal")
-    recovery_s: Optional[float] = round(time.monotonic() - healed_at, 2)
+    outcome = standalone.wait_for(after_heal, timeout, "a step after the heal")
   except TimeoutError:
-    recovery_s = None
+    outcome = None
   return {"step_at_fault": step_at_fault, "steps_during_fault": step_at_heal - step_at_fault,
-          "recovery_s": recovery_s, **extra}
+          "recovery_s": (round(time.monotonic() - healed_at, 2) if outcome == "stepped"
+                         else None),
+          "launch_ended_first": outcome == "ended", **extra}
 
 
 def _cut(faults: netfaults.NetworkFaults, pid: int) -> Callable[[], dict]:

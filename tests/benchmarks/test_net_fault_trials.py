@@ -106,3 +106,46 @@ def test_a_cut_whose_launch_ended_meanwhile_ends_without_its_packet_count():
     sleeper.kill()
     sleeper.wait()
     namespace.close()
+
+
+def _launch_that_steps(tmp_path, step, lives_s):
+  """A stand-in launch: a real process that lives ``lives_s`` seconds, and group 0's heartbeat at
+  ``step`` (what ``_for_a_while`` reads)."""
+  beat = tmp_path / "group_0" / "heartbeat.json"
+  beat.parent.mkdir(parents=True)
+  beat.write_text(json.dumps({"step": step, "pid": 1}))
+  proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({lives_s})"])
+
+  class Launch:
+    model_dir = str(tmp_path)
+  Launch.proc = proc
+  return Launch, beat
+
+
+def test_a_launch_that_ends_during_the_fault_is_not_waited_for(tmp_path):
+  # A 60-s fault and a 600-s wait for a step after the heal: the launch ends after 1 s (as a
+  # restart may finish the job while the fault stands), so the fault ends then, and no step
+  # after the heal is waited for.
+  launch, _ = _launch_that_steps(tmp_path, step=50, lives_s=1)
+  healed = []
+  record = net_fault_trials._for_a_while(
+      lambda: lambda: (healed.append(True), {"packets_dropped": 0})[1], 60, launch, 40, 600)
+  assert healed == [True]
+  assert record == {"step_at_fault": 50, "steps_during_fault": 0, "recovery_s": None,
+                    "launch_ended_first": True, "packets_dropped": 0}
+
+
+def test_a_step_after_the_heal_is_timed(tmp_path):
+  launch, beat = _launch_that_steps(tmp_path, step=50, lives_s=30)
+
+  def start():
+    def end():
+      beat.write_text(json.dumps({"step": 51, "pid": 1}))  # the group steps once healed
+      return {}
+    return end
+  try:
+    record = net_fault_trials._for_a_while(start, 0.5, launch, 40, 60)
+  finally:
+    launch.proc.kill()
+  assert record["step_at_fault"] == 50 and record["steps_during_fault"] == 0
+  assert record["recovery_s"] is not None and not record["launch_ended_first"]

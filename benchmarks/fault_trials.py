@@ -223,14 +223,14 @@ def recovered(trial: dict) -> bool:
 
 
 def judged(trial: dict) -> dict:
-  """A trial judged by ``recovered``; a worker trial recorded before
-  ``ended_before_replacement_served`` existed gets it from its record: no restart time, yet
-  the job ended before the recovery watch's deadline (``RECOVERY_TIMEOUT_S`` after the kill),
-  so the job ended first."""
-  if "error" in trial or "ended_before_replacement_served" in trial:
+  """A trial as ``recovered`` judges it. Only a worker trial recorded as not ok before
+  ``ended_before_replacement_served`` existed changes: it gets the field from its record (no
+  restart time, yet the job ended before the recovery watch's deadline, ``RECOVERY_TIMEOUT_S``
+  after the kill, so the job ended first)."""
+  if (trial.get("ok") or trial.get("kind") != "worker" or "error" in trial
+      or "ended_before_replacement_served" in trial):
     return trial
-  ended_first = bool(trial["kind"] == "worker" and trial.get("launcher_restarted")
-                     and trial.get("restart_s") is None
+  ended_first = bool(trial.get("launcher_restarted") and trial.get("restart_s") is None
                      and trial["wall_s"] - trial["killed_after_s"] < RECOVERY_TIMEOUT_S)
   trial = {**trial, "ended_before_replacement_served": ended_first}
   return {**trial, "ok": recovered(trial)}

@@ -31,6 +31,24 @@ NET_SUMMARY = os.path.join(registry.RESULTS_DIR, "net_fault_trials", "summary.js
 SHARED_CPUS_SOAK_SUMMARY = os.path.join(registry.RESULTS_DIR, "soak", "shared_cpus.json")
 
 
+def _when(faults: dict) -> str:
+  """When the kill trials were recorded: the first and last trial's end (a run resumed across
+  sessions), else the run's start."""
+  ends = sorted(t["finished_utc"] for t in faults.get("trials", []) if t.get("finished_utc"))
+  return f"trials recorded {ends[0]} to {ends[-1]}" if ends else faults["started_utc"]
+
+
+def _load(faults: dict) -> str:
+  """The machine's load as the kill trials' summary records it."""
+  share = (faults.get("machine") or {}).get("foreign_cpu_share")
+  if share is None:  # a summary made before the machine record: the load at its end only
+    return (f"load average at the end {faults['load_avg_at_end'][0]:.1f} (machine shared with "
+            "other jobs)")
+  return (f"each trial's load before it and at its end in its record (every one started at or "
+          f"below {max(t.get('load_1m_before') or 0.0 for t in faults['trials']):.1f}), CPU used "
+          f"by other processes during the last run {share:.1%}")
+
+
 def measured_section(faults_path: str = FAULTS_SUMMARY,
                      soak_paths: Sequence[str] = (SOAK_SUMMARY, SHARED_CPUS_SOAK_SUMMARY),
                      net_path: str = NET_SUMMARY) -> str:
@@ -43,10 +61,9 @@ def measured_section(faults_path: str = FAULTS_SUMMARY,
     parts.append("\n".join(fault_trials.markdown_table(faults).splitlines()
                            + [soak.markdown_row(summary) for summary in soaks]))
     parts.append(
-        f"Kill trials: {standalone.command_line(faults, 'fault_trials')}, {faults['started_utc']}, "
-        f"{faults['wall_s'] / 60:.0f} min, {faults['cpus']} CPUs, load average at the end "
-        f"{faults['load_avg_at_end'][0]:.1f} "
-        f"(machine shared with other jobs). Kill steps per kind: " + "; ".join(
+        f"Kill trials: {standalone.command_line(faults, 'fault_trials')}, {_when(faults)}, "
+        f"{faults['wall_s'] / 60:.0f} min of trials, {faults['cpus']} CPUs, {_load(faults)}. "
+        "Kill steps per kind: " + "; ".join(
             f"{kind} {row['kill_steps']}" for kind, row in faults["summary"].items()) + ".")
   for summary in soaks:
     run, verdict = summary["run"], summary["verdict"]

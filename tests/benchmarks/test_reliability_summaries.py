@@ -130,6 +130,9 @@ def test_fault_summary_and_doc_section(tmp_path):
   (tmp_path / "s.json").write_text(json.dumps(soak_summary))
   text = reliability_doc.measured_section(str(tmp_path / "f.json"), [str(tmp_path / "s.json")])
   assert "| kill -9 of the chief" in text and "1/2 finished" in text and "20 (10-30)" in text
+  # A summary made before the machine record: its start and the load at its end only.
+  assert "Kill trials: `python -m benchmarks.run fault_trials " in text
+  assert "now, 10 min of trials, 2 CPUs, load average at the end 3.0 (machine shared" in text
   assert "resumed correctly | 1 (1), 2 (1) |" in text  # the workers' restarts: one each, or not
   assert fault_trials.restarts_cell([1, 1, None]) == "1 (2), not counted (1)"
   assert "| soak: 2-way codistillation" in text and "RSS flat after warm-up" in text
@@ -226,7 +229,12 @@ def test_the_doc_section_is_made_from_the_committed_summaries():
   assert "| kill -9 of the ps task" in text and "| soak: 2-way codistillation" in text
   assert "Kill trials: `" in text and "Soak: `" in text
   assert ("(recorded through an entry point since removed; today `python -m benchmarks.run "
-          "fault_trials`, its settings as `--gin_bindings`)") in text
+          "soak`, its settings as `--gin_bindings`)") in text
+  # The kill trials ran over two sessions, on a machine whose record says who else used it.
+  assert "Kill trials: `python -m benchmarks.run fault_trials`, trials recorded 2026-12-07T" in (
+      text)
+  assert "CPU used by other processes during the last run 0.0%" in text
+  assert "(machine shared with other jobs). Kill" not in text
   assert standalone.command_line({"command": "python -m benchmarks.run fault_trials_x"},
                              "fault_trials").endswith("since removed; today `python -m "
                                                       "benchmarks.run fault_trials`, its settings "

@@ -211,6 +211,9 @@ def _verdict(kind: str, kill: _Kill, recovery: dict, launch: standalone.Launch, 
   return {**fields, "ok": recovered(fields)}
 
 
+RECOVERY_TIMEOUT_S = 600.0  # how long a trial watches for its recovery after the kill
+
+
 def recovered(trial: dict) -> bool:
   """Whether a trial recovered: it finished, resumed correctly, the launcher relaunched what was
   killed, the group stepped past the kill again and the relaunched tasks served. A parameter-
@@ -234,9 +237,6 @@ def judged(trial: dict) -> dict:
                      and trial["wall_s"] - trial["killed_after_s"] < RECOVERY_TIMEOUT_S)
   trial = {**trial, "ended_before_replacement_served": ended_first}
   return {**trial, "ok": recovered(trial)}
-
-
-RECOVERY_TIMEOUT_S = 600.0
 
 
 def run_trial(kind: str, seed: int, work_dir: str, data_dir: str, train_steps: int = 240,

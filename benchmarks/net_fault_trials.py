@@ -160,16 +160,17 @@ def _for_a_while(start: Callable[[], Callable[[], dict]], seconds: float, launch
   and how long it took to step again after the end (None when the launch ended first:
   ``launch_ended_first``)."""
   group_dir = layout.group_dir(launch.model_dir, 0)
-  standalone.wait_for(lambda: (_step(group_dir) or 0) >= fault_step
-                      or launch.proc.poll() is not None, timeout, f"step {fault_step}")
-  if launch.proc.poll() is not None:
+
+  def ended() -> bool:
+    return launch.proc.poll() is not None
+
+  standalone.wait_for(lambda: (_step(group_dir) or 0) >= fault_step or ended(), timeout,
+                      f"step {fault_step}")
+  if ended():
     raise TimeoutError(f"the launch ended (status {launch.proc.returncode}) before step "
                        f"{fault_step}")
   step_at_fault = _step(group_dir)
   end = start()
-
-  def ended() -> bool:
-    return launch.proc.poll() is not None
 
   def after_heal() -> Optional[str]:
     if (_step(group_dir) or 0) > max(step_at_heal, step_at_fault):

@@ -61,7 +61,6 @@ import tf_keras as keras
 from absl import logging
 
 import tf_codistill as tfc
-from benchmarks import local_cluster
 from benchmarks import machine
 from benchmarks import models
 from benchmarks import registry
@@ -73,6 +72,7 @@ from tf_codistill.exchange import config as exchange_config
 from tf_codistill.exchange import directory as exchange
 from tf_codistill.models import ctr
 from tf_codistill.teachers import pool as teachers
+from tf_codistill.testing import local_cluster
 
 NAME = "cluster_step_times"
 ARMS = ("no_teacher", "teacher", "teacher_refresh")

@@ -25,8 +25,8 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from benchmarks import local_cluster
 from benchmarks import registry
+from tf_codistill.testing import local_cluster
 
 NAME = "forward_fusion_ps"
 

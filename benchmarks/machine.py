@@ -26,7 +26,12 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence
+
+# Benchmarks read and write their records as machine.write_json / read_json / read_json_or.
+from tf_codistill.testing.json_files import read_json  # noqa: F401
+from tf_codistill.testing.json_files import read_json_or
+from tf_codistill.testing.json_files import write_json  # noqa: F401
 
 LOCK_ENV = "TF_CODISTILL_BENCH_LOCK"
 
@@ -268,40 +273,12 @@ class CpuPool:
         self._changed.notify_all()
 
 
-def write_json(path: str, value: object, indent: int = 2) -> None:
-  """Writes ``value`` as JSON to ``path`` atomically, making its directory."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  temp = f"{path}.tmp-{os.getpid()}"
-  try:
-    with open(temp, "w") as f:
-      json.dump(value, f, indent=indent, sort_keys=True)
-    os.replace(temp, path)
-  finally:
-    if os.path.exists(temp):  # a value JSON cannot hold: nothing half-written is left
-      os.remove(temp)
-
-
 def write_text(path: str, text: str) -> str:
   """Writes ``text`` to ``path``, making its directory; returns the path."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f:
     f.write(text)
   return path
-
-
-def read_json(path: str) -> Any:
-  """The JSON value in the file at ``path``."""
-  with open(path) as f:
-    return json.load(f)
-
-
-def read_json_or(path: str, default: Any = None) -> Any:
-  """The JSON value at ``path``, or ``default`` while it is missing or not whole JSON (not yet
-  written, or being replaced)."""
-  try:
-    return read_json(path)
-  except (OSError, ValueError):
-    return default
 
 
 def recorded(path: str, settings: dict) -> Optional[dict]:

@@ -55,13 +55,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 import gin
 
 from benchmarks import fault_trials
-from benchmarks import faultfs
-from benchmarks import netfaults
 from benchmarks import registry
 from benchmarks import standalone
 from benchmarks import trials as trials_lib
 from tf_codistill import layout
 from tf_codistill.launch import launcher
+from tf_codistill.testing import faultfs
+from tf_codistill.testing import netfaults
 
 EXCHANGE_FAULTS = {"slow": "slow (every operation 2 s late)", "read_only": "read-only",
                    "full": "full (ENOSPC)", "vanished": "vanished (empty)",

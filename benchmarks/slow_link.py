@@ -49,15 +49,15 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import gin
 
-from benchmarks import faultfs
 from benchmarks import machine
-from benchmarks import netfaults
 from benchmarks import protocol
 from benchmarks import registry
 from benchmarks import runner
 from benchmarks import standalone
 from benchmarks import suite_spec as spec
 from tf_codistill import layout
+from tf_codistill.testing import faultfs
+from tf_codistill.testing import netfaults
 
 _LINK = re.compile(r"^(\d+(?:\.\d+)?)(mbit|gbit)_(\d+(?:\.\d+)?)ms$")
 NO_LINK = "none"

@@ -18,6 +18,9 @@ EXTENSION_POINTS = {
     "tf_codistill.launch.gin_config",  # the gin search path, as the library reads gin files
     "tf_codistill.training.train_config",  # RENAMED: recorded configurations under old names
     "tf_codistill.launch.demo",  # the demo's generated data
+    # Faults made for real and local clusters, for tests and the fault benchmarks.
+    "tf_codistill.testing.faultfs", "tf_codistill.testing.netfaults",
+    "tf_codistill.testing.local_cluster", "tf_codistill.testing.json_files",
 }
 # A benchmark that measures one component imports that component.
 MEASURED = {

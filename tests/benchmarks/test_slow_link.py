@@ -10,11 +10,11 @@ import os
 import gin
 import pytest
 
-from benchmarks import faultfs
-from benchmarks import netfaults
 from benchmarks import registry
 from benchmarks import slow_link
 from tf_codistill import layout
+from tf_codistill.testing import faultfs
+from tf_codistill.testing import netfaults
 
 _UNAVAILABLE = netfaults.unavailable() or faultfs.unavailable()
 

@@ -14,9 +14,9 @@ docs/reliability.md.
 import pytest
 
 from benchmarks import fault_trials
-from benchmarks import faultfs
 from benchmarks import net_fault_trials
-from benchmarks import netfaults
+from tf_codistill.testing import faultfs
+from tf_codistill.testing import netfaults
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(netfaults.unavailable() is not None,

@@ -1,6 +1,6 @@
-"""Real local TF clusters for benchmarks: tf.distribute.Server processes on 127.0.0.1.
+"""Real local TF clusters: tf.distribute.Server processes on 127.0.0.1, for tests and benchmarks.
 
-  python -m benchmarks.local_cluster '<cluster JSON>' <job> <index>   serves one task until killed
+  python -m tf_codistill.testing.local_cluster '<cluster JSON>' <job> <index>   # serves one task
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def free_cluster(jobs: Dict[str, int]) -> Dict[str, List[str]]:
 def servers(cluster: Dict[str, List[str]],
             jobs=("worker", "ps")) -> Iterator[List[subprocess.Popen]]:
   """Serves every task of ``jobs`` of ``cluster`` in its own process while the block runs."""
-  procs = [start([sys.executable, "-m", "benchmarks.local_cluster", json.dumps(cluster), job,
-                  str(index)])
+  procs = [start([sys.executable, "-m", "tf_codistill.testing.local_cluster", json.dumps(cluster),
+                  job, str(index)])
            for job in jobs for index in range(len(cluster.get(job, [])))]
   try:
     yield procs

@@ -1,9 +1,9 @@
-"""Tests of benchmarks/links.py: one direction of a slow link."""
+"""Tests of tf_codistill/testing/links.py: one direction of a slow link."""
 
 import threading
 import time
 
-from benchmarks import links
+from tf_codistill.testing import links
 
 
 def test_no_cap_does_not_wait():

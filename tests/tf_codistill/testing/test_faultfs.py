@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from benchmarks import faultfs
+from tf_codistill.testing import faultfs
 
 pytestmark = pytest.mark.skipif(faultfs.unavailable() is not None,
                                 reason=str(faultfs.unavailable()))

@@ -13,13 +13,13 @@ hangs, not crashes.
   one it opens while the fault lasts (its process is moved into a cgroup of the fault's own,
   matched with ``socket cgroupv2``). Healing deletes the table and moves the process back.
 - ``latency``: this kernel family ships without ``sch_netem``, so delay is made by a relay inside
-  the namespace (``benchmarks/relay.py``) that holds every chunk, each way, for ``delay_s``
-  before passing it on to where the connection was addressed, and with a rate cap carries at
-  most so many bytes a second in each direction (a slow link); nftables NAT rules redirect the
-  task's new connections (its cgroup) and new connections to its ports through it (the relay's
-  own connections carry a mark the rules skip). Connections open before the fault keep their
-  direct path, so a whole-run latency is installed as the task starts (``connections`` counts
-  what went through it, ``bytes_carried`` the bytes it carried each way).
+  the namespace (``tf_codistill/testing/relay.py``) that holds every chunk, each way, for
+  ``delay_s`` before passing it on to where the connection was addressed, and with a rate cap
+  carries at most so many bytes a second in each direction (a slow link); nftables NAT rules
+  redirect the task's new connections (its cgroup) and new connections to its ports through it (the
+  relay's own connections carry a mark the rules skip). Connections open before the fault keep their
+  direct path, so a whole-run latency is installed as the task starts (``connections`` counts what
+  went through it, ``bytes_carried`` the bytes it carried each way).
 
 Needs root (nftables in the namespace, cgroups), the ``nft`` tool (Debian's ``nftables``) and a
 cgroup v2 hierarchy; ``unavailable()`` says what is missing.
@@ -39,7 +39,8 @@ import threading
 import time
 from typing import List, Optional, Sequence, Set
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder that holds the tf_codistill package: "python -m tf_codistill.testing..." runs there.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _ESTABLISHED = "01"  # /proc/net/tcp's st column (hex) of a connected socket
 RELAY_MARK = 0x7466  # packets of the relay's own connections: never redirected again
 _ids = itertools.count()
@@ -300,9 +301,9 @@ class NetworkFaults:
     direct path."""
     self._check_inside(pid)
     relay = subprocess.Popen(
-        self.enter([sys.executable, "-m", "benchmarks.relay", str(delay_s), str(RELAY_MARK),
-                    str(bytes_per_s or 0)]),
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.enter([sys.executable, "-m", "tf_codistill.testing.relay", str(delay_s),
+                    str(RELAY_MARK), str(bytes_per_s or 0)]),
+        cwd=PACKAGE_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     timer = threading.Timer(timeout_s, relay.kill)
     timer.start()
     line = relay.stdout.readline().split()

@@ -1,5 +1,5 @@
-"""The file system process of ``benchmarks.faultfs``: a FUSE pass-through to a backing
-directory that misbehaves as its control file says (``python -m benchmarks.faultfs_server
+"""The file system process of ``tf_codistill.testing.faultfs``: a FUSE pass-through to a backing
+directory that misbehaves as its control file says (``python -m tf_codistill.testing.faultfs_server
 BACKING MOUNT CONTROL``; ``faultfs.FaultyDirectory`` starts and stops it)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any, Dict, Optional
 
 import mfusepy
 
-from benchmarks import faultfs
-from benchmarks import links
-from benchmarks import machine
+from tf_codistill.testing import faultfs
+from tf_codistill.testing import json_files
+from tf_codistill.testing import links
 
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
@@ -76,7 +76,7 @@ class FaultFS(mfusepy.Operations):
         return
       self._reported_at = now
       moved = dict(self._moved)
-    machine.write_json(faultfs.bytes_path(self._control), moved)
+    json_files.write_json(faultfs.bytes_path(self._control), moved)
 
   def destroy(self, path):
     self._report(force=True)

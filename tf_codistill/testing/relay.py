@@ -1,6 +1,6 @@
 """The relay of ``netfaults.latency``: a slow link between a task and the rest, in user space.
 
-Runs inside the fault's network namespace (``python -m benchmarks.relay DELAY_S MARK
+Runs inside the fault's network namespace (``python -m tf_codistill.testing.relay DELAY_S MARK
 BYTES_PER_S``): listens on two free loopback ports, printed first as ``OUT IN`` (one for the
 task's own connections, one for connections to the task), and forwards each connection nftables
 redirected to it to the port it was addressed to (SO_ORIGINAL_DST), from a socket marked MARK so
@@ -22,7 +22,7 @@ import threading
 import time
 from typing import List
 
-from benchmarks import links
+from tf_codistill.testing import links
 
 SO_ORIGINAL_DST = 80
 

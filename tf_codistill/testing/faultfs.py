@@ -12,11 +12,11 @@ It counts the bytes read and written through it (``bytes_moved``: what crossed t
     exchange_dir.set("ok", bytes_per_s=12.5e6)   # ~100 Mbit/s
     exchange_dir.bytes_moved()              # {"read": ..., "written": ...} so far
 
-The file system runs in a process of its own (``python -m benchmarks.faultfs_server BACKING
-MOUNT CONTROL``); ``set`` rewrites the control file (JSON, atomically), which the file system reads
-again before its next operation; it writes its byte counts to ``CONTROL.bytes.json`` (at most
-every 0.2 s, and as it is unmounted). Needs root (``/dev/fuse``), Debian's ``fuse3`` and the
-``mfusepy`` package; ``unavailable()`` says what is missing.
+The file system runs in a process of its own (``python -m tf_codistill.testing.faultfs_server
+BACKING MOUNT CONTROL``); ``set`` rewrites the control file (JSON, atomically), which the file
+system reads again before its next operation; it writes its byte counts to ``CONTROL.bytes.json``
+(at most every 0.2 s, and as it is unmounted). Needs root (``/dev/fuse``), Debian's ``fuse3`` and
+the ``mfusepy`` package; ``unavailable()`` says what is missing.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ import sys
 import time
 from typing import Dict, Optional
 
-from benchmarks import machine
+from tf_codistill.testing import json_files
 
 MODES = ("ok", "slow", "read_only", "full", "vanished", "stalled")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder that holds the tf_codistill package: "python -m tf_codistill.testing..." runs there.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def unavailable() -> Optional[str]:
@@ -68,9 +69,9 @@ class FaultyDirectory:
     os.makedirs(self.path, exist_ok=True)
     self.set("ok")
     self._proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.faultfs_server", self.backing, self.path,
+        [sys.executable, "-m", "tf_codistill.testing.faultfs_server", self.backing, self.path,
          self.control],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        cwd=PACKAGE_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + timeout_s
     while not os.path.ismount(self.path):
       if self._proc.poll() is not None or time.monotonic() > deadline:
@@ -84,14 +85,14 @@ class FaultyDirectory:
     ``bytes_per_s`` read and as many written (None: no cap)."""
     if mode not in MODES:
       raise ValueError(f"mode={mode!r} is not one of {MODES}")
-    machine.write_json(self.control,
+    json_files.write_json(self.control,
                        {"mode": mode, "delay_s": delay_s, "bytes_per_s": bytes_per_s})
 
   def bytes_moved(self) -> Dict[str, int]:
     """Bytes read and written through the directory so far (final once it is closed)."""
     if self._final is not None:
       return dict(self._final)
-    return machine.read_json_or(bytes_path(self.control), {"read": 0, "written": 0})
+    return json_files.read_json_or(bytes_path(self.control), {"read": 0, "written": 0})
 
   def close(self) -> None:
     """Unmounts (waiting for the file system process) and removes the control file, keeping

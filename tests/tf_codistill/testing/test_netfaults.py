@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from benchmarks import netfaults
 from tf_codistill.launch import isolation
+from tf_codistill.testing import netfaults
 
 pytestmark = pytest.mark.skipif(netfaults.unavailable() is not None,
                                 reason=str(netfaults.unavailable()))

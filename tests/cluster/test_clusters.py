@@ -18,6 +18,8 @@ from testing_utils import Launch
 from testing_utils import alive
 from testing_utils import launch_args
 from testing_utils import progress_steps
+from testing_utils import tsv_line
+from testing_utils import write_lines
 
 pytestmark = pytest.mark.cluster
 
@@ -46,11 +48,36 @@ def test_parameter_server_groups_train_and_distill_from_each_other(tmp_path, cri
     results = _results(model_dir, group)
     assert results["strategy"] == "parameter_server" and results["num_workers"] == 2
     assert results["steps"] == 240
+    # The workers' pipelines run where the chief's counter of skipped lines cannot reach.
+    assert results["skipped_training_lines_counted"] is False
     assert results["teacher_loads"] >= 1 and _loaded_peers(f"{group_dir}/chief_0.log")
     # The steps run on the workers, and they really used the teacher after burn-in.
     assert results["history"]["distill_loss"][-1] > 0
     worker_log = open(f"{group_dir}/worker_0.log").read()
     assert "serving worker:0 of parameter_server" in worker_log
+
+
+def test_a_multi_worker_mirrored_group_counts_the_lines_every_worker_skipped(tmp_path,
+                                                                            criteo_dir):
+  data_dir = tmp_path / "data"
+  data_dir.mkdir()
+  for name in os.listdir(criteo_dir):
+    lines = open(os.path.join(criteo_dir, name)).read().splitlines()
+    if name.startswith("train-"):  # two bad lines in each file, early enough to be read
+      for number in (100, 2000):
+        lines[number - 1] = tsv_line("7", [""] * 13, [""] * 26)
+    write_lines(data_dir / name, lines)
+  model_dir = str(tmp_path / "job")
+  launch = Launch(launch_args(model_dir, str(data_dir), "--num_groups=1",
+                              "--strategy=multi_worker_mirrored", "--workers_per_group=1",
+                              gin="baseline.gin",
+                              bindings=["criteo.make_dataset.bad_lines = 'skip'"]))
+  assert launch.wait(timeout=420) == 0, launch.stderr[-4000:]
+  results = _results(model_dir, 0)
+  # The two workers read disjoint shards: only their sum is every bad line of the 4 files.
+  assert results["skipped_lines"] == 8 and results["skipped_training_lines_counted"] is True
+  chief_log = open(os.path.join(model_dir, "group_0", "chief_0.log")).read()
+  assert "skipped 8 malformed input lines (bad_lines='skip')" in chief_log
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
@@ -110,6 +137,7 @@ def test_multi_worker_mirrored_groups_load_teachers_on_every_worker(tmp_path, cr
     results = _results(model_dir, group)
     assert results["weights_digest"] == digests["chief_0"]
     assert results["num_workers"] == 2 and results["steps"] == 160
+    assert results["skipped_lines"] == 0 and results["skipped_training_lines_counted"] is True
     # Values every replica shares are reported once per group, not summed over its 2 replicas.
     with open(f"{group_dir}/progress.jsonl") as f:
       records = [json.loads(line) for line in f]

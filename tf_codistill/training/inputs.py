@@ -62,14 +62,17 @@ class Data:
 @dataclasses.dataclass
 class GroupData:
   """A group's input: its training pipeline (a function of the input context), evaluation set,
-  probe batch of real inputs, input spec, counter of skipped records, and the asynchronous
-  workers that share its training data (parameter servers; 1 otherwise)."""
+  probe batch of real inputs, input spec, counter of skipped records (this process's pipelines),
+  the asynchronous workers that share its training data (parameter servers; 1 otherwise), and
+  whether the counter sees the training pipelines (not where parameter-server workers run them).
+  """
   train: Callable[..., tf.data.Dataset]
   evaluation: tf.data.Dataset
   probe: Any
   input_spec: Any
   bad_lines: criteo.BadLineCounter
   async_workers: int = 1
+  training_lines_counted: bool = True
 
   @property
   def sample(self):
@@ -96,11 +99,13 @@ class GroupData:
 
 
 def build(data: Data, group: int, num_groups: int, seed: int = 0,
-          async_workers: int = 1) -> GroupData:
+          async_workers: int = 1, remote_input: bool = False) -> GroupData:
   """The group's pipelines, checked: files exist, the evaluation set and this group's shard
   of the training data hold valid examples. ``seed`` (with the group and pipeline) seeds the
   shuffle. ``async_workers``: a parameter-server group's workers, each of which reads its own
-  part of the group's shard (TF gives every such worker the same input context)."""
+  part of the group's shard (TF gives every such worker the same input context).
+  ``remote_input``: the training pipelines run on parameter-server workers, out of reach of this
+  process's counter of skipped lines."""
   bad_lines = criteo.BadLineCounter()
   index, groups = data.shard(group, num_groups)
 
@@ -121,7 +126,7 @@ def build(data: Data, group: int, num_groups: int, seed: int = 0,
     batch = context.get_per_replica_batch_size(data.batch_size)
     if async_workers == 1:
       return pipeline_dataset(context.input_pipeline_id, context.num_input_pipelines, batch,
-                              repeat, counted=False)
+                              repeat, counted=not remote_input)
     if worker is None:
       worker = tf.distribute.coordinator.experimental_get_current_worker_index()
     parts = [pipeline_dataset(w, async_workers, batch, repeat, counted=False)
@@ -141,7 +146,21 @@ def build(data: Data, group: int, num_groups: int, seed: int = 0,
       serving.check_raw_parser(data.raw_parser, data.dataset_fn, first_eval)
     bad_lines.reset()  # the checks read lines the training reads again
   return GroupData(train_dataset, evaluation, probe, evaluation.element_spec[0], bad_lines,
-                   async_workers)
+                   async_workers, training_lines_counted=not remote_input)
+
+
+def skipped_lines_elsewhere(distribution: tf.distribute.Strategy,
+                            counter: criteo.BadLineCounter) -> int:
+  """Malformed lines the other workers of a MultiWorkerMirrored group have skipped (each counts
+  its own shard; 0 under any other strategy). A collective: every worker calls it at once."""
+  if not isinstance(distribution, tf.distribute.MultiWorkerMirroredStrategy):
+    return 0
+  own = counter.count
+  local_replicas = len(distribution.extended.worker_devices)
+  values = distribution.experimental_distribute_values_from_function(
+      lambda context: tf.constant(
+          own if context.replica_id_in_sync_group % local_replicas == 0 else 0, tf.float64))
+  return round(float(distribution.reduce(tf.distribute.ReduceOp.SUM, values, axis=None))) - own
 
 
 def open_files(name: str, make: Callable[[], tf.data.Dataset]) -> tf.data.Dataset:

@@ -107,6 +107,7 @@ class GroupTrainer:
         model, local, data)
     history = self.fit(model, data, local, callbacks)
     model.flush_fusion()
+    skipped_elsewhere = inputs.skipped_lines_elsewhere(distribution, data.bad_lines)
     digest = results_lib.weights_digest(model.student)
     logging.info("final student weights digest (%s:%d): %s", self.info.task_type or "local",
                  self.info.task_id, digest)
@@ -115,7 +116,8 @@ class GroupTrainer:
     earlier_s = callbacks.progress.resumed_wall_time_s if callbacks.progress else 0.0
     return self.finalize(model, local, data, callbacks, history,
                          {"wall_time_s": earlier_s + time.time() - start,
-                          "resumed_from_step": callbacks.resume_step, "weights_digest": digest})
+                          "resumed_from_step": callbacks.resume_step, "weights_digest": digest},
+                         skipped_elsewhere)
 
   def _prepare_process(self) -> None:
     config = self.config
@@ -138,7 +140,8 @@ class GroupTrainer:
     """The group's pipelines, checked (inputs.build)."""
     shape = self.config.shape
     return inputs.build(self.config.data, self.group, self.num_groups, self.config.seed,
-                        async_workers=shape.workers_per_group if shape.asynchronous else 1)
+                        async_workers=shape.workers_per_group if shape.asynchronous else 1,
+                        remote_input=shape.asynchronous and self.info.task_type is not None)
 
   def build_model(self, distribution: tf.distribute.Strategy, data: inputs.GroupData
                   ) -> Tuple[CodistillModel, publishing.LocalCopy]:
@@ -216,9 +219,10 @@ class GroupTrainer:
 
   def finalize(self, model: CodistillModel, local: publishing.LocalCopy, data: inputs.GroupData,
                callbacks: fit_callbacks.FitCallbacks, history: keras.callbacks.History,
-               extra: Dict[str, Any]) -> Dict[str, Any]:
+               extra: Dict[str, Any], skipped_elsewhere: int = 0) -> Dict[str, Any]:
     """The chief's end of training: final evaluation, export (refused if not finite),
-    predictions, summaries, ``results.json`` and the step timeline."""
+    predictions, summaries, ``results.json`` and the step timeline. ``skipped_elsewhere``: the
+    malformed lines the group's other workers skipped."""
     config, run = self.config, self.run_dir
     step = current_step(model)
     final = callbacks.evaluation.evaluate()
@@ -237,9 +241,12 @@ class GroupTrainer:
       probs, labels = metrics_lib.model_probabilities(
           local.model, data.predictions(config.prediction_batches), self.task.output)
       results_lib.save_npz(run.eval_predictions, probs=probs, labels=labels)
-    skipped = data.bad_lines.count
+    skipped = data.bad_lines.count + skipped_elsewhere
     if skipped:
       logging.warning("skipped %d malformed input lines (bad_lines='skip')", skipped)
+    if not data.training_lines_counted:
+      logging.info("input lines skipped by the parameter-server workers' training pipelines are "
+                   "not counted: skipped_lines covers the evaluation set only")
     writer = callbacks.summary_writer
     if writer is not None:
       with writer.as_default(step=step):
@@ -247,6 +254,7 @@ class GroupTrainer:
       writer.flush()
     results = self._results(model, callbacks, history, step, final, {
         **extra, "skipped_lines": skipped,
+        "skipped_training_lines_counted": data.training_lines_counted,
         **results_lib.consumed(config.data.batch_size, config.data.split, step,
                                data.evaluation)})
     exchange.write_atomically(run.results, json.dumps(results, indent=2, sort_keys=True))

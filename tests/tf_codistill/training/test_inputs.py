@@ -120,6 +120,27 @@ def test_parameter_server_workers_each_read_their_own_part_of_the_groups_share(c
   assert _batches(functools.partial(resumed, worker=tf.constant(1)), context) == first[2:5]
 
 
+def test_skipped_lines_are_counted_where_the_pipeline_runs_in_this_process(tmp_path):
+  bad = "1\t2\t3"
+  lines = [testing_utils.GOOD_LINES[i % 3] for i in range(40)]
+  lines[4] = lines[30] = bad
+  path = testing_utils.write_lines(tmp_path / "train-00000-of-00001.tsv", lines)
+  config = _config(tmp_path, train_files=[path], eval_files=[path], dataset_fn=functools.partial(
+      criteo.make_dataset, num_buckets=10, bad_lines="skip"))
+  # A synchronous worker's pipeline (an input context): this process reads it, so it counts.
+  context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                       num_replicas_in_sync=2)
+  data = inputs.build(config, 0, 1)
+  list(data.train(context, repeat=False))
+  assert data.bad_lines.count == 2 and data.training_lines_counted
+  # A parameter-server worker's pipeline runs on that worker: not counted, and said so.
+  remote = inputs.build(config, 0, 1, remote_input=True)
+  list(remote.train(context, repeat=False))
+  assert remote.bad_lines.count == 0 and not remote.training_lines_counted
+  # Other workers' counts exist only in a MultiWorkerMirrored group.
+  assert inputs.skipped_lines_elsewhere(tf.distribute.get_strategy(), data.bad_lines) == 0
+
+
 def test_a_truncated_record_file_is_an_error_naming_it(tmp_path):
   import numpy as np
 

@@ -70,6 +70,9 @@ class AveragingRound(step_hooks.StepHook):
     # servers) takes it too, so it never holds half a round.
     self.lock = threading.Lock()
     self.log: List[Dict[str, Any]] = []  # one entry per round applied
+    # Read to reach a round outside the rounds taken part in: the shared start, and rounds
+    # replayed from their changes or skipped to through a shared state.
+    self.bytes_read_catching_up = 0
 
   # -- the shared start ----------------------------------------------------------------------
 
@@ -130,6 +133,8 @@ class AveragingRound(step_hooks.StepHook):
                            f"{[a.shape for a in state.parameters]}, group {self.group}'s model "
                            f"{shapes}")
     self.round, self.anchor, self.momentum = state.round, state.parameters, state.momentum
+    self.bytes_read_catching_up += sum(a.nbytes for a in [*state.parameters,
+                                                           *(state.momentum or [])])
 
   def _decided_through(self, round_: int) -> int:
     """The last round of the unbroken run of decisions after ``round_``."""
@@ -146,7 +151,9 @@ class AveragingRound(step_hooks.StepHook):
       try:
         if decision is None or self.round < 0:
           raise averaging.RejectedChange(f"round {self.round + 1} is not replayable here")
-        self._apply(decision, self._members(decision))
+        changes = self._members(decision)
+        self._apply(decision, changes)
+        self.bytes_read_catching_up += sum(nbytes for _, nbytes in changes.values())
         logging.info("averaging: group %d caught up with round %d", self.group, self.round)
       except averaging.RejectedChange as why:
         state = averaging.read_shared_state(self.exchange_dir, newest_at_most=target)
@@ -329,6 +336,7 @@ class AveragingRound(step_hooks.StepHook):
             "rounds_short_of_groups": sum(len(e["members"]) < self.num_groups for e in log),
             "bytes_sent": int(sum(e["bytes_sent"] for e in log)),
             "bytes_received": int(sum(e["bytes_received"] for e in log)),
+            "bytes_read_catching_up": int(self.bytes_read_catching_up),
             "wait_s_median": float(np.median([e["wait_s"] for e in log])) if log else None,
             "digests": [e["digest"] for e in log]}
 

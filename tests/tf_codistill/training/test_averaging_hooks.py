@@ -187,6 +187,9 @@ def test_a_group_behind_catches_up_to_the_agreed_round_exactly(tmp_path):
   behind.on_begin(model, 37)
   assert behind.round == 2
   assert outer.digest(behind.anchor) == digests[2]
+  # What it read to get there: the shared start and the two rounds' changes, float32 each.
+  parameter_bytes = sum(v.numpy().nbytes for v in model.student.trainable_variables)
+  assert behind.statistics()["bytes_read_catching_up"] == 3 * parameter_bytes
   assert outer.digest([v.numpy() for v in model.student.trainable_variables]) == digests[2]
   # Round r falls on step r * H in every group: round 2's period began at step 20, so round 3
   # (decided at step 30 without it) is due at once, and its round 4 falls at 40 like its peers'

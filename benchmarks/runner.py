@@ -409,6 +409,22 @@ def recorded_curves(arm: spec.Arm, paths: spec.RunPaths, key: str) -> Dict[int, 
       for s in arm.seed_list for g in range(groups)})
 
 
+def _other_data_hint(paths: spec.RunPaths, name: str, data: Sequence[str]) -> str:
+  """Where runs of ``name``'s settings are recorded under other data bindings (a suite run with
+  another --work_dir reads its files elsewhere, which makes other runs), as an error's hint."""
+  folder, run = os.path.split(name)
+  prefix = os.path.basename(folder).rpartition("-")[0]
+  if not prefix:  # a folder named by its digest alone: nothing tells its settings apart
+    return ""
+  for other in sorted(glob.glob(os.path.join(paths.results_dir, "runs", os.path.dirname(folder),
+                                             f"{prefix}-*", run, "config.json"))):
+    recorded = reuse.as_current(machine.read_json_or(other, {}).get("data") or [])
+    if recorded and recorded != reuse.as_current(data):
+      return (f"; runs of these settings are recorded with the data bindings {recorded} "
+              f"(this run's: {list(data)}): pass the --work_dir they were made with")
+  return ""
+
+
 def _grid_losses(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: Sequence[str],
                  rates: Sequence[float]) -> Dict[float, dict]:
   """{rate: best validation loss, runs and curve} of the recorded tuning runs of ``rates``."""
@@ -416,7 +432,8 @@ def _grid_losses(arm: spec.Arm, suite: spec.Suite, paths: spec.RunPaths, data: S
   for lr, tuning_arm in _tuning_arms(arm, suite, data, rates).items():
     if not os.path.exists(paths.curve(tuning_arm.name, suite.tuning_seed, 0)):
       raise FileNotFoundError(f"arm {arm.name!r}: tuning run {tuning_arm.name} is not recorded "
-                              f"in {paths.results_dir}: run the suite")
+                              f"in {paths.results_dir}: run the suite"
+                              f"{_other_data_hint(paths, tuning_arm.name, data)}")
     curve = recorded_curves(tuning_arm, paths, suite.loss_key)[suite.tuning_seed]
     losses[lr] = {"best_val_loss": protocol.best_loss(curve), "runs": tuning_arm.name,
                   "curve": curve}

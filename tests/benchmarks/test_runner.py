@@ -124,6 +124,24 @@ def test_an_arm_setting_added_later_leaves_recorded_configurations_and_tuning_fo
   assert not reuse.same_config({**first, "data": ["other"]}, config)
 
 
+def test_tuning_runs_recorded_under_other_data_paths_are_named_in_the_error(tmp_path):
+  # A suite run with another --work_dir reads its data from other paths, so its runs differ.
+  paths = spec.RunPaths(str(tmp_path), str(tmp_path))
+  arm = spec.Arm("sync_b", tune_learning_rate=True, gin_bindings=["tfc.Data.batch_size = 512"])
+  suite = spec.Suite(name="s", arms=[arm], learning_rates=[0.001], loss_key="val_loss")
+  before = ["tfc.Data.train_files = ['/tmp/one/data/train-*']"]
+  recorded = runner._tuning_arms(arm, suite, before)[0.001].name
+  machine.write_json(os.path.join(tmp_path, "runs", recorded, "config.json"), {"data": before})
+  now = ["tfc.Data.train_files = ['/work/two/data/train-*']"]
+  with pytest.raises(FileNotFoundError, match=r"is not recorded .*: run the suite; runs of these "
+                     r"settings are recorded with the data bindings \[\"tfc.Data.train_files = "
+                     r"\['/tmp/one/data/train-\*'\]\"\] .*: pass the --work_dir they were made"):
+    runner.tune(arm, suite, paths, data=now, run=lambda arms: None)
+  # Under the same data bindings nothing else is suggested.
+  with pytest.raises(FileNotFoundError, match=r"run the suite$"):
+    runner.tune(arm, suite, paths, data=before, run=lambda arms: None)
+
+
 def test_tuning_runs_are_named_by_their_settings_and_told_apart_by_a_digest(tmp_path):
   _, _, suite, data, _ = _one_arm(tmp_path, seeds=1)
   at_128 = spec.Arm("a", seeds=1, gin_bindings=["tfc.Data.batch_size = 128"])

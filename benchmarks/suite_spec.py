@@ -39,10 +39,12 @@ ARM_KINDS = ("train", "ensemble", "offline_distill")
 DATA_KINDS = ("criteo_like", "adult", "kjv", "fashion_mnist", "debian_english", "debian_kernel")
 # The Debian corpora (data_pipelines.debian_text): how each is built. GCIDE holds 3 lines of
 # cp1252 among 1.2M (their pages are skipped and counted); a quarter of the kernel's C files
-# (by a hash of their paths) is more text than any arm reads.
+# (by a hash of their paths) is more text than any arm reads; its split goes by content, since
+# its tools/ tree holds copies of headers under other paths.
 CORPUS_MANIFEST = "corpus_manifest.json"  # in a corpus suite's results: the corpus its runs read
 CORPORA = {"debian_english": ("english", {"bad_lines": "skip"}),
-           "debian_kernel": ("kernel", {"bad_lines": "skip", "sample_fraction": 0.25})}
+           "debian_kernel": ("kernel", {"bad_lines": "skip", "sample_fraction": 0.25,
+                                        "split_by": "content"})}
 LOSS_KEY = "val_logloss"  # the default Suite.loss_key (CTR)
 TARGET_RULES = ("final", "best_sync")
 TUNING_DIR = "tuning"  # results_dir/runs/tuning/<tuning_name>/lr_<value>/: tuning runs
@@ -173,9 +175,10 @@ class Suite:
       compared at matched validation loss (churn.json ``curves``).
     b_star: B* given rather than found (a suite without a scaling phase that takes another
       suite's): ``{B*}`` and ``{2B*}`` in the arms' bindings become it and its double.
-    debs_dir: a folder holding a Debian corpus's ``.deb`` files (default: ``apt-get download``
-      them while the corpus is built). Where the suite's results hold ``corpus_manifest.json``
-      (runs are recorded), the corpus is built from exactly the package versions it records.
+    debs_dir: a folder holding a Debian corpus's ``.deb`` files (default: ``<corpus>.debs``
+      beside the corpus, filled by ``apt-get download`` while the corpus is built, and kept).
+      Where the suite's results hold ``corpus_manifest.json`` (runs are recorded), the corpus is
+      built from exactly the package versions it records.
     eval_pattern: a Debian corpus's validation shards (a glob in its ``tokens/``), e.g. one of
       them, so that evaluation costs a fixed, small share of the step budget.
     pin_runs: every group gets a CPU of its own (machine.CpuPool), and runs that need fewer

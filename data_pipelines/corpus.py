@@ -3,12 +3,15 @@
 ``build(output_dir, sources)`` goes through these stages inside ``<output_dir>.partial`` (each
 stage's output written atomically, so a build stopped at any point resumes where it stopped):
 
-  1. each package's ``.deb``: taken from ``debs_dir`` when there, else ``apt-get download``
-     (no root needed; with ``pinned_to``, a recorded manifest, exactly the version it names,
-     its sha256 checked); checked and versioned with ``dpkg-deb -f``, hashed (sha256), extracted
-     with ``dpkg-deb -x``, converted to documents (``Source.convert``) into
-     ``docs/<package>.jsonl``; the extracted tree is removed;
+  1. each package's ``.deb``: taken from ``debs_dir`` (default ``<output_dir>.debs``, kept
+     after the build so that the same machine rebuilds from the same files) when there, else
+     ``apt-get download`` (no root needed; with ``pinned_to``, a recorded manifest, exactly
+     the version it names, its sha256 checked); checked and versioned with ``dpkg-deb -f``,
+     hashed (sha256), extracted with ``dpkg-deb -x``, converted to documents
+     (``Source.convert``) into ``docs/<package>.jsonl``; the extracted tree is removed;
   2. the split, by document: a document goes to validation when the hash of ``package/name``
+     (``split_by='name'``) or of ``package/text`` (``split_by='content'``: copies of one file
+     under several names, as the kernel's ``tools/`` mirrors of its headers, stay on one side)
      falls in the first ``eval_fraction`` (so validation documents never appear in training),
      and to one of the split's shards by another part of the same hash; ``text/`` holds the
      shards as JSON Lines (``{"package", "name", "text"}``);
@@ -16,7 +19,8 @@ stage's output written atomically, so a build stopped at any point resumes where
   4. pre-tokenized TFRecord shards (``tokens/{train,eval}-NNNNN-of-NNNNN.tfrecord``, see
      token_lm) and the training split's token counts (``tokens/token_counts.tsv``);
   5. ``manifest.json`` (packages, versions, licences, sha256 of each ``.deb``, documents, words,
-     tokens, skipped documents), then ``<output_dir>.partial`` is renamed to ``output_dir``.
+     tokens, skipped documents and the first names of those), then ``<output_dir>.partial`` is
+     renamed to ``output_dir`` (a build stopped after its manifest only finishes that).
 
 A corpus directory without its manifest is never used; one with a manifest is reused when its
 settings match and refused (naming the difference) when they do not.
@@ -44,6 +48,8 @@ Document = Tuple[str, bytes]  # (name inside the package, UTF-8 text as read)
 MANIFEST = "manifest.json"
 SPLITS = ("train", "eval")
 _ENCODE_BATCH = 512
+_NAMES_KEPT = 100  # skipped documents named in a package's record
+SPLIT_KEYS = ("name", "content")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +123,7 @@ def _doc_hash(package: str, name: str) -> Tuple[float, int]:
 
 
 def _documents(source: Source, root: str, deb: str, bad_lines: str,
-               sample_fraction: float, stats: Dict[str, int]) -> Iterator[dict]:
+               sample_fraction: float, stats: Dict) -> Iterator[dict]:
   """The package's documents as JSON records (UTF-8 checked, sampled), counting into ``stats``."""
   for name, raw in source.convert(root):
     if sample_fraction < 1.0 and _doc_hash("sample/" + source.package, name)[0] >= sample_fraction:
@@ -130,6 +136,9 @@ def _documents(source: Source, root: str, deb: str, bad_lines: str,
             f"{source.package} ({deb}): document {name}: not UTF-8 at byte {e.start}; bind "
             f"--bad_lines=skip to skip and count such documents") from None
       stats["skipped_documents"] += 1
+      if len(stats["skipped_names"]) < _NAMES_KEPT:
+        stats["skipped_names"].append(name)
+      logging.warning("%s: skipped %s: not UTF-8 at byte %d", source.package, name, e.start)
       continue
     if not text.strip():
       continue
@@ -155,7 +164,8 @@ def convert_package(source: Source, debs_dir: str, work_dir: str, bad_lines: str
   os.makedirs(extracted)
   _run(["dpkg-deb", "-x", deb, extracted], f"extracting {deb} (a damaged archive? remove it to "
        f"download it again)")
-  stats = {"documents": 0, "words": 0, "bytes": 0, "skipped_documents": 0}
+  stats: Dict = {"documents": 0, "words": 0, "bytes": 0, "skipped_documents": 0,
+                 "skipped_names": []}
   os.makedirs(os.path.dirname(docs_path), exist_ok=True)
   with records.written_atomically(docs_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
     for doc in _documents(source, extracted, deb, bad_lines, sample_fraction, stats):
@@ -183,7 +193,7 @@ def _read_jsonl(path: str) -> Iterator[dict]:
 
 
 def split_documents(work_dir: str, packages: Sequence[str], eval_fraction: float,
-                    shards: Dict[str, int]) -> Dict[str, List[str]]:
+                    shards: Dict[str, int], split_by: str = "name") -> Dict[str, List[str]]:
   """Stage 2 (reused when done): the documents split by document into text shards."""
   text_dir = os.path.join(work_dir, "text")
   paths = {split: [os.path.join(text_dir, shard_name(split, i, n, "jsonl")) for i in range(n)]
@@ -197,7 +207,8 @@ def split_documents(work_dir: str, packages: Sequence[str], eval_fraction: float
   try:
     for package in packages:
       for doc in _read_jsonl(os.path.join(work_dir, "docs", f"{package}.jsonl")):
-        where, number = _doc_hash(doc["package"], doc["name"])
+        key = doc["text"] if split_by == "content" else doc["name"]
+        where, number = _doc_hash(doc["package"], key)
         split = "eval" if where < eval_fraction else "train"
         outputs[paths[split][number % shards[split]]].write(json.dumps(doc, ensure_ascii=False)
                                                            + "\n")
@@ -258,10 +269,14 @@ def tokenize_shards(tokenizer, text_paths: Dict[str, List[str]], tokens_dir: str
   return files
 
 
-def _settings(sources, vocab_size, bad_lines, sample_fraction, eval_fraction, shards) -> dict:
-  return {"packages": [s.package for s in sources], "vocab_size": vocab_size,
-          "bad_lines": bad_lines, "sample_fraction": sample_fraction,
-          "eval_fraction": eval_fraction, "shards": dict(shards)}
+def _settings(sources, vocab_size, bad_lines, sample_fraction, eval_fraction, shards,
+              split_by) -> dict:
+  settings = {"packages": [s.package for s in sources], "vocab_size": vocab_size,
+              "bad_lines": bad_lines, "sample_fraction": sample_fraction,
+              "eval_fraction": eval_fraction, "shards": dict(shards)}
+  if split_by != "name":  # absent from the manifests of corpora built before it existed
+    settings["split_by"] = split_by
+  return settings
 
 
 def _check_settings(path: str, settings: dict, directory: str) -> None:
@@ -279,19 +294,22 @@ def _check_settings(path: str, settings: dict, directory: str) -> None:
 def build(output_dir: str, sources: Sequence[Source], *, vocab_size: int = 8192,
           debs_dir: Optional[str] = None, bad_lines: str = "error", sample_fraction: float = 1.0,
           eval_fraction: float = 0.05, train_shards: int = 64, eval_shards: int = 8,
-          pinned_to: Optional[Mapping] = None) -> dict:
+          split_by: str = "name", pinned_to: Optional[Mapping] = None) -> dict:
   """Builds (or resumes, or reuses) the corpus of ``sources`` in ``output_dir``; its manifest.
 
   ``pinned_to``: a recorded manifest whose packages (version and ``.deb`` sha256) the corpus must
   be built from, so that a fresh machine rebuilds the corpus earlier runs read after Debian has
-  moved a package on.
+  moved a package on. ``split_by``: what decides a document's split, its ``name`` or its
+  ``content`` (see the module's stage 2).
   """
   records.check_choice("bad_lines", bad_lines, records.BAD_LINE_POLICIES)
+  records.check_choice("split_by", split_by, SPLIT_KEYS)
   if not 0 < sample_fraction <= 1 or not 0 < eval_fraction < 1:
     raise ValueError(f"sample_fraction={sample_fraction} must be in (0, 1] and "
                      f"eval_fraction={eval_fraction} in (0, 1)")
   shards = {"train": train_shards, "eval": eval_shards}
-  settings = _settings(sources, vocab_size, bad_lines, sample_fraction, eval_fraction, shards)
+  settings = _settings(sources, vocab_size, bad_lines, sample_fraction, eval_fraction, shards,
+                       split_by)
   pins = _pins(sources, pinned_to)
   manifest_path = os.path.join(output_dir, MANIFEST)
   if os.path.exists(manifest_path):
@@ -303,6 +321,9 @@ def build(output_dir: str, sources: Sequence[Source], *, vocab_size: int = 8192,
     raise records.DataError(f"{output_dir} exists without {MANIFEST} (not a finished corpus): "
                             f"remove it or choose another --output_dir")
   work = output_dir.rstrip("/") + ".partial"
+  if os.path.exists(os.path.join(work, MANIFEST)):  # stopped while finishing
+    _check_settings(os.path.join(work, MANIFEST), settings, work)
+    return _finish(work, output_dir)
   settings_path = os.path.join(work, "settings.json")
   if os.path.exists(settings_path):
     _check_settings(settings_path, settings, work)
@@ -310,20 +331,28 @@ def build(output_dir: str, sources: Sequence[Source], *, vocab_size: int = 8192,
     os.makedirs(work, exist_ok=True)
     with records.written_atomically(settings_path) as tmp, open(tmp, "w") as f:
       json.dump(settings, f, indent=1)
-  debs_dir = debs_dir or os.path.join(work, "debs")
+  debs_dir = debs_dir or output_dir.rstrip("/") + ".debs"
   packages = [convert_package(s, debs_dir, work, bad_lines, sample_fraction, pins.get(s.package))
               for s in sources]
   _check_pins({"packages": packages}, pins, work)
-  text_paths = split_documents(work, [s.package for s in sources], eval_fraction, shards)
+  text_paths = split_documents(work, [s.package for s in sources], eval_fraction, shards,
+                               split_by)
   tokenizer = tokenizer_for(work, text_paths["train"], vocab_size)
   files = tokenize_shards(tokenizer, text_paths, os.path.join(work, "tokens"), vocab_size)
   manifest = _manifest(settings, packages, text_paths, files)
   with records.written_atomically(os.path.join(work, MANIFEST)) as tmp, open(tmp, "w") as f:
     json.dump(manifest, f, indent=1)
+  return _finish(work, output_dir)
+
+
+def _finish(work: str, output_dir: str) -> dict:
+  """Stage 5's end (repeatable): the build's leftovers removed, ``work`` renamed to
+  ``output_dir``; the finished corpus's manifest."""
   for leftover in ("docs", "extracted", "debs"):
     shutil.rmtree(os.path.join(work, leftover), ignore_errors=True)
   for leftover in ("settings.json", os.path.join("text", ".done")):
-    os.remove(os.path.join(work, leftover))
+    if os.path.exists(os.path.join(work, leftover)):
+      os.remove(os.path.join(work, leftover))
   if os.path.exists(output_dir):
     os.rmdir(output_dir)
   os.rename(work, output_dir)

@@ -263,7 +263,8 @@ def main(argv: Sequence[str]) -> None:
       raise app.UsageError(f"--pinned_to={FLAGS.pinned_to}: not a readable manifest: {e}")
   manifest = corpus.build(FLAGS.output_dir, CORPORA[FLAGS.corpus], vocab_size=FLAGS.vocab_size,
                           debs_dir=FLAGS.debs_dir, bad_lines=FLAGS.bad_lines,
-                          sample_fraction=FLAGS.sample_fraction, pinned_to=pinned_to)
+                          sample_fraction=FLAGS.sample_fraction, split_by=FLAGS.split_by,
+                          pinned_to=pinned_to)
   print(corpus.describe(manifest))
 
 
@@ -273,12 +274,15 @@ if __name__ == "__main__":
                       "then renamed).", required=True)
   flags.DEFINE_integer("vocab_size", 8192, "Subword (byte-level BPE) vocabulary size.")
   flags.DEFINE_string("debs_dir", None, "A folder with the packages' .deb files already "
-                      "downloaded (default: <output_dir>.partial/debs, filled by apt-get "
-                      "download).")
+                      "downloaded (default: <output_dir>.debs, filled by apt-get download "
+                      "and kept).")
   flags.DEFINE_enum("bad_lines", "error", list(records.BAD_LINE_POLICIES),
                     "A document that is not UTF-8: fail naming it, or skip and count it.")
   flags.DEFINE_float("sample_fraction", 1.0, "Keep this fraction of the documents (chosen by a "
                      "hash of their names), e.g. 0.25 of the kernel's C files.")
+  flags.DEFINE_enum("split_by", "name", list(corpus.SPLIT_KEYS), "What decides a document's "
+                    "split: a hash of its name, or of its content (copies of one file under "
+                    "several names stay on one side: use it for the kernel).")
   flags.DEFINE_string("pinned_to", None, "A recorded manifest.json (e.g. a suite's "
                       "benchmarks/results/<suite>/corpus_manifest.json): build from exactly the "
                       "package versions it names (`apt-get download NAME=VERSION`, sha256 "

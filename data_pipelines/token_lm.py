@@ -81,7 +81,9 @@ def load_tokenizer(path: str):
 
 
 def encode(tokenizer, texts: Sequence[str]) -> List[np.ndarray]:
-  """Each text's token ids (uint16), ``<eos>`` appended."""
+  """Each text's token ids (uint16), ``<eos>`` appended (a literal ``<eos>`` in a text is
+  encoded as text, not as the end of a document)."""
+  tokenizer.encode_special_tokens = True
   return [np.asarray(e.ids + [EOS_ID], np.uint16) for e in tokenizer.encode_batch(list(texts))]
 
 

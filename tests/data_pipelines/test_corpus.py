@@ -117,7 +117,78 @@ def test_a_document_that_is_not_utf8_fails_or_is_counted(tmp_path):
   manifest = corpus.build(str(tmp_path / "b"), sources, vocab_size=270, debs_dir=str(debs),
                           bad_lines="skip", train_shards=1, eval_shards=1, eval_fraction=1e-9)
   assert manifest["packages"][0]["skipped_documents"] == 1
+  assert manifest["packages"][0]["skipped_names"] == ["usr/share/games/fortunes/latin"]
   assert manifest["packages"][0]["documents"] == 1
+
+
+def test_copies_of_a_file_under_other_names_stay_on_one_side_when_split_by_content(tmp_path):
+  debs = tmp_path / "debs"
+  debs.mkdir()
+  same = b"The same fortune under many names, a copy of one file.\n" * 4
+  files = {f"usr/share/games/fortunes/copy{i}": same for i in range(40)}
+  files.update({f"usr/share/games/fortunes/own{i}": f"Fortune number {i} is its own.\n".encode()
+                * 4 for i in range(40)})
+  debian_fixtures.make_deb(str(debs), "fortunes", files)
+  sources = [s for s in SOURCES if s.package == "fortunes"]
+
+  def sides(split_by):
+    out = tmp_path / split_by
+    corpus.build(str(out), sources, vocab_size=270, debs_dir=str(debs), train_shards=1,
+                 eval_shards=1, eval_fraction=0.3, split_by=split_by)
+    return {split: {json.loads(line)["name"] for path in (out / "text").glob(f"{split}-*.jsonl")
+                    for line in path.read_text().splitlines()} for split in corpus.SPLITS}
+
+  by_name = sides("name")
+  copies = {f"usr/share/games/fortunes/copy{i}" for i in range(40)}
+  assert by_name["train"] & copies and by_name["eval"] & copies  # the copies on both sides
+  by_content = sides("content")
+  assert copies <= by_content["train"] or copies <= by_content["eval"]
+  assert by_content["train"] - copies and by_content["eval"] - copies
+  settings = json.loads((tmp_path / "content" / "manifest.json").read_text())["settings"]
+  assert settings["split_by"] == "content"
+  assert "split_by" not in json.loads((tmp_path / "name" / "manifest.json").read_text())[
+      "settings"]  # as corpora built before the setting existed record it
+  with pytest.raises(ValueError, match="split_by"):
+    corpus.build(str(tmp_path / "x"), sources, debs_dir=str(debs), split_by="path")
+
+
+def test_a_build_stopped_while_finishing_only_finishes_and_keeps_the_debs(tmp_path, debs,
+                                                                         monkeypatch):
+  renames = []
+
+  def stop_at_rename(src, dst):
+    renames.append(dst)
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(corpus.os, "rename", stop_at_rename)
+  with pytest.raises(KeyboardInterrupt):
+    _build(tmp_path, debs)
+  assert (tmp_path / "english.partial" / "manifest.json").exists() and renames
+  monkeypatch.undo()
+  for stage in ("convert_package", "split_documents", "tokenizer_for", "tokenize_shards"):
+    monkeypatch.setattr(corpus, stage, lambda *a, **k: pytest.fail("built again"))
+  manifest = _build(tmp_path, debs)
+  assert manifest == corpus.read_manifest(str(tmp_path / "english"))
+  assert not (tmp_path / "english.partial").exists()
+
+
+def test_the_debs_are_kept_beside_the_corpus_by_default(tmp_path, debs):
+  kept = tmp_path / "english.debs"
+  kept.mkdir()
+  for name in os.listdir(debs):
+    os.link(os.path.join(debs, name), kept / name)
+  manifest = _build(tmp_path, debs, debs_dir=None)
+  assert sorted(os.listdir(kept)) == sorted(os.listdir(debs))
+  assert {p["deb"] for p in manifest["packages"]} <= set(os.listdir(kept))
+
+
+def test_a_literal_end_of_document_in_a_text_is_encoded_as_text(tmp_path, debs):
+  _build(tmp_path, debs)
+  tokenizer = token_lm.load_tokenizer(
+      str(tmp_path / "english" / "tokens" / token_lm.TOKENIZER_FILE))
+  [ids] = token_lm.encode(tokenizer, ["a <eos> b"])
+  assert list(ids).count(token_lm.EOS_ID) == 1 and ids[-1] == token_lm.EOS_ID
+  assert tokenizer.decode(ids[:-1].tolist()) == "a <eos> b"
 
 
 def test_a_corrupt_deb_and_a_missing_package_are_named(tmp_path, debs, monkeypatch):

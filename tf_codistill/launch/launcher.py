@@ -198,7 +198,8 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 def stop_processes(procs: Sequence[subprocess.Popen], grace: float = _GRACE_SECONDS) -> None:
   """SIGTERM every live process and its process group (its children), SIGKILL what is left of
-  those groups after ``grace``, the leaders that ended included (a child may outlive its task)."""
+  those groups after ``grace``. The groups of processes that had ended before are not
+  signalled: their ids may belong to other processes by now."""
   live = [proc for proc in procs if proc.poll() is None]
   for proc in live:
     _signal_group(proc, signal.SIGTERM)

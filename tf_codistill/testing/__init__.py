@@ -11,3 +11,8 @@
 The fault tools need root, nftables, cgroup v2 and (for ``faultfs``) fuse3 and mfusepy (the
 ``testing`` extra); each module's ``unavailable()`` says what is missing here.
 """
+
+import os
+
+# The folder that holds the tf_codistill package: "python -m tf_codistill.testing..." runs there.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

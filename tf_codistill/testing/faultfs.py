@@ -28,11 +28,10 @@ import sys
 import time
 from typing import Dict, Optional
 
+from tf_codistill import testing
 from tf_codistill.testing import json_files
 
 MODES = ("ok", "slow", "read_only", "full", "vanished", "stalled")
-# The folder that holds the tf_codistill package: "python -m tf_codistill.testing..." runs there.
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def unavailable() -> Optional[str]:
@@ -71,7 +70,7 @@ class FaultyDirectory:
     self._proc = subprocess.Popen(
         [sys.executable, "-m", "tf_codistill.testing.faultfs_server", self.backing, self.path,
          self.control],
-        cwd=PACKAGE_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        cwd=testing.PACKAGE_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + timeout_s
     while not os.path.ismount(self.path):
       if self._proc.poll() is not None or time.monotonic() > deadline:

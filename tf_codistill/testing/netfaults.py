@@ -39,8 +39,8 @@ import threading
 import time
 from typing import List, Optional, Sequence, Set
 
-# The folder that holds the tf_codistill package: "python -m tf_codistill.testing..." runs there.
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tf_codistill import testing
+
 _ESTABLISHED = "01"  # /proc/net/tcp's st column (hex) of a connected socket
 RELAY_MARK = 0x7466  # packets of the relay's own connections: never redirected again
 _ids = itertools.count()
@@ -303,7 +303,8 @@ class NetworkFaults:
     relay = subprocess.Popen(
         self.enter([sys.executable, "-m", "tf_codistill.testing.relay", str(delay_s),
                     str(RELAY_MARK), str(bytes_per_s or 0)]),
-        cwd=PACKAGE_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        cwd=testing.PACKAGE_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        start_new_session=True)
     timer = threading.Timer(timeout_s, relay.kill)
     timer.start()
     line = relay.stdout.readline().split()

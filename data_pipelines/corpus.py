@@ -323,6 +323,8 @@ def build(output_dir: str, sources: Sequence[Source], *, vocab_size: int = 8192,
   work = output_dir.rstrip("/") + ".partial"
   if os.path.exists(os.path.join(work, MANIFEST)):  # stopped while finishing
     _check_settings(os.path.join(work, MANIFEST), settings, work)
+    with open(os.path.join(work, MANIFEST)) as f:
+      _check_pins(json.load(f), pins, work)
     return _finish(work, output_dir)
   settings_path = os.path.join(work, "settings.json")
   if os.path.exists(settings_path):

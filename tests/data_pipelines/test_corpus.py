@@ -152,8 +152,7 @@ def test_copies_of_a_file_under_other_names_stay_on_one_side_when_split_by_conte
     corpus.build(str(tmp_path / "x"), sources, debs_dir=str(debs), split_by="path")
 
 
-def test_a_build_stopped_while_finishing_only_finishes_and_keeps_the_debs(tmp_path, debs,
-                                                                         monkeypatch):
+def test_a_build_stopped_while_finishing_only_finishes(tmp_path, debs, monkeypatch):
   renames = []
 
   def stop_at_rename(src, dst):
@@ -163,8 +162,14 @@ def test_a_build_stopped_while_finishing_only_finishes_and_keeps_the_debs(tmp_pa
   monkeypatch.setattr(corpus.os, "rename", stop_at_rename)
   with pytest.raises(KeyboardInterrupt):
     _build(tmp_path, debs)
-  assert (tmp_path / "english.partial" / "manifest.json").exists() and renames
+  partial_manifest = tmp_path / "english.partial" / "manifest.json"
+  assert partial_manifest.exists() and renames
   monkeypatch.undo()
+  other = json.loads(partial_manifest.read_text())
+  other["packages"][-1]["sha256"] = "0" * 64
+  with pytest.raises(records.DataError, match=r"english.partial holds fortunes 1.0-1 .*not the "
+                                              r"recorded 1.0-1"):
+    _build(tmp_path, debs, pinned_to=other)
   for stage in ("convert_package", "split_documents", "tokenizer_for", "tokenize_shards"):
     monkeypatch.setattr(corpus, stage, lambda *a, **k: pytest.fail("built again"))
   manifest = _build(tmp_path, debs)
